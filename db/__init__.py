@@ -1,0 +1,1 @@
+"""Alembic migrations, shipped as the package ``jobcontrol.migrations``."""

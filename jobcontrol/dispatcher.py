@@ -1,0 +1,536 @@
+"""The dispatcher: the only writer of run state and timers (DESIGN "Dispatcher").
+
+One thread reads one event queue. Each event is handled inside the tree-state
+protocol's dispatcher section and inside one database transaction; whatever
+must wait for the commit (waking the executor, signals) runs after it.
+Requests from other threads (run now, kill, restart) are events carrying a
+``Future`` for the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection
+
+from jobcontrol import events, procs
+from jobcontrol.errors import JobError, JobRunningError, NotRunningError, UnknownJobError
+from jobcontrol.executor import LocalExecutor, TaskOutcome
+from jobcontrol.model import (
+    ACTIVE_RUN_STATES,
+    DISPATCHER_USER,
+    KILLED_STATUS,
+    JobState,
+    OnError,
+    RunState,
+    Trigger,
+)
+from jobcontrol.runs import RunMachine, TreeRun
+from jobcontrol.store import Store, queries
+from jobcontrol.timers import APSchedulerTimers, Clock, SystemClock, TimerService
+from jobcontrol.tree import Evaluator, JobTree, Node
+from jobcontrol.treestate import TreeStateProtocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DispatcherConfig:
+    log_root: Path
+    slots: int = 8
+    default_max_log_files: int = 5
+    kill_grace: float = 5.0
+    edit_timeout: float = 30.0
+    default_tz: tzinfo | None = None
+
+
+@dataclass
+class EditChange:
+    """What one edit transaction committed, handed to the dispatcher at ``USER_END``."""
+
+    created: list[int] = field(default_factory=list)
+    modified: dict[int, set[str]] = field(default_factory=dict)
+    deleted: list[int] = field(default_factory=list)
+    done: Future[None] = field(default_factory=Future)
+
+    def __bool__(self) -> bool:
+        return bool(self.created or self.modified or self.deleted)
+
+
+@dataclass
+class Armed:
+    when: datetime
+    trigger: Trigger
+
+
+class _Tx:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.wake_executor = 0
+        self._after: list[Callable[[], None]] = []
+
+    def after(self, fn: Callable[[], None]) -> None:
+        self._after.append(fn)
+
+
+@dataclass
+class Stats:
+    events: int = 0
+    reactions: int = 0
+    reevaluations: int = 0
+
+
+_STOP = object()
+
+
+class Dispatcher(RunMachine):
+    def __init__(
+        self,
+        store: Store,
+        config: DispatcherConfig,
+        *,
+        clock: Clock | None = None,
+        timers: TimerService | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.timers: TimerService = timers or APSchedulerTimers()
+        self.default_tz: tzinfo = config.default_tz or _local_tz()
+        self.protocol = TreeStateProtocol(config.edit_timeout)
+        self.tree = JobTree()
+        self.tree_runs: dict[int, TreeRun] = {}
+        self.frames: dict[int, Any] = {}
+        self.armed: dict[int, Armed] = {}
+        self.stats = Stats()
+        self.instance_id = ""
+        self.executor: LocalExecutor
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._idle_runs = threading.Condition()
+        self._tx: _Tx | None = None
+
+    # ------------------------------------------------------------ life cycle
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def tx(self) -> _Tx:
+        assert self._tx is not None, "dispatcher state touched outside a handler"
+        return self._tx
+
+    def start(self) -> None:
+        """Spec 4.2: STARTUP -> DISPATCHER, recover, build, evaluate, arm, IDLE."""
+        log.info("Dispatcher initialising...")
+        self.protocol.begin_startup()
+        try:
+            self.instance_id = self.store.instance_id()
+            self._recover_lost_runs()
+            self._build()
+            self.executor = LocalExecutor(
+                self.store,
+                clock=self.clock,
+                log_root=self.config.log_root,
+                instance_id=self.instance_id,
+                on_finished=self._on_task_finished,
+                slots=self.config.slots,
+                default_max_log_files=self.config.default_max_log_files,
+                kill_grace=self.config.kill_grace,
+            )
+            self.executor.start()
+            self.timers.start()
+            self._thread = threading.Thread(target=self._loop, name="jc-dispatcher", daemon=True)
+            self._thread.start()
+        finally:
+            log.info("Job tree state going to idle")
+            self.protocol.startup_done()
+        log.info("...JobControl startup complete")
+
+    def _build(self) -> None:
+        with self.store.write() as conn:
+            self._tx = _Tx(conn)
+            try:
+                self.tree = JobTree.build(queries.load_all_jobs(conn))
+                log.info("Job tree created")
+                ev = self._evaluator()
+                ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
+                dues = {top.id: ev.evaluate_tree(top) for top in self.tree.roots}
+                self._write_evaluation(ev)
+                log.info("Timers evaluated, starting any timers")
+                for top in self.tree.roots:
+                    due = dues[top.id]
+                    if top.job.active and due is not None:
+                        self._arm(top, due, Trigger.TIMER)
+                log.info("Root timers started")
+            finally:
+                self._tx = None
+
+    def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
+        """Stop timers, optionally kill what runs, wait for runs to end, stop the thread."""
+        if not self.running:
+            return
+        log.info("JobControl is shutting down...")
+        self.timers.shutdown()
+        if kill_running:
+            self.call(self._kill_all).result(timeout)
+        with self._idle_runs:
+            self._idle_runs.wait_for(lambda: not self.tree_runs, timeout)
+        self._queue.put(_STOP)
+        assert self._thread is not None
+        self._thread.join(timeout)
+        self.executor.stop(timeout)
+        self.protocol.stop()
+        log.info("JobControl terminated.")
+
+    def busy_jobs(self) -> list[str]:
+        return [tr.root.job.name for tr in list(self.tree_runs.values())]
+
+    # ------------------------------------------------------------ the loop
+
+    def post(self, event: Any) -> None:
+        self._queue.put(event)
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` on the dispatcher thread inside a handler; its result or error via the future."""
+        if not self.running:
+            raise NotRunningError("Job Control is not running")
+        fut: Future[Any] = Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def post_wait_elapsed(self, run_id: int) -> None:
+        self._queue.put((lambda: self._wait_elapsed(run_id), None))
+
+    def _on_task_finished(self, outcome: TaskOutcome) -> None:
+        self._queue.put((lambda: self._task_done(outcome.run_id, outcome.exit_status), None))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            self.stats.events += 1
+            try:
+                self._handle(item)
+            except Exception:
+                log.exception("dispatcher handler failed")
+            with self._idle_runs:
+                if not self.tree_runs:
+                    self._idle_runs.notify_all()
+
+    def _handle(self, item: Any) -> None:
+        fn, fut = item if isinstance(item, tuple) else (None, None)
+        with self.protocol.dispatcher_section() as pending:
+            with self.store.write() as conn:
+                self._tx = tx = _Tx(conn)
+                try:
+                    if pending is not None:
+                        self._react(pending)
+                    result, error = None, None
+                    if fn is not None:
+                        try:
+                            result = fn()
+                        except JobError as exc:  # a refusal: nothing was changed
+                            error = exc
+                finally:
+                    self._tx = None
+        if tx.wake_executor:
+            self.executor.wake(tx.wake_executor)
+        for after in tx._after:
+            try:
+                after()
+            except Exception:
+                log.exception("after-commit action failed")
+        if pending is not None and not pending.done.done():
+            pending.done.set_result(None)
+        if fut is not None:
+            fut.set_exception(error) if error is not None else fut.set_result(result)
+
+    # ------------------------------------------------------------ edits (spec 5.5)
+
+    def _react(self, change: EditChange) -> None:
+        """One reaction to one edit transaction, re-evaluating each affected tree once."""
+        self.stats.reactions += 1
+        affected: set[int] = set()
+        for job_id in change.deleted:
+            node = self.tree.get(job_id)
+            if node is None:
+                continue
+            top = node.top()
+            if top is node:
+                self._disarm(node)
+            else:
+                affected.add(top.id)
+            self.tree.remove(job_id)
+        records = queries.load_jobs(self.tx.conn, [*change.created, *change.modified])
+        by_id = {r.id: r for r in records}
+        for job_id in sorted(change.created):
+            node = self.tree.add(by_id[job_id])
+            affected.add(node.top().id)
+        for job_id, fields in change.modified.items():
+            if job_id not in by_id or self.tree.get(job_id) is None:
+                continue
+            old_top = self.tree.nodes[job_id].top()
+            node = self.tree.update(by_id[job_id])
+            if fields & {"timer", "job_order", "active", "parent_id", "misfire"}:
+                affected.update({old_top.id, node.top().id})
+            if old_top is node and node.parent is not None:
+                self._disarm(node)  # no longer top-level
+        for top_id in affected:
+            top = self.tree.get(top_id)
+            if top is not None and top.parent is None:
+                self._restart_subtree_timer(top)
+        created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
+        modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]
+        deleted = list(change.deleted)
+        if created:
+            self.tx.after(lambda: events.job_created.send(self, jobs=created))
+        if modified:
+            self.tx.after(lambda: events.jobs_modified.send(self, jobs=modified))
+        if deleted:
+            self.tx.after(lambda: events.jobs_deleted.send(self, job_ids=deleted))
+
+    # ------------------------------------------------------------ timers (spec 6)
+
+    def _evaluator(self) -> Evaluator:
+        return Evaluator(now=self.clock.now(), default_tz=self.default_tz)
+
+    def _write_evaluation(self, ev: Evaluator) -> None:
+        rows = [(n.id, n.job.next_runs, n.job.job_order) for n in ev.changed.values()]
+        queries.write_schedule(self.tx.conn, rows)
+
+    def _arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
+        self.armed[top.id] = Armed(due, trigger)
+        top_id = top.id
+        log.info("Starting timer for job %s : runs at %s", top.job.name, due)
+        self.timers.arm(
+            ("tree", top_id), due, lambda: self.post((lambda: self._timer_fired(top_id, due), None))
+        )
+        self._schedule_event(top, due)
+
+    def _disarm(self, top: Node) -> None:
+        if self.armed.pop(top.id, None) is not None:
+            log.debug("Canceling timer: %s", top.job.name)
+            self.timers.cancel(("tree", top.id))
+            self._schedule_event(top, None)
+
+    def _schedule_event(self, top: Node, when: datetime | None) -> None:
+        job_id, name = top.id, top.job.name
+        self.tx.after(
+            lambda: events.schedule_changed.send(self, job_id=job_id, name=name, next_runs=when)
+        )
+
+    def _restart_subtree_timer(
+        self, top: Node, trigger: Trigger = Trigger.TIMER
+    ) -> datetime | None:
+        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
+        self.stats.reevaluations += 1
+        previous = self.armed.get(top.id)
+        self._disarm(top)
+        ev = self._evaluator()
+        due = ev.evaluate_tree(top)
+        self._write_evaluation(ev)
+        if top.job.active and due is not None:
+            # A restart-armed timer keeps its trigger until it fires.
+            keep = previous.trigger if previous is not None else trigger
+            self._arm(top, due, keep if trigger is Trigger.TIMER else trigger)
+        return due
+
+    def _timer_fired(self, top_id: int, when: datetime) -> None:
+        armed = self.armed.get(top_id)
+        top = self.tree.get(top_id)
+        if armed is None or armed.when != when or top is None:
+            return  # cancelled or re-armed since
+        del self.armed[top_id]
+        log.debug("Timer has fired for job %s", top.job.name)
+        busy = self._busy_job(top)
+        if busy is None:
+            self._start_run(top, armed.trigger, immediate=False, user=DISPATCHER_USER)
+            return
+        # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
+        now = self.clock.now()
+        tr = TreeRun(
+            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=DISPATCHER_USER
+        )
+        self._insert_run(
+            top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"
+        )
+        ev = self._evaluator()
+        due = ev.evaluate_tree(top)
+        if due is not None and due <= now:
+            due = ev.skip_missed(top, due)
+        self._write_evaluation(ev)
+        if top.job.active and due is not None:
+            self._arm(top, due, Trigger.TIMER)
+
+    def _tree_done(self, tr: TreeRun, status: int) -> None:
+        """Spec 7.9: re-evaluate and re-arm after a run, unless an ABORT tree failed."""
+        self.tree_runs.pop(tr.root.id, None)
+        top = tr.top
+        if self.tree.get(top.id) is None:
+            return
+        if tr.immediate:
+            if top.id in self.armed:  # a manual run leaves the schedule as it was, refreshed
+                self._restart_subtree_timer(top)
+            return
+        self.stats.reevaluations += 1
+        ev = self._evaluator()
+        due = ev.evaluate_tree(top)
+        self._write_evaluation(ev)
+        if (
+            top.job.active
+            and due is not None
+            and (status == 0 or top.job.on_error is OnError.CONTINUE)
+        ):
+            log.info("Restarting timer for job %s : runs %s", top.job.name, due)
+            self._arm(top, due, Trigger.TIMER)
+        else:
+            top.job.next_runs = None  # will not run again until restarted
+            queries.write_next_runs(self.tx.conn, top.id, None)
+            self._schedule_event(top, None)
+
+    # ------------------------------------------------------------ requests
+
+    def _node(self, job: int | str) -> Node:
+        node = self.tree.get(job) if isinstance(job, int) else self.tree.by_name.get(job)
+        if node is None:
+            raise UnknownJobError(str(job))
+        return node
+
+    def _busy_job(self, node: Node) -> Node | None:
+        """The job at, above or below ``node`` that is not idle (spec 7.2), or None."""
+        for n in (node, *node.ancestors()):
+            if n.state is not JobState.IDLE:
+                return n
+        for n in node.walk():
+            if n.state is not JobState.IDLE:
+                return n
+        return None
+
+    def run_now(self, job: int | str, user: str) -> int:
+        """Run a job and its sub-tree now (spec 7.4, DESIGN decision 2); returns the run id."""
+
+        def handler() -> int:
+            node = self._node(job)
+            busy = self._busy_job(node)
+            if busy is not None:
+                raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
+            log.info("Manual execution of Job %s by %s", node.job.name, user)
+            return self._start_run(node, Trigger.MANUAL, immediate=True, user=user)
+
+        return int(self.call(handler).result(self.config.edit_timeout))
+
+    def kill(self, job: int | str, user: str) -> int:
+        """Kill the run of the nearest sub-tree root at or above the job (spec 8.1); its run id."""
+
+        def handler() -> int:
+            node = self._node(job)
+            for n in (node, *node.ancestors()):
+                tr = self.tree_runs.get(n.id)
+                if tr is not None:
+                    self._kill_tree_run(tr, user)
+                    assert tr.root_run_id is not None
+                    return tr.root_run_id
+            raise JobError(node.job.name, "not running")
+
+        return int(self.call(handler).result(self.config.edit_timeout))
+
+    def restart(self, job: int | str, user: str) -> datetime | None:
+        """Re-arm a top-level tree (spec 8.2); returns when it will next run."""
+
+        def handler() -> datetime | None:
+            node = self._node(job)
+            if node.parent is not None:
+                raise JobError(node.job.name, "not a top-level job")
+            busy = self._busy_job(node)
+            if busy is not None:
+                raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
+            log.info("Restart of job %s by %s", node.job.name, user)
+            return self._restart_subtree_timer(node, Trigger.RESTART)
+
+        result: datetime | None = self.call(handler).result(self.config.edit_timeout)
+        return result
+
+    def _kill_all(self) -> None:
+        for tr in list(self.tree_runs.values()):
+            self._kill_tree_run(tr, DISPATCHER_USER)
+
+    def _set_job_state(
+        self, node: Node, state: JobState, started: datetime | None, run_id: int | None
+    ) -> None:
+        node.state, node.started, node.run_id = state, started, run_id
+        job_id, name = node.id, node.job.name
+        self.tx.after(
+            lambda: events.state_changed.send(
+                self, job_id=job_id, name=name, state=state, started=started, run_id=run_id
+            )
+        )
+
+    # ------------------------------------------------------------ crash recovery
+
+    def _recover_lost_runs(self) -> None:
+        """Runs a dead daemon left behind are lost: kill their processes, record the loss."""
+        with self.store.read() as conn:
+            stale = queries.active_runs(conn)
+        if not stale:
+            return
+        report = procs.kill_tree(
+            None, marker={"JOBCONTROL_INSTANCE": self.instance_id}, grace=self.config.kill_grace
+        )
+        if report.termed or report.killed:
+            log.warning(
+                "killed %d leftover process(es) of lost runs",
+                len(set(report.termed) | set(report.killed)),
+            )
+        now = self.clock.now()
+        with self.store.write() as conn:
+            for run in stale:
+                values = {
+                    "state": RunState.LOST,
+                    "exit_status": KILLED_STATUS,
+                    "ended": now,
+                    "reason": "lost: the daemon stopped while this run was active",
+                }
+                if run.started is not None:
+                    values["duration_ms"] = int((now - run.started).total_seconds() * 1000)
+                if queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values) and run.job_id:
+                    started = run.started or run.created or now
+                    queries.write_job_result(
+                        conn, run.job_id, started, KILLED_STATUS, values.get("duration_ms", 0)
+                    )
+        log.warning("marked %d run(s) left active by a previous daemon as lost", len(stale))
+
+    # ------------------------------------------------------------ views
+
+    def snapshot(self) -> list[tuple[Node, int]]:
+        """Every node with its depth, parents before children, siblings in order."""
+
+        def handler() -> list[tuple[Node, int]]:
+            out: list[tuple[Node, int]] = []
+            stack = [(n, 0) for n in reversed(self.tree.roots)]
+            while stack:
+                node, depth = stack.pop()
+                out.append((node, depth))
+                stack.extend((c, depth + 1) for c in reversed(node.children))
+            return out
+
+        result: list[tuple[Node, int]] = self.call(handler).result(self.config.edit_timeout)
+        return result
+
+
+def _local_tz() -> tzinfo:
+    from datetime import datetime as dt
+
+    tz = dt.now().astimezone().tzinfo
+    assert tz is not None
+    return tz

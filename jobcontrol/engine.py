@@ -1,0 +1,446 @@
+"""The engine's Python API: every edit, request and view the CLI and API handlers use.
+
+Edits are batches: one transaction, all or nothing, and (when the dispatcher
+runs) one turn of the tree-state protocol with exactly one dispatcher
+reaction. Everything is checked before it is written; a refusal names the job
+and the reason and leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from jobcontrol.dispatcher import Dispatcher, EditChange
+from jobcontrol.errors import (
+    ConflictError,
+    JobError,
+    JobRunningError,
+    NotRunningError,
+    UnknownJobError,
+)
+from jobcontrol.fields import check_name, normalise_fields
+from jobcontrol.model import JobRecord, JobState, Kind, RunRecord
+from jobcontrol.store import Store, queries
+from jobcontrol.timers import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+JobRef = int | str
+
+
+@dataclass
+class NewJob:
+    name: str
+    kind: Kind
+    parent: JobRef | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobChange:
+    job: JobRef
+    fields: dict[str, Any]
+    version: int | None = None  # the version the caller saw; None = last writer wins
+
+
+@dataclass
+class Batch:
+    creates: list[NewJob] = field(default_factory=list)
+    changes: list[JobChange] = field(default_factory=list)
+    deletes: list[JobRef] = field(default_factory=list)
+
+
+@dataclass
+class BatchResult:
+    created: dict[str, int] = field(default_factory=dict)
+    modified: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Entry:
+    id: int
+    name: str
+    kind: Kind
+    parent_id: int | None
+    version: int
+
+
+class _Structure:
+    """Who is whose parent, by id and by name, as of the start of the edit."""
+
+    def __init__(self, entries: Sequence[_Entry], running: set[int]) -> None:
+        self.by_id = {e.id: e for e in entries}
+        self.by_name = {e.name: e.id for e in entries}
+        self.running = running
+        self.children: dict[int | None, list[int]] = {}
+        for e in entries:
+            self.children.setdefault(e.parent_id, []).append(e.id)
+
+    def resolve(self, ref: JobRef) -> _Entry:
+        entry = (
+            self.by_id.get(ref)
+            if isinstance(ref, int)
+            else self.by_id.get(self.by_name.get(ref, -1))
+        )
+        if entry is None:
+            raise UnknownJobError(str(ref))
+        return entry
+
+    def subtree(self, job_id: int) -> Iterator[int]:
+        stack = [job_id]
+        while stack:
+            current = stack.pop()
+            yield current
+            stack.extend(self.children.get(current, ()))
+
+    def ancestors(self, job_id: int | None) -> Iterator[int]:
+        while job_id is not None:
+            yield job_id
+            job_id = self.by_id[job_id].parent_id
+
+    def depth(self, job_id: int) -> int:
+        return sum(1 for _ in self.ancestors(job_id)) - 1
+
+    def running_in(self, job_id: int) -> str | None:
+        for i in self.subtree(job_id):
+            if i in self.running:
+                return self.by_id[i].name
+        return None
+
+
+class Engine:
+    def __init__(
+        self, store: Store, dispatcher: Dispatcher | None = None, *, clock: Clock | None = None
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.clock = clock or (dispatcher.clock if dispatcher else SystemClock())
+
+    # ------------------------------------------------------------ the edit turn
+
+    @property
+    def _live(self) -> bool:
+        return self.dispatcher is not None and self.dispatcher.running
+
+    @contextmanager
+    def _edit(self) -> Iterator[tuple[Connection, _Structure, EditChange]]:
+        """One edit transaction inside the tree-state protocol (spec 5.4)."""
+        change = EditChange()
+        if not self._live:
+            with self.store.write() as conn:
+                yield conn, self._structure(conn), change
+            return
+        assert self.dispatcher is not None
+        with self.dispatcher.protocol.user_edit() as ticket:
+            with self.store.write() as conn:
+                yield conn, self._structure(conn), change
+            ticket.change = change if change else None
+        if change:
+            self.dispatcher.post((lambda: None, None))
+            change.done.result(self.dispatcher.config.edit_timeout)
+
+    def _structure(self, conn: Connection) -> _Structure:
+        if self._live:
+            assert self.dispatcher is not None
+            nodes = self.dispatcher.tree.nodes.values()
+            entries = [
+                _Entry(n.id, n.job.name, n.job.kind, n.job.parent_id, n.job.version) for n in nodes
+            ]
+            running = {n.id for n in nodes if n.state is not JobState.IDLE}
+            return _Structure(entries, running)
+        from sqlalchemy import select
+
+        from jobcontrol.store.schema import job
+
+        rows = conn.execute(
+            select(job.c.id, job.c.name, job.c.kind, job.c.parent_id, job.c.version)
+        )
+        entries = [_Entry(r.id, r.name, Kind(r.kind), r.parent_id, r.version) for r in rows]
+        running = {r.job_id for r in queries.active_runs(conn) if r.job_id is not None}
+        return _Structure(entries, running)
+
+    # ------------------------------------------------------------ edits
+
+    def create_job(
+        self, name: str, kind: Kind, *, parent: JobRef | None = None, user: str, **fields: Any
+    ) -> JobRecord:
+        result = self.apply_batch(Batch(creates=[NewJob(name, kind, parent, fields)]), user=user)
+        return self.get_job(result.created[name])
+
+    def modify_jobs(self, changes: Sequence[JobChange], *, user: str) -> list[int]:
+        """Modify many jobs in one transaction with one dispatcher reaction (Inq's ``modifyJobs``)."""
+        return self.apply_batch(Batch(changes=list(changes)), user=user).modified
+
+    def apply_batch(self, batch: Batch, *, user: str) -> BatchResult:
+        creates = [(c, normalise_fields(c.name, c.fields)) for c in batch.creates]
+        changes = [(c, normalise_fields(str(c.job), c.fields)) for c in batch.changes]
+        for c, _ in creates:
+            check_name(c.name, c.name)
+        result = BatchResult()
+        with self._edit() as (conn, struct, change):
+            now = self.clock.now()
+            for job_ref in batch.deletes:
+                self._delete_one(conn, struct, job_ref, change)
+            for new, fields in creates:
+                job_id = self._create_one(conn, struct, new, fields, user, now)
+                result.created[new.name] = job_id
+                change.created.append(job_id)
+            for edit, fields in changes:
+                changed = self._modify_one(conn, struct, edit, fields, user, now)
+                if changed:
+                    change.modified[changed[0]] = changed[1]
+            result.modified = list(change.modified)
+            result.deleted = list(change.deleted)
+        return result
+
+    def _create_one(
+        self,
+        conn: Connection,
+        struct: _Structure,
+        new: NewJob,
+        fields: dict[str, Any],
+        user: str,
+        now: Any,
+    ) -> int:
+        name = new.name
+        if name in struct.by_name:
+            raise JobError(name, "a job with this name already exists")
+        parent_id = None
+        if new.parent is not None:
+            parent = self._resolve_parent(struct, name, new.parent)
+            parent_id = parent.id
+        self._check_kind(name, new.kind, fields, creating=True)
+        if new.kind is Kind.TASK and not fields.get("command"):
+            raise JobError(name, "a task needs a command")
+        fields.pop("parent_id", None)
+        if "job_order" not in fields:
+            fields["job_order"] = len(struct.children.get(parent_id, ()))
+        values = {
+            **fields,
+            "name": name,
+            "kind": new.kind,
+            "parent_id": parent_id,
+            "last_updated": now,
+            "updated_by": user,
+            "version": 1,
+        }
+        job_id = queries.insert_job(conn, values)
+        entry = _Entry(job_id, name, new.kind, parent_id, 1)
+        struct.by_id[job_id] = entry
+        struct.by_name[name] = job_id
+        struct.children.setdefault(parent_id, []).append(job_id)
+        return job_id
+
+    def _resolve_parent(self, struct: _Structure, name: str, ref: JobRef) -> _Entry:
+        try:
+            parent = struct.resolve(ref)
+        except UnknownJobError:
+            raise JobError(name, f"unknown parent {ref!r}") from None
+        if parent.kind is not Kind.BOX:
+            raise JobError(name, f"parent {parent.name!r} is a task; the parent must be a box")
+        return parent
+
+    @staticmethod
+    def _check_kind(name: str, kind: Kind, fields: Mapping[str, Any], *, creating: bool) -> None:
+        if kind is Kind.TASK and "box_type" in fields:
+            raise JobError(name, "box_type is for boxes; this job is a task")
+        if "command" not in fields:
+            return
+        if kind is Kind.BOX and fields["command"] is not None:
+            reason = (
+                "a box has no command"
+                if creating
+                else "a box cannot become a task (it has no command)"
+            )
+            raise JobError(name, reason)
+        if kind is Kind.TASK and fields["command"] is None:
+            raise JobError(name, "a task cannot become a box (its command cannot be removed)")
+
+    def _modify_one(
+        self,
+        conn: Connection,
+        struct: _Structure,
+        edit: JobChange,
+        fields: dict[str, Any],
+        user: str,
+        now: Any,
+    ) -> tuple[int, set[str]] | None:
+        entry = struct.resolve(edit.job)
+        name = entry.name
+        if edit.version is not None and edit.version != entry.version:
+            raise ConflictError(
+                name, f"changed by someone else (version {entry.version}, you had {edit.version})"
+            )
+        self._check_kind(name, entry.kind, fields, creating=False)
+        if "parent_id" in fields:
+            fields["parent_id"] = self._check_move(struct, entry, fields["parent_id"])
+        if "name" in fields and fields["name"] != name and fields["name"] in struct.by_name:
+            raise JobError(
+                name, f"cannot rename to {fields['name']!r}: a job with that name exists"
+            )
+        current = queries.get_job(conn, entry.id)
+        assert current is not None
+        changed = {k for k, v in fields.items() if getattr(current, k) != v}
+        if not changed:
+            return None  # nothing changed: no event (spec 5.4)
+        values = {k: fields[k] for k in changed}
+        values.update(last_updated=now, updated_by=user)
+        if not queries.update_job(conn, entry.id, values, edit.version):
+            raise ConflictError(name, "changed by someone else meanwhile")
+        if "name" in changed:
+            del struct.by_name[name]
+            struct.by_name[fields["name"]] = entry.id
+            entry.name = fields["name"]
+        if "parent_id" in changed:
+            struct.children[entry.parent_id].remove(entry.id)
+            entry.parent_id = fields["parent_id"]
+            struct.children.setdefault(entry.parent_id, []).append(entry.id)
+        entry.version += 1
+        return entry.id, changed
+
+    def _check_move(self, struct: _Structure, entry: _Entry, ref: JobRef | None) -> int | None:
+        if ref is None or ref == "":
+            new_parent = None
+        else:
+            new_parent = self._resolve_parent(struct, entry.name, ref).id
+        if new_parent == entry.parent_id:
+            return new_parent
+        if new_parent is not None and entry.id in struct.ancestors(new_parent):
+            raise JobError(
+                entry.name, "cannot move a job into itself or one of its descendants (a cycle)"
+            )
+        busy = struct.running_in(entry.id)
+        if busy is not None:
+            raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be moved")
+        return new_parent
+
+    def _delete_one(
+        self, conn: Connection, struct: _Structure, ref: JobRef, change: EditChange
+    ) -> None:
+        entry = struct.resolve(ref)
+        busy = struct.running_in(entry.id)
+        if busy is not None:
+            raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be deleted")
+        gone = list(struct.subtree(entry.id))
+        queries.delete_job(conn, entry.id)
+        change.deleted.append(entry.id)
+        struct.children[entry.parent_id].remove(entry.id)
+        for job_id in gone:
+            struct.by_name.pop(struct.by_id.pop(job_id).name, None)
+            struct.children.pop(job_id, None)
+
+    def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> list[int]:
+        """Delete jobs with their sub-trees: shallowest first, each sub-tree its own transaction (spec 5.4)."""
+        with self.store.read() as conn:
+            struct = self._structure(conn)
+        targets = {struct.resolve(j).id for j in jobs}
+        deleted: list[int] = []
+        for job_id in sorted(targets, key=struct.depth):
+            try:
+                deleted += self.apply_batch(Batch(deletes=[job_id]), user=user).deleted
+            except UnknownJobError:
+                continue  # went with an ancestor deleted before it
+        return deleted
+
+    # ------------------------------------------------------------ runs
+
+    def _require_dispatcher(self) -> Dispatcher:
+        if not self._live:
+            raise NotRunningError("Job Control is not running")
+        assert self.dispatcher is not None
+        return self.dispatcher
+
+    def run_now(self, job: JobRef, *, user: str) -> int:
+        return self._require_dispatcher().run_now(job, user)
+
+    def kill(self, job: JobRef, *, user: str) -> int:
+        return self._require_dispatcher().kill(job, user)
+
+    def restart(self, job: JobRef, *, user: str) -> Any:
+        return self._require_dispatcher().restart(job, user)
+
+    # ------------------------------------------------------------ views
+
+    def get_job(self, job: JobRef) -> JobRecord:
+        with self.store.read() as conn:
+            rec = (
+                queries.get_job(conn, job)
+                if isinstance(job, int)
+                else queries.get_job_by_name(conn, job)
+            )
+        if rec is None:
+            raise UnknownJobError(str(job))
+        return rec
+
+    def history(
+        self, job: JobRef, *, limit: int = 50, before_id: int | None = None
+    ) -> list[RunRecord]:
+        rec = self.get_job(job)
+        with self.store.read() as conn:
+            return queries.job_history(conn, rec.id, limit=limit, before_id=before_id)
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """Every job, tree order, with its live state (from the dispatcher, or from the run table)."""
+        if self._live:
+            assert self.dispatcher is not None
+            return [
+                job_view(n.job, depth, str(n.state), n.started)
+                for n, depth in self.dispatcher.snapshot()
+            ]
+        with self.store.read() as conn:
+            records = queries.load_all_jobs(conn)
+            active = queries.active_runs(conn)
+        states: dict[int, tuple[str, Any]] = {}
+        for run in active:
+            if run.job_id is not None:
+                state = "waiting" if run.state == "waiting" else "running"
+                states[run.job_id] = (state, run.started)
+        return [
+            job_view(rec, depth, *states.get(rec.id, ("idle", None)))
+            for rec, depth in tree_order(records)
+        ]
+
+
+def tree_order(records: Sequence[JobRecord]) -> list[tuple[JobRecord, int]]:
+    children: dict[int | None, list[JobRecord]] = {}
+    for rec in records:
+        children.setdefault(rec.parent_id, []).append(rec)
+    for sibs in children.values():
+        sibs.sort(key=lambda r: (r.job_order, r.id))
+    out: list[tuple[JobRecord, int]] = []
+    stack = [(r, 0) for r in reversed(children.get(None, []))]
+    while stack:
+        rec, depth = stack.pop()
+        out.append((rec, depth))
+        stack.extend((c, depth + 1) for c in reversed(children.get(rec.id, [])))
+    return out
+
+
+def job_view(rec: JobRecord, depth: int, state: str, started: Any) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "name": rec.name,
+        "parent": rec.parent_id,
+        "depth": depth,
+        "kind": str(rec.kind),
+        "active": rec.active,
+        "state": state,
+        "started": started.isoformat() if started else None,
+        "last_ran": rec.last_ran.isoformat() if rec.last_ran else None,
+        "last_duration_ms": rec.last_duration_ms,
+        "exit_status": rec.exit_status,
+        "next_runs": rec.next_runs.isoformat() if rec.next_runs else None,
+        "timer": rec.timer,
+        "command": rec.command,
+        "on_error": str(rec.on_error),
+        "box_type": str(rec.box_type) if rec.kind is Kind.BOX else None,
+        "job_order": rec.job_order,
+        "version": rec.version,
+    }

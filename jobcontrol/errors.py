@@ -1,0 +1,77 @@
+"""The exception hierarchy: one root, small subclasses whose message names the thing."""
+
+from __future__ import annotations
+
+
+class JobControlError(Exception):
+    """Root of every error Job Control raises on purpose."""
+
+
+class ValidationError(JobControlError):
+    """Bad input: refused before anything is written."""
+
+
+class ScheduleError(ValidationError):
+    """A timer expression that does not parse.
+
+    ``position`` is the 0-based character offset of the error in ``text``.
+    """
+
+    def __init__(self, text: str, position: int, reason: str) -> None:
+        self.text = text
+        self.position = position
+        self.reason = reason
+        super().__init__(f"invalid schedule {text!r} at position {position}: {reason}")
+
+
+class CommandError(ValidationError):
+    """A command line the shell refuses to parse."""
+
+
+class DefinitionError(ValidationError):
+    """A definition file that is refused; ``line`` is 1-based, or None when unknown."""
+
+    def __init__(self, source: str, line: int | None, reason: str) -> None:
+        self.source = source
+        self.line = line
+        self.reason = reason
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {reason}")
+
+
+class JobError(ValidationError):
+    """An edit refused because of what it would do to a job."""
+
+    def __init__(self, job: str, reason: str) -> None:
+        self.job = job
+        self.reason = reason
+        super().__init__(f"job {job!r}: {reason}")
+
+
+class UnknownJobError(JobError):
+    def __init__(self, job: str) -> None:
+        super().__init__(job, "no such job")
+
+
+class ConflictError(JobError):
+    """Optimistic concurrency: the job changed since the caller read it."""
+
+
+class JobRunningError(JobError):
+    """Refused because the job, an ancestor or a descendant is running."""
+
+
+class BusyError(JobControlError):
+    """The job tree could not be had in time (tree-state protocol wait ran out)."""
+
+
+class NotRunningError(JobControlError):
+    """The dispatcher is not running."""
+
+
+class AlreadyRunningError(JobControlError):
+    """Another daemon already owns this database."""
+
+
+class StoreError(JobControlError):
+    """A database failure, wrapped."""

@@ -1,0 +1,25 @@
+"""blinker signals the dispatcher sends after each commit. Receivers only enqueue.
+
+Every signal's sender is the ``Dispatcher``; keyword arguments:
+
+* ``job_created`` / ``jobs_modified``: ``jobs`` (list of JobRecord)
+* ``jobs_deleted``: ``job_ids`` (list of int)
+* ``state_changed``: ``job_id``, ``name``, ``state`` (JobState), ``started``, ``run_id``
+* ``run_started`` / ``run_finished``: ``run`` (dict: id, job_id, job_name, kind,
+  trigger, state, exit_status, root_run_id, parent_run_id, reason, requested_by)
+* ``schedule_changed``: ``job_id``, ``name``, ``next_runs`` (armed time or None)
+"""
+
+from __future__ import annotations
+
+from blinker import Namespace
+
+_signals = Namespace()
+
+job_created = _signals.signal("job-created")
+jobs_modified = _signals.signal("jobs-modified")
+jobs_deleted = _signals.signal("jobs-deleted")
+state_changed = _signals.signal("state-changed")
+run_started = _signals.signal("run-started")
+run_finished = _signals.signal("run-finished")
+schedule_changed = _signals.signal("schedule-changed")

@@ -1,0 +1,161 @@
+"""Checking and normalising the editable fields of a job, whatever the caller sent.
+
+The CLI sends text (``active=yes``), the definition loader sends parsed values,
+the API will send JSON: all go through ``normalise_fields`` before anything is
+written, so a bad value is refused with the field's name and nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jobcontrol.commands import check_command
+from jobcontrol.errors import CommandError, JobError, ScheduleError
+from jobcontrol.model import EDITABLE_FIELDS, BoxType, Misfire, OnError
+from jobcontrol.schedule import validate_timer
+
+NAME_MAX = 128
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_TRUE = {"true", "yes", "y", "1", "on"}
+_FALSE = {"false", "no", "n", "0", "off"}
+
+
+def _bool(job: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise JobError(job, f"{key} must be true or false, not {value!r}")
+
+
+def _int(job: str, key: str, value: Any, low: int, high: int) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = int(value)
+    except (TypeError, ValueError):
+        raise JobError(job, f"{key} must be a whole number, not {value!r}") from None
+    if not low <= number <= high:
+        raise JobError(job, f"{key} must be between {low} and {high}, not {number}")
+    return number
+
+
+def _choice(job: str, key: str, value: Any, enum: type[Any]) -> Any:
+    try:
+        return enum(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum)
+        raise JobError(job, f"{key} must be one of {allowed}, not {value!r}") from None
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value == ""):
+        return None
+    return str(value)
+
+
+def check_name(job: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise JobError(job or "?", "the name must not be empty")
+    if value != value.strip() or len(value) > NAME_MAX:
+        raise JobError(
+            job or value,
+            f"the name must be 1 to {NAME_MAX} characters without leading or trailing spaces",
+        )
+    if any(not ch.isprintable() for ch in value):
+        raise JobError(job or value, "the name must not contain control characters")
+    return value
+
+
+def _env(job: str, value: Any) -> dict[str, str]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise JobError(job, "env must be a mapping (JSON object) of names to strings") from None
+    if not isinstance(value, Mapping):
+        raise JobError(job, "env must be a mapping of names to strings")
+    out: dict[str, str] = {}
+    for key, val in value.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise JobError(job, f"env name {key!r} is not a valid environment variable name")
+        if not isinstance(val, str | int | float) or isinstance(val, bool):
+            raise JobError(job, f"env {key} must be a string, not {val!r}")
+        out[key] = str(val)
+    return out
+
+
+def _timeout(job: str, value: Any) -> float | None:
+    from jobcontrol.definitions import parse_duration
+
+    if value is None or value == "":
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise JobError(job, f"timeout: {exc}") from None
+    if seconds <= 0:
+        raise JobError(job, "timeout must be positive")
+    return seconds
+
+
+def normalise_field(job: str, key: str, value: Any) -> Any:
+    """One field's value in the engine's type, or a JobError naming the job and field."""
+    if key == "name":
+        return check_name(job, value)
+    if key == "active":
+        return _bool(job, key, value)
+    if key == "on_error":
+        return _choice(job, key, value, OnError)
+    if key == "box_type":
+        return _choice(job, key, value, BoxType)
+    if key == "misfire":
+        return _choice(job, key, value, Misfire)
+    if key == "priority":
+        return _int(job, key, value, -1_000_000, 1_000_000)
+    if key == "job_order":
+        return _int(job, key, value, 0, 2**31 - 1)
+    if key == "max_log_files":
+        return None if value in (None, "") else _int(job, key, value, 1, 100_000)
+    if key == "timeout_s":
+        return _timeout(job, value)
+    if key == "env":
+        return _env(job, value)
+    if key == "queue":
+        text = str(value).strip() if value is not None else ""
+        if not text or len(text) > 64 or any(ch.isspace() for ch in text):
+            raise JobError(job, f"queue must be 1 to 64 characters without spaces, not {value!r}")
+        return text
+    if key == "timer":
+        text = _optional_text(value)
+        try:
+            validate_timer(text)
+        except ScheduleError as exc:
+            raise JobError(job, str(exc)) from None
+        return text
+    if key == "command":
+        text = _optional_text(value)
+        if text is not None:
+            try:
+                check_command(text)
+            except CommandError as exc:
+                raise JobError(job, str(exc)) from None
+        return text
+    if key in ("description", "cwd"):
+        return _optional_text(value)
+    if key == "parent_id":
+        return value
+    raise JobError(
+        job, f"unknown field {key!r}; editable fields are {', '.join(sorted(EDITABLE_FIELDS))}"
+    )
+
+
+def normalise_fields(job: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    aliases = {"timeout": "timeout_s", "parent": "parent_id"}
+    fields = {aliases.get(k, k): v for k, v in fields.items()}
+    return {key: normalise_field(job, key, value) for key, value in fields.items()}

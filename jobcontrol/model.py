@@ -1,0 +1,190 @@
+"""Enumerations and the plain records the engine passes around."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+DISPATCHER_USER = "jobdispatcher"
+
+
+class Kind(enum.StrEnum):
+    BOX = "box"
+    TASK = "task"
+
+
+class OnError(enum.StrEnum):
+    CONTINUE = "continue"
+    ABORT = "abort"
+
+
+class BoxType(enum.StrEnum):
+    SEQUENCE = "sequence"
+    TIMED = "timed"
+
+
+class Misfire(enum.StrEnum):
+    RUN_ONCE = "run-once"
+    SKIP = "skip"
+
+
+class JobState(enum.StrEnum):
+    """Volatile per-job state (memory only), spec 2.2."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    WAITING = "waiting"
+
+
+class TreeState(enum.StrEnum):
+    """The coordination variable of spec 5."""
+
+    STARTUP = "startup"
+    IDLE = "idle"
+    USER_START = "user_start"
+    USER_END = "user_end"
+    DISPATCHER = "dispatcher"
+
+
+class Trigger(enum.StrEnum):
+    TIMER = "timer"
+    MANUAL = "manual"
+    RESTART = "restart"
+
+
+class RunState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    SKIPPED = "skipped"
+    LOST = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_RUN_STATES
+
+
+ACTIVE_RUN_STATES = frozenset({RunState.QUEUED, RunState.RUNNING, RunState.WAITING})
+FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES)
+
+KILLED_STATUS = 255
+TIMEOUT_STATUS = 124
+
+# Fields a user may change through an edit; everything else is the dispatcher's.
+EDITABLE_FIELDS = frozenset(
+    {
+        "name",
+        "description",
+        "parent_id",
+        "job_order",
+        "command",
+        "timer",
+        "active",
+        "on_error",
+        "box_type",
+        "queue",
+        "priority",
+        "timeout_s",
+        "max_log_files",
+        "misfire",
+        "cwd",
+        "env",
+    }
+)
+
+# A change to one of these makes the dispatcher re-evaluate the tree's timers.
+RESCHEDULING_FIELDS = frozenset({"timer", "job_order", "active", "parent_id", "misfire"})
+
+
+@dataclass
+class JobRecord:
+    """One row of the job table, as the engine sees it."""
+
+    id: int
+    name: str
+    kind: Kind
+    parent_id: int | None = None
+    description: str | None = None
+    job_order: int = 0
+    command: str | None = None
+    timer: str | None = None
+    active: bool = False
+    on_error: OnError = OnError.CONTINUE
+    box_type: BoxType = BoxType.SEQUENCE
+    exit_status: int = 0
+    last_ran: datetime | None = None
+    next_runs: datetime | None = None
+    last_duration_ms: int | None = None
+    last_updated: datetime | None = None
+    updated_by: str | None = None
+    version: int = 1
+    queue: str = "default"
+    priority: int = 0
+    timeout_s: float | None = None
+    max_log_files: int | None = None
+    misfire: Misfire = Misfire.RUN_ONCE
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_box(self) -> bool:
+        return self.kind is Kind.BOX
+
+    @property
+    def is_task(self) -> bool:
+        return self.kind is Kind.TASK
+
+    @property
+    def is_top_level(self) -> bool:
+        return self.parent_id is None
+
+    @property
+    def last_end(self) -> datetime | None:
+        if self.last_ran is None or self.last_duration_ms is None:
+            return None
+        from datetime import timedelta
+
+        return self.last_ran + timedelta(milliseconds=self.last_duration_ms)
+
+
+@dataclass
+class RunRecord:
+    """One row of the run table."""
+
+    id: int
+    job_id: int | None
+    job_name: str
+    kind: Kind
+    trigger: Trigger
+    state: RunState
+    parent_run_id: int | None = None
+    root_run_id: int | None = None
+    queue: str = "default"
+    priority: int = 0
+    exit_status: int | None = None
+    signal: int | None = None
+    created: datetime | None = None
+    started: datetime | None = None
+    ended: datetime | None = None
+    duration_ms: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    worker: str | None = None
+    log_path: str | None = None
+    requested_by: str | None = None
+    reason: str | None = None
+    command: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+    max_log_files: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)

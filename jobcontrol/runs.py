@@ -1,0 +1,309 @@
+"""Tree runs as state machines inside the dispatcher (spec 7.6, 8.1).
+
+A run of a job sub-tree is a chain of frames, one per job being executed: a
+box frame walks its children one after another; a task frame waits for the
+executor to report its outcome. Nothing here blocks: waiting for a TIMED
+child arms a timer, a task is a queued run row. Every function runs on the
+dispatcher thread inside its current transaction (``self.tx``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from jobcontrol import events
+from jobcontrol.model import (
+    KILLED_STATUS,
+    BoxType,
+    JobState,
+    Kind,
+    OnError,
+    RunState,
+    Trigger,
+)
+from jobcontrol.store import queries
+from jobcontrol.tree import Node, sort_key
+
+if TYPE_CHECKING:
+    from jobcontrol.dispatcher import Dispatcher
+
+log = logging.getLogger("jobcontrol.dispatcher")
+
+
+@dataclass(eq=False)
+class TreeRun:
+    """One execution of a sub-tree, timer-fired or manual."""
+
+    root: Node
+    top: Node
+    trigger: Trigger
+    immediate: bool
+    requested_by: str
+    root_run_id: int | None = None
+    killed: bool = False
+    current_task: Frame | None = None
+    waiting_frame: Frame | None = None
+
+
+@dataclass(eq=False)
+class Frame:
+    node: Node
+    run_id: int
+    parent: Frame | None
+    tree_run: TreeRun
+    started: datetime
+    children: list[Node] = field(default_factory=list)
+    index: int = 0
+    exit_status: int = 0
+    prev: Node | None = None
+    waiting: bool = False
+    waited_index: int = -1
+
+
+def final_state(status: int, killed: bool) -> RunState:
+    if status == 0:
+        return RunState.SUCCEEDED
+    if status == KILLED_STATUS and killed:
+        return RunState.KILLED
+    return RunState.FAILED
+
+
+def run_info(run_id: int, node: Node, tr: TreeRun, state: RunState, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "job_id": node.id,
+        "job_name": node.job.name,
+        "kind": str(node.job.kind),
+        "trigger": str(tr.trigger),
+        "state": str(state),
+        "root_run_id": tr.root_run_id,
+        "requested_by": tr.requested_by,
+        **extra,
+    }
+
+
+class RunMachine:
+    """The run half of the dispatcher; mixed into ``Dispatcher``."""
+
+    def _start_run(
+        self: Dispatcher, node: Node, trigger: Trigger, immediate: bool, user: str
+    ) -> int:
+        tr = TreeRun(
+            root=node, top=node.top(), trigger=trigger, immediate=immediate, requested_by=user
+        )
+        self.tree_runs[node.id] = tr
+        result = self._enter(node, None, tr)
+        assert tr.root_run_id is not None
+        if result is not None:
+            self._tree_done(tr, result)
+        return tr.root_run_id
+
+    def _enter(self: Dispatcher, node: Node, parent: Frame | None, tr: TreeRun) -> int | None:
+        """Start one job of a run; its status if it finished at once, None if it is under way."""
+        now = self.clock.now()
+        job = node.job
+        if parent is not None and not job.active:
+            if tr.immediate:  # a manual run records what it skipped (DESIGN decision 2)
+                self._insert_run(node, parent, tr, RunState.SKIPPED, now, reason="inactive")
+            return 0
+        is_task = job.kind is Kind.TASK
+        state = RunState.QUEUED if is_task else RunState.RUNNING
+        run_id = self._insert_run(node, parent, tr, state, now)
+        if parent is None:
+            tr.root_run_id = run_id
+        frame = Frame(node=node, run_id=run_id, parent=parent, tree_run=tr, started=now)
+        self.frames[run_id] = frame
+        self._set_job_state(node, JobState.RUNNING, now, run_id)
+        self.tx.after(lambda: events.run_started.send(self, run=run_info(run_id, node, tr, state)))
+        if is_task:
+            log.info("Running Task %s", job.name)
+            tr.current_task = frame
+            self.tx.wake_executor += 1
+            return None
+        log.debug("Entering Box %s", job.name)
+        frame.children = sorted(node.children, key=sort_key)
+        log.debug("Child jobs are: %s", [c.job.name for c in frame.children])
+        return self._advance(frame)
+
+    def _insert_run(
+        self: Dispatcher,
+        node: Node,
+        parent: Frame | None,
+        tr: TreeRun,
+        state: RunState,
+        now: datetime,
+        reason: str | None = None,
+    ) -> int:
+        job = node.job
+        values: dict[str, Any] = {
+            "job_id": job.id,
+            "job_name": job.name,
+            "kind": job.kind,
+            "trigger": tr.trigger,
+            "state": state,
+            "parent_run_id": parent.run_id if parent else None,
+            "root_run_id": tr.root_run_id,
+            "queue": job.queue,
+            "priority": job.priority,
+            "created": now,
+            "requested_by": tr.requested_by,
+            "reason": reason,
+        }
+        if state is RunState.SKIPPED:
+            values.update(ended=now, started=now, duration_ms=0, exit_status=0)
+        elif job.kind is Kind.TASK:
+            values.update(
+                command=job.command,
+                cwd=job.cwd,
+                env=job.env,
+                timeout_s=job.timeout_s,
+                max_log_files=job.max_log_files,
+            )
+        else:
+            values["started"] = now
+        return queries.insert_run(self.tx.conn, values)
+
+    def _advance(self: Dispatcher, frame: Frame) -> int | None:
+        """Run a box's children in order from ``frame.index``; its status when it is done."""
+        tr = frame.tree_run
+        while frame.index < len(frame.children):
+            child = frame.children[frame.index]
+            if self._must_wait(frame, child):
+                self._wait(frame, child)
+                return None
+            status = self._enter(child, frame, tr)
+            if status is None:
+                return None
+            if self._after_child(frame, child, status):
+                break
+        return self._finish(frame)
+
+    def _must_wait(self: Dispatcher, frame: Frame, child: Node) -> bool:
+        box = frame.node.job
+        if frame.tree_run.immediate or box.box_type is not BoxType.TIMED:
+            return False
+        if frame.waited_index == frame.index or not child.job.active:
+            return False
+        due = child.job.next_runs
+        ref = (
+            box.next_runs
+            if frame.index == 0
+            else (frame.prev.job.next_runs if frame.prev else None)
+        )
+        # Spec 7.6: a comparison with a null NextRuns is false, so no wait.
+        return due is not None and ref is not None and due > ref and due > self.clock.now()
+
+    def _wait(self: Dispatcher, frame: Frame, child: Node) -> None:
+        due = child.job.next_runs
+        assert due is not None
+        log.debug("Waiting to run %s", child.job.name)
+        frame.waiting = True
+        frame.tree_run.waiting_frame = frame
+        queries.transition_run(
+            self.tx.conn, frame.run_id, [RunState.RUNNING], {"state": RunState.WAITING}
+        )
+        self._set_job_state(frame.node, JobState.WAITING, frame.started, frame.run_id)
+        self.timers.arm(("wait", frame.run_id), due, lambda: self.post_wait_elapsed(frame.run_id))
+
+    def _wait_elapsed(self: Dispatcher, run_id: int) -> None:
+        frame = self.frames.get(run_id)
+        if frame is None or not frame.waiting:
+            return
+        frame.waiting = False
+        frame.waited_index = frame.index
+        frame.tree_run.waiting_frame = None
+        queries.transition_run(
+            self.tx.conn, run_id, [RunState.WAITING], {"state": RunState.RUNNING}
+        )
+        self._set_job_state(frame.node, JobState.RUNNING, frame.started, run_id)
+        result = self._advance(frame)
+        if result is not None:
+            self._propagate(frame, result)
+
+    def _after_child(self: Dispatcher, frame: Frame, child: Node, status: int) -> bool:
+        """Fold a child's status into its box; True when the box must stop here."""
+        if status and not frame.exit_status:
+            frame.exit_status = status  # the first non-zero status is the box's
+        if frame.tree_run.killed:
+            log.debug("Stopping at %s because process has been killed", child.job.name)
+            frame.exit_status = KILLED_STATUS
+            return True
+        if status and frame.node.job.on_error is OnError.ABORT:
+            log.debug(
+                "Box %s will not continue past child %s whose exit status was %s",
+                frame.node.job.name,
+                child.job.name,
+                status,
+            )
+            return True
+        frame.prev = child
+        frame.index += 1
+        return False
+
+    def _finish(self: Dispatcher, frame: Frame, status: int | None = None) -> int:
+        """Record a job's end (spec 7.6 ``finally``); returns its status."""
+        node, tr = frame.node, frame.tree_run
+        status = frame.exit_status if status is None else status
+        if tr.killed and node.job.kind is Kind.BOX:
+            status = KILLED_STATUS
+        now = self.clock.now()
+        duration = max(0, int((now - frame.started).total_seconds() * 1000))
+        job = node.job
+        job.last_ran, job.exit_status, job.last_duration_ms = frame.started, status, duration
+        conn = self.tx.conn
+        queries.write_job_result(conn, job.id, frame.started, status, duration)
+        state = final_state(status, tr.killed)
+        if job.kind is Kind.BOX:
+            queries.transition_run(
+                conn,
+                frame.run_id,
+                [RunState.RUNNING, RunState.WAITING],
+                {"state": state, "exit_status": status, "ended": now, "duration_ms": duration},
+            )
+        self.frames.pop(frame.run_id, None)
+        self._set_job_state(node, JobState.IDLE, None, None)
+        info = run_info(frame.run_id, node, tr, state, exit_status=status, duration_ms=duration)
+        self.tx.after(lambda: events.run_finished.send(self, run=info))
+        log.info("Job %s completed exit status %s", job.name, status)
+        return status
+
+    def _propagate(self: Dispatcher, frame: Frame, result: int) -> None:
+        """A job finished out of line: let its boxes go on, up to the end of the run."""
+        while frame.parent is not None:
+            parent = frame.parent
+            stop = self._after_child(parent, frame.node, result)
+            outcome = self._finish(parent) if stop else self._advance(parent)
+            if outcome is None:
+                return
+            frame, result = parent, outcome
+        self._tree_done(frame.tree_run, result)
+
+    def _task_done(self: Dispatcher, run_id: int, exit_status: int) -> None:
+        frame = self.frames.get(run_id)
+        if frame is None:
+            log.warning("outcome for unknown task run %s ignored", run_id)
+            return
+        tr = frame.tree_run
+        tr.current_task = None
+        status = KILLED_STATUS if tr.killed else exit_status
+        self._propagate(frame, self._finish(frame, status))
+
+    def _kill_tree_run(self: Dispatcher, tr: TreeRun, user: str) -> None:
+        if tr.killed:
+            return
+        tr.killed = True
+        log.debug("Killing run %s for %s", tr.root_run_id, tr.root.job.name)
+        task = tr.current_task
+        if task is not None:
+            run_id = task.run_id
+            self.tx.after(lambda: self.executor.kill(run_id, f"killed by {user}"))
+            return
+        frame = tr.waiting_frame
+        if frame is not None:
+            self.timers.cancel(("wait", frame.run_id))
+            frame.waiting = False
+            tr.waiting_frame = None
+            self._propagate(frame, self._finish(frame, KILLED_STATUS))

@@ -1,0 +1,179 @@
+"""The store: one SQLAlchemy engine over SQLite (default) or PostgreSQL.
+
+SQLite is opened in WAL mode with foreign keys on; write transactions start
+with ``BEGIN IMMEDIATE`` so two writers queue on the busy timeout instead of
+failing at commit time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from jobcontrol.errors import StoreError
+from jobcontrol.store import schema
+
+log = logging.getLogger(__name__)
+
+SQLITE_BUSY_MS = 30_000
+
+
+def normalise_url(url_or_path: str) -> str:
+    """A bare path means a SQLite file; URLs pass through."""
+    if "://" in url_or_path:
+        return url_or_path
+    return f"sqlite:///{Path(url_or_path).expanduser().resolve()}"
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden, for logs and messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+    cur.close()
+
+
+class Store:
+    """Connections and transactions; the queries live in ``store.queries``."""
+
+    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+        self.url = normalise_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        self.engine = self._make_engine(pool_size)
+
+    def _make_engine(self, pool_size: int) -> Engine:
+        if self.is_sqlite:
+            path = self.url.split("///", 1)[1] if "///" in self.url else ""
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(
+                self.url,
+                connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_MS / 1000},
+                pool_size=pool_size,
+                max_overflow=20,
+            )
+            event.listen(engine, "connect", _sqlite_pragmas)
+            # We issue BEGIN ourselves (deferred or IMMEDIATE), so the driver must not.
+            return engine.execution_options(isolation_level="AUTOCOMMIT")
+        return create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+
+    @property
+    def sqlite_path(self) -> str | None:
+        if not self.is_sqlite or "///" not in self.url:
+            return None
+        return self.url.split("///", 1)[1]
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One write transaction: committed on success, rolled back on error."""
+        try:
+            with self.engine.connect() as conn:
+                if self.is_sqlite:
+                    yield from _sqlite_txn(conn, "BEGIN IMMEDIATE")
+                else:
+                    with conn.begin():
+                        yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read transaction: one consistent snapshot."""
+        try:
+            with self.engine.connect() as conn:
+                if self.is_sqlite:
+                    yield from _sqlite_txn(conn, "BEGIN")
+                else:
+                    with conn.begin():
+                        yield conn
+        except SQLAlchemyError as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+    def upgrade(self) -> None:
+        """Create or migrate the schema to the newest revision (Alembic)."""
+        from alembic import command
+
+        engine = self._migration_engine()
+        try:
+            with engine.begin() as conn:
+                cfg = alembic_config(self.url)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot migrate {redact(self.url)}: {exc}") from exc
+        finally:
+            engine.dispose()
+        self.instance_id()
+
+    def _migration_engine(self) -> Engine:
+        engine = create_engine(self.url, poolclass=NullPool)
+        if self.is_sqlite:
+            event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+
+    def current_revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def instance_id(self) -> str:
+        """A uuid naming this database; it marks the processes of its runs."""
+        with self.write() as conn:
+            row = conn.execute(
+                select(schema.meta.c.value).where(schema.meta.c.key == "instance")
+            ).scalar_one_or_none()
+            if row is not None:
+                return str(row)
+            value = uuid.uuid4().hex
+            conn.execute(schema.meta.insert().values(key="instance", value=value))
+            return value
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_txn(conn: Connection, begin: str) -> Iterator[Connection]:
+    conn.exec_driver_sql(begin)
+    try:
+        yield conn
+    except BaseException:
+        conn.exec_driver_sql("ROLLBACK")
+        raise
+    conn.exec_driver_sql("COMMIT")
+
+
+def alembic_config(url: str) -> Any:
+    from importlib.resources import files
+
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(files("jobcontrol.migrations")))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def default_db_path() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return str(Path(base) / "jobcontrol" / "jobcontrol.db")
+
+
+__all__ = ["Store", "alembic_config", "default_db_path", "normalise_url", "redact", "schema"]

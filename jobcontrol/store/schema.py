@@ -1,0 +1,131 @@
+"""The tables. Schema changes go through Alembic (``db/``); this is the source for both."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING)
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY, PostgreSQL wants BIGINT for ids.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as naive UTC (both stores), always returned timezone-aware."""
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given to the store")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # raw SQLite text, e.g. from a hand-written query
+            value = datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC)
+
+
+job = Table(
+    "job",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("description", Text),
+    Column("parent_id", Id, ForeignKey("job.id", ondelete="CASCADE"), index=True),
+    Column("kind", String(8), nullable=False),
+    Column("job_order", Integer, nullable=False, default=0),
+    Column("command", Text),
+    Column("timer", Text),
+    Column("active", Boolean, nullable=False, default=False),
+    Column("on_error", String(16), nullable=False, default="continue"),
+    Column("box_type", String(16), nullable=False, default="sequence"),
+    Column("exit_status", Integer, nullable=False, default=0),
+    Column("last_ran", UTCDateTime),
+    Column("next_runs", UTCDateTime),
+    Column("last_duration_ms", BigInteger),
+    Column("last_updated", UTCDateTime),
+    Column("updated_by", String(64)),
+    Column("version", Integer, nullable=False, default=1),
+    Column("queue", String(64), nullable=False, default="default"),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("timeout_s", Float),
+    Column("max_log_files", Integer),
+    Column("misfire", String(16), nullable=False, default="run-once"),
+    Column("cwd", Text),
+    Column("env", Text),
+)
+
+run = Table(
+    "run",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    # No foreign key: history outlives the job it describes.
+    Column("job_id", BigInteger),
+    Column("job_name", String(200), nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("trigger", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("parent_run_id", BigInteger),
+    Column("root_run_id", BigInteger),
+    Column("queue", String(64), nullable=False, default="default"),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("exit_status", Integer),
+    Column("signal", Integer),
+    Column("created", UTCDateTime, nullable=False),
+    Column("started", UTCDateTime),
+    Column("ended", UTCDateTime),
+    Column("duration_ms", BigInteger),
+    Column("pid", Integer),
+    Column("host", String(255)),
+    Column("worker", String(255)),
+    Column("log_path", Text),
+    Column("requested_by", String(64)),
+    Column("reason", Text),
+    Column("command", Text),
+    Column("cwd", Text),
+    Column("env", Text),
+    Column("timeout_s", Float),
+    Column("max_log_files", Integer),
+    Column("kill_requested", Boolean, nullable=False, default=False),
+    Index("ix_run_job_history", "job_id", "id"),
+    Index("ix_run_claim", "state", "queue", "priority", "id"),
+    Index("ix_run_parent", "parent_run_id"),
+)
+
+meta = Table(
+    "jc_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)

@@ -1,0 +1,157 @@
+"""Clocks and one-shot timers.
+
+The dispatcher only ever asks for "call this at that instant" and reads the
+time through a clock, so tests drive both by hand (``ManualClock`` and
+``ManualTimers``) while the daemon uses the wall clock and APScheduler 3's
+in-memory ``DateTrigger`` jobs. Timer callbacks only post an event.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def set(self, when: datetime) -> None:
+        with self._lock:
+            self._now = when
+
+
+class TimerService(Protocol):
+    def start(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def arm(self, key: Hashable, when: datetime, callback: Callable[[], None]) -> None: ...
+    def cancel(self, key: Hashable) -> None: ...
+    def armed(self) -> dict[Hashable, datetime]: ...
+
+
+class APSchedulerTimers:
+    """One APScheduler ``DateTrigger`` job per key; no job store, no cron triggers."""
+
+    def __init__(self) -> None:
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self._scheduler = BackgroundScheduler(
+            timezone=UTC,
+            executors={"default": ThreadPoolExecutor(4)},
+            # Our own misfire policy decides before arming: a timer that is due
+            # must fire, however late, and each key fires once.
+            job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
+        )
+        self._armed: dict[Hashable, datetime] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._scheduler.start()
+
+    def shutdown(self) -> None:
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        with self._lock:
+            self._armed.clear()
+
+    def arm(self, key: Hashable, when: datetime, callback: Callable[[], None]) -> None:
+        from apscheduler.triggers.date import DateTrigger
+
+        def fire() -> None:
+            with self._lock:
+                if self._armed.get(key) == when:
+                    del self._armed[key]
+            callback()
+
+        with self._lock:
+            self._armed[key] = when
+        self._scheduler.add_job(
+            fire, DateTrigger(run_date=when, timezone=UTC), id=repr(key), replace_existing=True
+        )
+
+    def cancel(self, key: Hashable) -> None:
+        with self._lock:
+            if self._armed.pop(key, None) is None:
+                return
+        try:
+            self._scheduler.remove_job(repr(key))
+        except Exception:  # already fired: nothing to cancel
+            log.debug("timer %r had already fired", key)
+
+    def armed(self) -> dict[Hashable, datetime]:
+        with self._lock:
+            return dict(self._armed)
+
+
+class ManualTimers:
+    """Timers for tests: nothing fires until ``advance`` moves the manual clock past it."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self._armed: dict[Hashable, tuple[datetime, int, Callable[[], None]]] = {}
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._armed.clear()
+
+    def arm(self, key: Hashable, when: datetime, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._armed[key] = (when, next(self._seq), callback)
+
+    def cancel(self, key: Hashable) -> None:
+        with self._lock:
+            self._armed.pop(key, None)
+
+    def armed(self) -> dict[Hashable, datetime]:
+        with self._lock:
+            return {k: v[0] for k, v in self._armed.items()}
+
+    def when(self, key: Hashable) -> datetime | None:
+        with self._lock:
+            entry = self._armed.get(key)
+            return entry[0] if entry else None
+
+    def advance(self, delta: timedelta | None = None, *, to: datetime | None = None) -> int:
+        """Move the clock and fire every timer now due, earliest first; returns how many fired."""
+        target = to if to is not None else self.clock.now() + (delta or timedelta())
+        if target > self.clock.now():
+            self.clock.set(target)
+        fired = 0
+        while True:
+            with self._lock:
+                due = [(w, s, k) for k, (w, s, _) in self._armed.items() if w <= target]
+                if not due:
+                    return fired
+                _, _, key = heapq.nsmallest(1, due)[0]
+                _, _, callback = self._armed.pop(key)
+            callback()
+            fired += 1

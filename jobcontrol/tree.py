@@ -1,0 +1,216 @@
+"""The dispatcher's in-memory job tree and timer evaluation (spec 2.6, 4.5, 6.2).
+
+Each node carries the job's stored fields (a ``JobRecord``), its volatile
+state, and ``timer_due`` / ``timer_source``: the evaluated firing time of the
+node's own or inherited schedule and the node whose schedule supplies it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
+
+from jobcontrol.errors import ScheduleError
+from jobcontrol.model import JobRecord, JobState, Misfire
+from jobcontrol.schedule import parse_timer
+
+log = logging.getLogger(__name__)
+
+_FAR = datetime.max
+
+
+@dataclass(eq=False)
+class Node:
+    job: JobRecord
+    parent: Node | None = None
+    children: list[Node] = field(default_factory=list)
+    state: JobState = JobState.IDLE
+    started: datetime | None = None
+    run_id: int | None = None
+    timer_due: datetime | None = None
+    timer_source: Node | None = None
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    def top(self) -> Node:
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    def ancestors(self) -> Iterator[Node]:
+        node = self.parent
+        while node is not None:
+            yield node
+            node = node.parent
+
+    def walk(self) -> Iterator[Node]:
+        """This node and its descendants, pre-order, without recursion."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+    def depth(self) -> int:
+        return sum(1 for _ in self.ancestors())
+
+
+def sort_key(node: Node) -> tuple[bool, datetime, int]:
+    """Next runs ascending with nulls last, then job order (spec 4.5)."""
+    nr = node.job.next_runs
+    return (nr is None, nr.replace(tzinfo=None) if nr else _FAR, node.job.job_order)
+
+
+class JobTree:
+    def __init__(self) -> None:
+        self.nodes: dict[int, Node] = {}
+        self.roots: list[Node] = []
+        self.by_name: dict[str, Node] = {}
+
+    @classmethod
+    def build(cls, jobs: Iterable[JobRecord]) -> JobTree:
+        tree = cls()
+        records = list(jobs)
+        for rec in records:
+            node = Node(rec)
+            tree.nodes[rec.id] = node
+            tree.by_name[rec.name] = node
+        for rec in sorted(records, key=lambda r: (r.job_order, r.id)):
+            node = tree.nodes[rec.id]
+            if rec.parent_id is None:
+                tree.roots.append(node)
+            else:
+                parent = tree.nodes[rec.parent_id]
+                node.parent = parent
+                parent.children.append(node)
+        return tree
+
+    def get(self, job_id: int) -> Node | None:
+        return self.nodes.get(job_id)
+
+    def add(self, rec: JobRecord) -> Node:
+        node = Node(rec)
+        self.nodes[rec.id] = node
+        self.by_name[rec.name] = node
+        self._attach(node)
+        return node
+
+    def _attach(self, node: Node) -> None:
+        if node.job.parent_id is None:
+            node.parent = None
+            self.roots.append(node)  # new top-level jobs are appended (spec 2.6)
+        else:
+            parent = self.nodes[node.job.parent_id]
+            node.parent = parent
+            parent.children.append(node)
+
+    def _detach(self, node: Node) -> None:
+        siblings = self.roots if node.parent is None else node.parent.children
+        siblings.remove(node)
+        node.parent = None
+
+    def update(self, rec: JobRecord) -> Node:
+        """Replace a node's stored fields; moves it when its parent changed."""
+        node = self.nodes[rec.id]
+        old = node.job
+        if old.name != rec.name:
+            self.by_name.pop(old.name, None)
+            self.by_name[rec.name] = node
+        node.job = rec
+        if old.parent_id != rec.parent_id:
+            self._detach(node)
+            self._attach(node)
+        return node
+
+    def remove(self, job_id: int) -> list[Node]:
+        """Drop a node and its descendants; returns what was removed."""
+        node = self.nodes.get(job_id)
+        if node is None:
+            return []
+        self._detach(node)
+        gone = list(node.walk())
+        for n in gone:
+            self.nodes.pop(n.id, None)
+            if self.by_name.get(n.job.name) is n:
+                del self.by_name[n.job.name]
+        return gone
+
+
+@dataclass
+class Evaluator:
+    """Evaluates schedules bottom-up and re-sorts levels; records what changed."""
+
+    now: datetime
+    default_tz: tzinfo
+    changed: dict[int, Node] = field(default_factory=dict)
+
+    def own_due(self, node: Node) -> datetime | None:
+        job = node.job
+        assert job.timer is not None
+        try:
+            schedule = parse_timer(job.timer)
+        except ScheduleError:
+            log.error("job %r has an invalid timer %r; it is not scheduled", job.name, job.timer)
+            return None
+        return schedule.next_fire(
+            now=self.now, last_ran=job.last_ran, last_end=job.last_end, default_tz=self.default_tz
+        )
+
+    def _set(self, node: Node, next_runs: datetime | None, job_order: int | None = None) -> None:
+        job = node.job
+        if job.next_runs != next_runs:
+            job.next_runs = next_runs
+            self.changed[job.id] = node
+        if job_order is not None and job.job_order != job_order:
+            job.job_order = job_order
+            self.changed[job.id] = node
+
+    def evaluate_level(self, level: list[Node], *, sort: bool = True) -> None:
+        """Spec 4.5 ``evaluateChildTimers``, post-order, with the stale-timer fix of 14.6."""
+        for node in level:
+            if node.children:
+                self.evaluate_level(node.children)
+            job = node.job
+            if job.timer is not None and (job.active or job.is_top_level):
+                due = self.own_due(node)
+                node.timer_due, node.timer_source = due, (node if due else None)
+                self._set(node, due)
+                continue
+            first = node.children[0] if node.children else None
+            if first is not None and first.timer_due is not None:
+                node.timer_due, node.timer_source = first.timer_due, first.timer_source
+                self._set(node, first.job.next_runs)
+            else:
+                node.timer_due, node.timer_source = None, None
+                self._set(node, None)
+        if sort and len(level) > 1:
+            level.sort(key=sort_key)
+            for i, node in enumerate(level):
+                self._set(node, node.job.next_runs, i)
+                if i > 0 and not node.job.is_top_level:
+                    # Only the earliest timer of a level can be inherited upwards.
+                    node.timer_due = node.timer_source = None
+
+    def evaluate_tree(self, top: Node) -> datetime | None:
+        """Re-evaluate one top-level tree; returns when its timer should fire (misfire applied)."""
+        self.evaluate_level([top], sort=False)
+        due = top.timer_due
+        if due is None or due > self.now or top.job.misfire is Misfire.RUN_ONCE:
+            return due
+        return self.skip_missed(top, due)
+
+    def skip_missed(self, top: Node, due: datetime) -> datetime | None:
+        """The next occurrence after now of the schedule that supplies ``top``'s timer."""
+        source = top.timer_source
+        if source is None or source.job.timer is None:
+            return None
+        schedule = parse_timer(source.job.timer)
+        nxt = schedule.skip_missed(due, now=self.now, default_tz=self.default_tz)
+        top.timer_due = nxt
+        self._set(top, nxt)
+        return nxt

@@ -1,0 +1,76 @@
+"""Fixtures shared by the whole suite.
+
+- ``postgres_server``: one throwaway PostgreSQL server for the session (tests/pgserver.py).
+- ``postgres_url`` / ``sqlite_url``: a fresh, empty database per test, as a SQLAlchemy URL.
+- ``db_url``: the contract-suite pattern, one test run against both stores:
+
+      def test_roundtrip(db_url: str) -> None:
+          store = open_store(db_url)  # runs as [sqlite] and as [postgresql]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pgserver import PostgresServer
+
+# Qt must never try to open a display: there is none on CI.
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server started once for the session, stopped (and removed) at its end."""
+    bindir = PostgresServer.available()
+    if bindir is None:
+        reason = (
+            "PostgreSQL server binaries not found "
+            "(neither /usr/lib/postgresql/*/bin/initdb nor pg_config --bindir)"
+        )
+        if _in_ci():
+            pytest.fail(f"CI=true but {reason}: CI must test PostgreSQL", pytrace=False)
+        pytest.skip(reason)
+    server = PostgresServer(bindir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a new database, unique to this test, dropped after it."""
+    slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
+    name = f"t_{slug}_{uuid.uuid4().hex[:10]}"
+    postgres_server.create_database(name)
+    try:
+        yield postgres_server.url(name)
+    finally:
+        postgres_server.drop_database(name)  # terminates leftover connections first
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a new SQLite database file in this test's tmp_path."""
+    return f"sqlite:///{tmp_path}/jobcontrol.db"
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)],
+)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database of each store in turn: the test runs once per store."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
