@@ -1,0 +1,554 @@
+"""Definition files: job trees as YAML (JSON accepted on input).
+
+``parse_definitions`` refuses a file whole at its first problem, naming the
+line, the job and the reason; ``dump_definitions`` writes job records back so
+that parsing the result gives the same definitions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any, NoReturn
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from jobcontrol.commands import check_command
+from jobcontrol.errors import CommandError, DefinitionError, JobError, ScheduleError
+from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
+from jobcontrol.schedule import validate_timer
+
+NAME_MAX = 128
+QUEUE_MAX = 64  # the job.queue column is String(64)
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority and max_log_files are Integer columns
+# Real trees are a few levels deep; the bound keeps a hostile file from exhausting the stack.
+MAX_DEPTH = 64
+
+# The keys of a job, in the order dump_definitions writes them.
+JOB_KEYS = tuple(
+    "name description timer command active on_error box_type queue priority timeout"
+    " max_log_files misfire cwd env children".split()
+)
+# The JobRecord attributes a definition file sets (besides name, kind and job_order).
+DEFINITION_FIELDS = tuple(
+    "description timer command active on_error box_type queue priority timeout_s"
+    " max_log_files misfire cwd env".split()
+)
+TOP_LEVEL_KEYS = ("jobs",)
+
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_DURATION_PART = re.compile(rf"\s*({_NUMBER})\s*([dhms])")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BAD_NAME_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+_ODD_LINE_BREAKS = "\r\x85\u2028\u2029"
+
+
+def field_defaults() -> dict[str, Any]:
+    """Each definition field's value when a file does not give it (JobRecord's defaults)."""
+    blank = JobRecord(id=0, name="", kind=Kind.BOX)
+    return {name: getattr(blank, name) for name in DEFINITION_FIELDS}
+
+
+@dataclass
+class JobDef:
+    """One job of a definition file.
+
+    ``fields`` holds the fields the file gives, under JobRecord attribute
+    names with model types (``timeout_s``, enums, ``env`` as a dict), plus
+    ``job_order`` (index among siblings) and ``active`` (always: a job is
+    inactive unless the file says otherwise). ``name`` and ``kind`` are not in it.
+    """
+
+    name: str
+    kind: Kind
+    line: int
+    fields: dict[str, Any]
+    children: list[JobDef] = field(default_factory=list)
+
+
+def iter_defs(roots: list[JobDef]) -> Iterator[tuple[JobDef, JobDef | None]]:
+    """Every job as ``(job, parent)``, parents before children, in file order."""
+    stack: list[tuple[JobDef, JobDef | None]] = [(job, None) for job in reversed(roots)]
+    while stack:
+        job, parent = stack.pop()
+        yield job, parent
+        stack.extend((child, job) for child in reversed(job.children))
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in ``90s``, ``5m``, ``1h30m``, ``2.5s``, ``1d`` or a bare number.
+
+    Raises ValueError for anything else, and for zero, negative or infinite durations.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a duration, not a boolean")
+    if isinstance(value, str):
+        text = value.strip()
+        seconds = float(text) if re.fullmatch(_NUMBER, text) else _sum_duration_parts(text)
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("a duration must be a positive, finite number of seconds")
+    return seconds
+
+
+def _sum_duration_parts(text: str) -> float:
+    total, pos, units_seen = 0.0, 0, ""
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise ValueError(
+                f"cannot read {text!r} as a duration (like 90s, 5m, 1h30m, 2.5s or seconds)"
+            )
+        number, unit = match.groups()
+        # Units largest first, each once: "30m1h" or "5m5m" is more likely a typo than meant.
+        if units_seen and "dhms".index(unit) <= "dhms".index(units_seen[-1]):
+            raise ValueError(f"units out of order or repeated in duration {text!r}")
+        units_seen += unit
+        total += float(number) * _UNIT_SECONDS[unit]
+        pos = match.end()
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Duration text that ``parse_duration`` reads back as exactly ``seconds``."""
+    if seconds.is_integer() and 0 < seconds < 2**53:
+        hours, rest = divmod(int(seconds), 3600)
+        minutes, secs = divmod(rest, 60)
+        parts = [(hours, "h"), (minutes, "m"), (secs, "s")]
+        return "".join(f"{count}{unit}" for count, unit in parts if count)
+    # repr() is the shortest text that reads back as the same float.
+    return f"{seconds!r}s"
+
+
+def parse_definitions(text: str, source: str = "<input>") -> list[JobDef]:
+    """The top-level jobs of a definition file, in file order.
+
+    Raises :class:`DefinitionError` (with the 1-based line) at the first problem.
+    """
+    loader, root = _compose(text, source)
+    try:
+        jobs = _jobs_list(root, source)
+        return _Parser(source, loader).job_list(jobs, depth=0)
+    finally:
+        loader.dispose()
+
+
+def _untab_json(text: str) -> str:
+    # PyYAML refuses tabs as indentation, which JSON allows; valid JSON has no raw
+    # tab inside a string, so swapping them for spaces keeps meaning and lines.
+    if "\t" not in text or not text.lstrip().startswith(("{", "[")):
+        return text
+    try:
+        json.loads(text)
+    except ValueError:
+        return text
+    return text.replace("\t", " ")
+
+
+def _compose(text: str, source: str) -> tuple[yaml.SafeLoader, Node | None]:
+    # The loader is kept: it turns scalar nodes into values later, resolving like PyYAML.
+    try:
+        loader = yaml.SafeLoader(_untab_json(text))
+        return loader, loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        reason = "; ".join(part for part in (exc.context, exc.problem) if part)
+        raise DefinitionError(
+            source, mark.line + 1 if mark else None, f"invalid YAML: {reason}"
+        ) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else exc.character
+        raise DefinitionError(
+            source, line, f"invalid YAML: character {char}: {exc.reason}"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise DefinitionError(source, None, f"invalid YAML: {exc}") from exc
+
+
+def _jobs_list(root: Node | None, source: str) -> SequenceNode:
+    expected = "expected a mapping with a 'jobs' list at the top level"
+    if root is None:
+        raise DefinitionError(source, 1, f"empty file: {expected}")
+    if not isinstance(root, MappingNode):
+        raise DefinitionError(source, _line(root), f"{expected}, got {_node_kind(root)}")
+    jobs: SequenceNode | None = None
+    for key_node, value_node in root.value:
+        key = key_node.value if isinstance(key_node, ScalarNode) else None
+        if key != "jobs":
+            raise DefinitionError(
+                source, _line(key_node), _unknown_key(key_node, TOP_LEVEL_KEYS, "top-level key")
+            )
+        if jobs is not None:
+            raise DefinitionError(source, _line(key_node), "key 'jobs' given twice")
+        if not isinstance(value_node, SequenceNode):
+            raise DefinitionError(
+                source, _line(value_node), f"'jobs' must be a list, got {_node_kind(value_node)}"
+            )
+        jobs = value_node
+    if jobs is None:
+        raise DefinitionError(source, _line(root), f"no 'jobs' key: {expected}")
+    return jobs
+
+
+def _line(node: Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _node_kind(node: Node) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if node.tag == "tag:yaml.org,2002:null":
+        return "null"
+    return f"{node.value!r}"
+
+
+def _unknown_key(key_node: Node, allowed: Sequence[str], what: str) -> str:
+    key = str(key_node.value) if isinstance(key_node, ScalarNode) else _node_kind(key_node)
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {what} {key!r}{hint}; allowed: {', '.join(allowed)}"
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {value!r}".lower()
+    if isinstance(value, int | float):
+        return f"number {value!r}"
+    if isinstance(value, date):
+        return f"date {value.isoformat()}"
+    return repr(value)
+
+
+class _Parser:
+    """Walks the composed YAML nodes so every refusal can name its line."""
+
+    def __init__(self, source: str, loader: yaml.SafeLoader) -> None:
+        self.source = source
+        self.loader = loader
+        self.name_lines: dict[str, int] = {}
+        self.seen_nodes: set[int] = set()
+
+    def fail(self, node: Node, job: str | None, reason: str) -> NoReturn:
+        prefix = f"job {job!r}: " if job is not None else ""
+        raise DefinitionError(self.source, _line(node), prefix + reason)
+
+    def job_list(self, node: SequenceNode, depth: int) -> list[JobDef]:
+        return [self.job(item, order, depth) for order, item in enumerate(node.value)]
+
+    def job(self, node: Node, order: int, depth: int) -> JobDef:
+        if not isinstance(node, MappingNode):
+            self.fail(node, None, f"a job must be a mapping, got {_node_kind(node)}")
+        if depth >= MAX_DEPTH:
+            self.fail(node, None, f"jobs nested more than {MAX_DEPTH} deep")
+        if id(node) in self.seen_nodes:
+            self.fail(node, None, "the same job appears twice (a YAML alias)")
+        self.seen_nodes.add(id(node))
+        name = self.job_name(node)
+        given = self.job_keys(node, name)
+        if "command" in given and "children" in given:
+            self.fail(node, name, "a job has 'command' (a task) or 'children' (a box), not both")
+        kind = Kind.TASK if "command" in given else Kind.BOX
+        if kind is Kind.TASK and "box_type" in given:
+            self.fail(given["box_type"][0], name, "'box_type' is for boxes, not tasks")
+        fields: dict[str, Any] = {"job_order": order, "active": False}
+        for key, (_, value_node) in given.items():
+            if key in _FIELD_PARSERS:
+                field_name, parse = _FIELD_PARSERS[key]
+                fields[field_name] = parse(self, value_node, name)
+        children: list[JobDef] = []
+        if "children" in given:
+            children = self.job_list(self.children_list(given["children"][1], name), depth + 1)
+        return JobDef(name=name, kind=kind, line=_line(node), fields=fields, children=children)
+
+    def job_name(self, node: MappingNode) -> str:
+        for key_node, value_node in node.value:
+            if isinstance(key_node, ScalarNode) and key_node.value == "name":
+                name = self.string(value_node, None, "name")
+                break
+        else:
+            self.fail(node, None, "a job needs a 'name'")
+        problem = _name_problem(name)
+        if problem is not None:
+            self.fail(value_node, None, f"invalid job name {name!r}: {problem}")
+        if name in self.name_lines:
+            first = self.name_lines[name]
+            self.fail(value_node, name, f"duplicate job name (first at line {first})")
+        self.name_lines[name] = _line(value_node)
+        return name
+
+    def job_keys(self, node: MappingNode, name: str) -> dict[str, tuple[Node, Node]]:
+        given: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, ScalarNode) else None
+            if key not in JOB_KEYS:
+                self.fail(key_node, name, _unknown_key(key_node, JOB_KEYS, "key"))
+            if key in given:
+                first = _line(given[key][0])
+                self.fail(key_node, name, f"key {key!r} given twice (first at line {first})")
+            given[key] = (key_node, value_node)
+        return given
+
+    def scalar(self, node: Node, job: str | None, key: str, expected: str) -> Any:
+        if not isinstance(node, ScalarNode):
+            self.fail(node, job, f"{key!r} must be {expected}, got {_node_kind(node)}")
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self.fail(node, job, f"{key!r}: {exc}")
+
+    def wrong(self, node: Node, job: str | None, key: str, expected: str, value: Any) -> NoReturn:
+        hint = ""
+        if expected == "a string" and isinstance(node, ScalarNode) and not node.style:
+            hint = " (put it in quotes to make it a string)"
+        self.fail(node, job, f"{key!r} must be {expected}, got {_describe(value)}{hint}")
+
+    def string(self, node: Node, job: str | None, key: str, *, optional: bool = False) -> Any:
+        value = self.scalar(node, job, key, "a string")
+        if not isinstance(value, str) and not (optional and value is None):
+            self.wrong(node, job, key, "a string", value)
+        return value
+
+    def integer(self, node: Node, job: str, key: str, low: int, high: int) -> int:
+        value = self.scalar(node, job, key, "an integer")
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.wrong(node, job, key, "an integer", value)
+        if not low <= value <= high:
+            self.fail(node, job, f"{key!r} must be between {low} and {high}, got {value}")
+        return value
+
+    def choice(self, node: Node, job: str, key: str, enum: type[Any]) -> Any:
+        allowed = ", ".join(member.value for member in enum)
+        value = self.scalar(node, job, key, f"one of {allowed}")
+        if not isinstance(value, str) or value not in {member.value for member in enum}:
+            self.wrong(node, job, key, f"one of {allowed}", value)
+        return enum(value)
+
+    def children_list(self, node: Node, job: str) -> SequenceNode:
+        if not isinstance(node, SequenceNode):
+            got = _node_kind(node)
+            self.fail(node, job, f"'children' must be a list (use [] for none), got {got}")
+        return node
+
+
+def _name_problem(name: str) -> str | None:
+    if not 1 <= len(name) <= NAME_MAX:
+        return f"must be 1 to {NAME_MAX} characters long"
+    if name != name.strip():
+        return "must not start or end with spaces"
+    if any(unicodedata.category(ch) in _BAD_NAME_CATEGORIES for ch in name):
+        return "must not contain control or line-break characters"
+    return None
+
+
+def _parse_description(p: _Parser, node: Node, job: str) -> str | None:
+    value: str | None = p.string(node, job, "description", optional=True)
+    return value
+
+
+def _parse_timer(p: _Parser, node: Node, job: str) -> str | None:
+    value: str | None = p.string(node, job, "timer", optional=True)
+    if value is not None:
+        try:
+            validate_timer(value)
+        except ScheduleError as exc:
+            p.fail(node, job, str(exc))
+    return value
+
+
+def _parse_command(p: _Parser, node: Node, job: str) -> str:
+    value: str = p.string(node, job, "command")
+    try:
+        check_command(value)
+    except CommandError as exc:
+        p.fail(node, job, f"invalid command: {exc}")
+    return value
+
+
+def _parse_active(p: _Parser, node: Node, job: str) -> bool:
+    value = p.scalar(node, job, "active", "true or false")
+    if not isinstance(value, bool):
+        p.wrong(node, job, "active", "true or false", value)
+    return value
+
+
+def _parse_queue(p: _Parser, node: Node, job: str) -> str:
+    value: str = p.string(node, job, "queue")
+    # Lane lists on worker command lines are space separated, so a name cannot hold one.
+    if (
+        not 1 <= len(value) <= QUEUE_MAX
+        or not all(ch.isprintable() for ch in value)
+        or " " in value
+    ):
+        p.fail(node, job, f"'queue' must be 1 to {QUEUE_MAX} characters without spaces: {value!r}")
+    return value
+
+
+def _parse_timeout(p: _Parser, node: Node, job: str) -> float | None:
+    value = p.scalar(node, job, "timeout", "a duration")
+    if value is None:
+        return None
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        p.wrong(node, job, "timeout", "a duration like 90s, 5m or 1h30m", value)
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        p.fail(node, job, f"invalid 'timeout': {exc}")
+
+
+def _parse_max_log_files(p: _Parser, node: Node, job: str) -> int | None:
+    if isinstance(node, ScalarNode) and p.scalar(node, job, "max_log_files", "") is None:
+        return None
+    return p.integer(node, job, "max_log_files", 1, INT32_MAX)
+
+
+def _parse_cwd(p: _Parser, node: Node, job: str) -> str | None:
+    value: str | None = p.string(node, job, "cwd", optional=True)
+    if value is not None and (not value or "\0" in value):
+        p.fail(node, job, "'cwd' must be a non-empty path without NUL bytes")
+    return value
+
+
+def _parse_env(p: _Parser, node: Node, job: str) -> dict[str, str]:
+    if not isinstance(node, MappingNode):
+        p.fail(node, job, f"'env' must be a mapping of names to strings, got {_node_kind(node)}")
+    env: dict[str, str] = {}
+    for key_node, value_node in node.value:
+        key = p.string(key_node, job, "env name")
+        if not _ENV_NAME.fullmatch(key):
+            p.fail(key_node, job, f"invalid environment variable name {key!r}")
+        if key in env:
+            p.fail(key_node, job, f"environment variable {key!r} given twice")
+        value = p.string(value_node, job, f"env {key}")
+        if "\0" in value:
+            p.fail(value_node, job, f"environment variable {key!r} contains a NUL byte")
+        env[key] = value
+    return env
+
+
+_FieldParser = Callable[[_Parser, Node, str], Any]
+_FIELD_PARSERS: dict[str, tuple[str, _FieldParser]] = {
+    "description": ("description", _parse_description),
+    "timer": ("timer", _parse_timer),
+    "command": ("command", _parse_command),
+    "active": ("active", _parse_active),
+    "on_error": ("on_error", lambda p, n, j: p.choice(n, j, "on_error", OnError)),
+    "box_type": ("box_type", lambda p, n, j: p.choice(n, j, "box_type", BoxType)),
+    "queue": ("queue", _parse_queue),
+    "priority": ("priority", lambda p, n, j: p.integer(n, j, "priority", INT32_MIN, INT32_MAX)),
+    "timeout": ("timeout_s", _parse_timeout),
+    "max_log_files": ("max_log_files", _parse_max_log_files),
+    "misfire": ("misfire", lambda p, n, j: p.choice(n, j, "misfire", Misfire)),
+    "cwd": ("cwd", _parse_cwd),
+    "env": ("env", _parse_env),
+}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, lists indented under their key, multi-line text as ``|`` blocks."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        # PyYAML puts "- " flush with the parent key; indenting reads like the docs.
+        super().increase_indent(flow, False)
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    # PyYAML (allow_unicode) mangles NEL and friends outside double quotes; YAML 1.1
+    # counts them as line breaks. Otherwise the emitter still picks quotes itself when
+    # a literal block cannot hold the text.
+    style: str | None = None
+    if any(ch in data for ch in _ODD_LINE_BREAKS):
+        style = '"'
+    elif "\n" in data:
+        style = "|"
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_definitions(jobs: Sequence[JobRecord]) -> str:
+    """YAML for whole job trees; a record whose parent is not in ``jobs`` is a root."""
+    ids = {record.id for record in jobs}
+    children: dict[int | None, list[JobRecord]] = {}
+    for record in jobs:
+        parent = record.parent_id if record.parent_id in ids else None
+        children.setdefault(parent, []).append(record)
+    for siblings in children.values():
+        siblings.sort(key=lambda record: (record.job_order, record.id))
+    _refuse_parent_cycles(jobs, children)
+    document = {"jobs": [_job_mapping(record, children) for record in children.get(None, [])]}
+    return yaml.dump(
+        document,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=1_000_000,
+    )
+
+
+def _refuse_parent_cycles(
+    jobs: Sequence[JobRecord], children: dict[int | None, list[JobRecord]]
+) -> None:
+    # A record not reachable from a root sits on (or under) a parent_id cycle and
+    # would silently vanish from the export.
+    reached: set[int] = set()
+    stack = list(children.get(None, []))
+    while stack:
+        record = stack.pop()
+        reached.add(record.id)
+        stack.extend(children.get(record.id, []))
+    for record in jobs:
+        if record.id not in reached:
+            raise JobError(record.name, "cannot export: its parent links form a cycle")
+
+
+def _job_mapping(record: JobRecord, children: dict[int | None, list[JobRecord]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": record.name}
+    if record.description is not None:
+        out["description"] = record.description
+    if record.timer is not None:
+        out["timer"] = record.timer
+    if record.is_task:
+        if record.command is None:
+            raise JobError(record.name, "cannot export a task without a command")
+        out["command"] = record.command
+    out["active"] = record.active
+    if record.on_error != OnError.CONTINUE:
+        out["on_error"] = str(record.on_error)
+    if record.is_box and record.box_type != BoxType.SEQUENCE:
+        out["box_type"] = str(record.box_type)
+    if record.queue != "default":
+        out["queue"] = record.queue
+    if record.priority != 0:
+        out["priority"] = record.priority
+    if record.timeout_s is not None:
+        out["timeout"] = format_duration(record.timeout_s)
+    if record.max_log_files is not None:
+        out["max_log_files"] = record.max_log_files
+    if record.misfire != Misfire.RUN_ONCE:
+        out["misfire"] = str(record.misfire)
+    if record.cwd is not None:
+        out["cwd"] = record.cwd
+    if record.env:
+        out["env"] = dict(record.env)
+    kids = children.get(record.id, [])
+    if record.is_box:
+        out["children"] = [_job_mapping(child, children) for child in kids]
+    elif kids:
+        raise JobError(record.name, "cannot export a task that has children")
+    return out

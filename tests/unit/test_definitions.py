@@ -1,0 +1,710 @@
+"""Definition files: parsing, refusals with lines, dumping and the round trip."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobcontrol.commands import check_command
+from jobcontrol.definitions import (
+    DEFINITION_FIELDS,
+    INT32_MAX,
+    INT32_MIN,
+    JobDef,
+    dump_definitions,
+    field_defaults,
+    format_duration,
+    iter_defs,
+    parse_definitions,
+    parse_duration,
+)
+from jobcontrol.errors import CommandError, DefinitionError, JobError
+from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
+
+DESIGN_EXAMPLE = """\
+jobs:
+  - name: Periodic
+    timer: every 10s
+    active: true
+    on_error: continue          # continue | abort   (default continue)
+    children:
+      - name: Box
+        active: true
+        on_error: abort
+        box_type: sequence      # sequence | timed   (default sequence)
+        children:
+          - name: gcc error
+            active: true
+            command: gcc fred.c
+          - name: no-op ok
+            active: true
+            command: "true"
+"""
+
+VALID_TIMERS = ["every 10s", "every 5m", "daily 22:56", "cron */5 * * * *"]
+
+
+def by_name(roots: list[JobDef]) -> dict[str, tuple[JobDef, JobDef | None]]:
+    return {job.name: (job, parent) for job, parent in iter_defs(roots)}
+
+
+def refusal(text: str) -> DefinitionError:
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(textwrap.dedent(text), "jobs.yaml")
+    return info.value
+
+
+# --- the DESIGN example -----------------------------------------------------------------
+
+
+def test_design_example_parses_into_the_tree() -> None:
+    roots = parse_definitions(DESIGN_EXAMPLE, "design.yaml")
+
+    assert [(job.name, parent and parent.name) for job, parent in iter_defs(roots)] == [
+        ("Periodic", None),
+        ("Box", "Periodic"),
+        ("gcc error", "Box"),
+        ("no-op ok", "Box"),
+    ]
+    jobs = by_name(roots)
+    periodic, box = jobs["Periodic"][0], jobs["Box"][0]
+    gcc, noop = jobs["gcc error"][0], jobs["no-op ok"][0]
+    assert (periodic.kind, box.kind, gcc.kind, noop.kind) == (
+        Kind.BOX,
+        Kind.BOX,
+        Kind.TASK,
+        Kind.TASK,
+    )
+    assert (periodic.line, box.line, gcc.line, noop.line) == (2, 7, 12, 15)
+    assert periodic.fields == {
+        "job_order": 0,
+        "active": True,
+        "timer": "every 10s",
+        "on_error": OnError.CONTINUE,
+    }
+    assert box.fields == {
+        "job_order": 0,
+        "active": True,
+        "on_error": OnError.ABORT,
+        "box_type": BoxType.SEQUENCE,
+    }
+    assert gcc.fields == {"job_order": 0, "active": True, "command": "gcc fred.c"}
+    # Quoted "true" stays the command text, not a boolean.
+    assert noop.fields == {"job_order": 1, "active": True, "command": "true"}
+
+
+def test_a_job_is_inactive_unless_the_file_says_active_true() -> None:
+    roots = parse_definitions("jobs:\n  - name: quiet\n    command: ls\n")
+    assert roots[0].fields["active"] is False
+
+
+def test_a_job_with_neither_command_nor_children_is_an_empty_box() -> None:
+    roots = parse_definitions("jobs:\n  - name: empty\n  - name: also\n    children: []\n")
+    assert [(job.kind, job.children) for job in roots] == [(Kind.BOX, []), (Kind.BOX, [])]
+    assert [job.fields["job_order"] for job in roots] == [0, 1]
+
+
+def test_every_optional_field_is_normalised() -> None:
+    text = """\
+        jobs:
+          - name: nightly
+            description: the big one
+            timer: daily 22:56
+            queue: fast_lane
+            priority: -3
+            timeout: 1h30m
+            max_log_files: 7
+            misfire: skip
+            on_error: abort
+            box_type: timed
+            cwd: /srv/work
+            env:
+              LANG: C.UTF-8
+              N: "3"
+            children: []
+        """
+    [job] = parse_definitions(textwrap.dedent(text))
+    assert job.fields == {
+        "job_order": 0,
+        "active": False,
+        "description": "the big one",
+        "timer": "daily 22:56",
+        "queue": "fast_lane",
+        "priority": -3,
+        "timeout_s": 5400.0,
+        "max_log_files": 7,
+        "misfire": Misfire.SKIP,
+        "on_error": OnError.ABORT,
+        "box_type": BoxType.TIMED,
+        "cwd": "/srv/work",
+        "env": {"LANG": "C.UTF-8", "N": "3"},
+    }
+    assert set(job.fields) - {"job_order"} <= set(DEFINITION_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("2.5s", 2.5),
+        ("1d", 86400.0),
+        ("1h 5s", 3605.0),
+        ("45", 45.0),
+        (12, 12.0),
+        (0.25, 0.25),
+    ],
+)
+def test_durations(text: str | float, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0s", "-3", "5 mins", "30m1h", "5m5m", "", "inf", "1e999s"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds", [90.0, 5400.0, 3601.0, 2.5, 1e-05, 0.1, 86400.0, 1e20])
+def test_format_duration_reads_back_exactly(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_format_duration_is_readable() -> None:
+    assert [format_duration(s) for s in (90.0, 5400.0, 30.0, 2.5)] == [
+        "1m30s",
+        "1h30m",
+        "30s",
+        "2.5s",
+    ]
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+REFUSALS = [
+    pytest.param(
+        "jobs:\n  - name: a\n    command: [unclosed\n  - name: b\n",
+        4,
+        ["invalid YAML"],
+        id="yaml-syntax",
+    ),
+    pytest.param("", 1, ["empty file", "'jobs'"], id="empty-file"),
+    pytest.param("- name: a\n", 1, ["mapping with a 'jobs' list"], id="top-level-list"),
+    pytest.param("job:\n  - name: a\n", 1, ["'job'", "did you mean 'jobs'"], id="top-level-key"),
+    pytest.param("jobs:\n  name: a\n", 2, ["'jobs' must be a list"], id="jobs-not-list"),
+    pytest.param("jobs:\n  - just a string\n", 2, ["a job must be a mapping"], id="job-not-map"),
+    pytest.param(
+        "jobs:\n  - name: a\n    comand: ls\n",
+        3,
+        ["job 'a'", "unknown key 'comand'", "did you mean 'command'", "allowed: name,", "env"],
+        id="unknown-key",
+    ),
+    pytest.param("jobs:\n  - command: ls\n", 2, ["needs a 'name'"], id="no-name"),
+    pytest.param("jobs:\n  - name: 42\n", 2, ["'name' must be a string", "quotes"], id="name-int"),
+    pytest.param("jobs:\n  - name: ' a'\n", 2, ["' a'", "spaces"], id="name-space"),
+    pytest.param('jobs:\n  - name: "a\\tb"\n', 2, ["'a\\tb'", "control"], id="name-control-char"),
+    pytest.param(f"jobs:\n  - name: {'x' * 129}\n", 2, ["128 characters"], id="name-too-long"),
+    pytest.param(
+        "jobs:\n  - name: a\n    active: sometimes\n",
+        3,
+        ["job 'a'", "'active' must be true or false", "'sometimes'"],
+        id="active-type",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    priority: high\n",
+        3,
+        ["job 'a'", "'priority' must be an integer"],
+        id="priority-type",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    priority: 3000000000\n",
+        3,
+        ["job 'a'", "'priority' must be between"],
+        id="priority-range",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    description: 12\n",
+        3,
+        ["job 'a'", "'description' must be a string", "quotes"],
+        id="description-type",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    env: [A=1]\n",
+        3,
+        ["job 'a'", "'env' must be a mapping"],
+        id="env-type",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    env:\n      OK: x\n      1BAD: y\n",
+        5,
+        ["job 'a'", "environment variable name '1BAD'"],
+        id="env-name",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    env:\n      PORT: 8080\n",
+        4,
+        ["job 'a'", "must be a string", "8080"],
+        id="env-value-type",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    queue: two words\n",
+        3,
+        ["job 'a'", "'queue'"],
+        id="queue-space",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    children:\n",
+        3,
+        ["job 'a'", "'children' must be a list", "null"],
+        id="children-null",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    on_error: stop\n",
+        3,
+        ["job 'a'", "'on_error' must be one of continue, abort", "'stop'"],
+        id="on-error-enum",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    box_type: parallel\n",
+        3,
+        ["job 'a'", "'box_type' must be one of sequence, timed", "'parallel'"],
+        id="box-type-enum",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    misfire: never\n",
+        3,
+        ["job 'a'", "'misfire' must be one of run-once, skip"],
+        id="misfire-enum",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: ls\n    children: []\n",
+        2,
+        ["job 'a'", "not both"],
+        id="command-and-children",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: ls\n    box_type: timed\n",
+        4,
+        ["job 'a'", "'box_type' is for boxes"],
+        id="box-type-on-task",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    children:\n      - name: b\n        command: ls\n  - name: b\n",
+        6,
+        ["job 'b'", "duplicate job name", "first at line 4"],
+        id="duplicate-name",
+    ),
+    pytest.param(
+        "jobs: [{name: a}, {name: a}]\n", 1, ["job 'a'", "duplicate"], id="duplicate-one-line"
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    active: true\n    active: false\n",
+        4,
+        ["job 'a'", "'active' given twice", "first at line 3"],
+        id="duplicate-key",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    timer: evry 10s\n",
+        3,
+        ["job 'a'", "invalid schedule 'evry 10s' at position 0: "],
+        id="bad-timer",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    timer: 10\n",
+        3,
+        ["job 'a'", "'timer' must be a string"],
+        id="timer-type",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: if then fi\n",
+        3,
+        ["job 'a'", "invalid command", '"then" unexpected'],
+        id="bad-command",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: '   '\n",
+        3,
+        ["job 'a'", "invalid command", "empty"],
+        id="blank-command",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: true\n",
+        3,
+        ["job 'a'", "'command' must be a string", "quotes"],
+        id="command-bool",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    timeout: 5 mins\n",
+        3,
+        ["job 'a'", "invalid 'timeout'", "'5 mins'"],
+        id="bad-duration",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    timeout: 0\n",
+        3,
+        ["job 'a'", "invalid 'timeout'", "positive"],
+        id="zero-duration",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    timeout: yes\n",
+        3,
+        ["job 'a'", "'timeout' must be a duration"],
+        id="bool-duration",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    max_log_files: 0\n",
+        3,
+        ["job 'a'", "'max_log_files' must be between 1 and"],
+        id="max-log-files",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "fragments"), REFUSALS)
+def test_refusals_name_the_line_the_job_and_the_reason(
+    text: str, line: int, fragments: list[str]
+) -> None:
+    error = refusal(text)
+    assert error.source == "jobs.yaml"
+    assert error.line == line, str(error)
+    assert str(error).startswith(f"jobs.yaml:{line}: ")
+    for fragment in fragments:
+        assert fragment in str(error)
+
+
+def test_refusal_message_has_the_documented_shape() -> None:
+    text = DESIGN_EXAMPLE.replace(
+        "command: gcc fred.c", "command: gcc fred.c\n            timer: evry 10s"
+    )
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(text, "jobs.yaml")
+    assert str(info.value).startswith(
+        "jobs.yaml:15: job 'gcc error': invalid schedule 'evry 10s' at position 0: "
+    )
+
+
+def test_an_error_deep_in_the_file_refuses_the_whole_file() -> None:
+    text = DESIGN_EXAMPLE + '  - name: broken\n    command: echo "unterminated\n'
+    error = refusal(text)
+    assert error.line == 19
+    assert "job 'broken'" in str(error)
+    assert "Unterminated quoted string" in str(error)
+
+
+def test_unknown_tag_is_refused_with_its_line() -> None:
+    error = refusal("jobs:\n  - name: a\n    description: !!python/name:os.system x\n")
+    assert error.line == 3
+    assert "job 'a'" in str(error)
+
+
+# --- JSON ------------------------------------------------------------------------------------
+
+
+def test_json_input_works_with_lines() -> None:
+    document = {
+        "jobs": [
+            {
+                "name": "Periodic",
+                "timer": "every 10s",
+                "active": True,
+                "children": [
+                    {"name": "t", "command": "echo hi\necho there", "env": {"A": "1"}},
+                ],
+            }
+        ]
+    }
+    roots = parse_definitions(json.dumps(document, indent="\t"), "jobs.json")
+    jobs = by_name(roots)
+    assert jobs["t"][1] is roots[0]
+    assert jobs["t"][0].kind is Kind.TASK
+    assert jobs["t"][0].fields["command"] == "echo hi\necho there"
+    assert jobs["t"][0].fields["env"] == {"A": "1"}
+    assert roots[0].fields["timer"] == "every 10s"
+    assert jobs["t"][0].line == 8
+
+
+def test_json_errors_carry_the_line() -> None:
+    text = '{\n  "jobs": [\n    {"name": "x", "active": "yes"}\n  ]\n}\n'
+    error = refusal(text)
+    assert error.line == 3
+    assert "job 'x'" in str(error)
+
+
+# --- dumping ---------------------------------------------------------------------------------
+
+
+def record(id_: int, name: str, kind: Kind, **fields: Any) -> JobRecord:
+    return JobRecord(id=id_, name=name, kind=kind, **fields)
+
+
+def test_dump_writes_the_documented_layout() -> None:
+    records = [
+        record(3, "gcc error", Kind.TASK, parent_id=2, command="gcc fred.c", active=True),
+        record(1, "Periodic", Kind.BOX, timer="every 10s", active=True, exit_status=3),
+        record(2, "Box", Kind.BOX, parent_id=1, active=True, on_error=OnError.ABORT),
+        record(4, "no-op ok", Kind.TASK, parent_id=2, command="true", job_order=1),
+        record(5, "Empty", Kind.BOX, job_order=-1),
+    ]
+    assert dump_definitions(records) == textwrap.dedent(
+        """\
+        jobs:
+          - name: Empty
+            active: false
+            children: []
+          - name: Periodic
+            timer: every 10s
+            active: true
+            children:
+              - name: Box
+                active: true
+                on_error: abort
+                children:
+                  - name: gcc error
+                    command: gcc fred.c
+                    active: true
+                  - name: no-op ok
+                    command: 'true'
+                    active: false
+        """
+    )
+
+
+def test_dump_writes_multi_line_commands_as_literal_blocks() -> None:
+    command = "set -e\nfor i in 1 2; do\n  echo $i\ndone\n"
+    text = dump_definitions([record(1, "script", Kind.TASK, command=command)])
+    assert "command: |\n      set -e\n      for i in 1 2; do\n        echo $i\n      done\n" in text
+    assert parse_definitions(text)[0].fields["command"] == command
+
+
+def test_dump_of_a_subtree_makes_its_top_a_root() -> None:
+    records = [
+        record(7, "sub", Kind.BOX, parent_id=99),
+        record(8, "leaf", Kind.TASK, parent_id=7, command="ls"),
+    ]
+    [root] = parse_definitions(dump_definitions(records))
+    assert (root.name, [child.name for child in root.children]) == ("sub", ["leaf"])
+
+
+def test_dump_refuses_what_it_cannot_write() -> None:
+    with pytest.raises(JobError, match="without a command"):
+        dump_definitions([record(1, "t", Kind.TASK)])
+    with pytest.raises(JobError, match="cycle"):
+        dump_definitions(
+            [record(1, "a", Kind.BOX, parent_id=2), record(2, "b", Kind.BOX, parent_id=1)]
+        )
+
+
+# --- round trip ------------------------------------------------------------------------------
+
+
+def definition_of(fields: dict[str, Any], kind: Kind) -> dict[str, Any]:
+    """The definition fields with defaults filled in, minus what the kind ignores."""
+    full = field_defaults() | {k: v for k, v in fields.items() if k in DEFINITION_FIELDS}
+    full.pop("box_type" if kind is Kind.TASK else "command")
+    return full
+
+
+def shape_of_records(records: list[JobRecord]) -> dict[str, Any]:
+    ids = {r.id: r for r in records}
+    shape = {}
+    for r in records:
+        parent = ids[r.parent_id].name if r.parent_id in ids else None
+        siblings = sorted(
+            (
+                s
+                for s in records
+                if (ids[s.parent_id].name if s.parent_id in ids else None) == parent
+            ),
+            key=lambda s: (s.job_order, s.id),
+        )
+        fields = {name: getattr(r, name) for name in DEFINITION_FIELDS}
+        shape[r.name] = (r.kind, parent, siblings.index(r), definition_of(fields, r.kind))
+    return shape
+
+
+def shape_of_defs(roots: list[JobDef]) -> dict[str, Any]:
+    return {
+        job.name: (
+            job.kind,
+            parent and parent.name,
+            job.fields["job_order"],
+            definition_of(job.fields, job.kind),
+        )
+        for job, parent in iter_defs(roots)
+    }
+
+
+def test_round_trip_keeps_everything() -> None:
+    records = [
+        record(
+            1,
+            "Nächtlich ☾",
+            Kind.BOX,
+            timer="daily 22:56",
+            active=True,
+            misfire=Misfire.SKIP,
+            box_type=BoxType.TIMED,
+            description="line one\nline two\n",
+        ),
+        record(
+            2,
+            "build",
+            Kind.TASK,
+            parent_id=1,
+            job_order=4,
+            command="make all\n  make test\n",
+            timeout_s=5400.0,
+            env={"CC": "gcc", "EMPTY": "", "QUOTE": 'it\'s "x"'},
+            cwd="/srv/src dir",
+            priority=-7,
+            queue="fast_lane",
+            max_log_files=3,
+        ),
+        record(
+            3,
+            "yes",
+            Kind.TASK,
+            parent_id=1,
+            job_order=2,
+            command="echo 'a' \nls",
+            timeout_s=2.5,
+            on_error=OnError.ABORT,
+        ),
+        record(4, "123", Kind.BOX, parent_id=1, job_order=9, description=""),
+        record(5, "null", Kind.TASK, command="true", timer="every 10s", description="null"),
+    ]
+    text = dump_definitions(records)
+    assert shape_of_defs(parse_definitions(text)) == shape_of_records(records)
+
+
+no_surrogates = st.characters(blacklist_categories=("Cs",))
+plain_text = st.text(no_surrogates, max_size=30)
+no_nul_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"))
+job_names = st.text(
+    st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=40
+).filter(lambda name: name == name.strip())
+command_lines = st.sampled_from(
+    [
+        "gcc fred.c",
+        "true",
+        "ls -l && sleep 6",
+        'echo "hi  there"',
+        "for i in 1 2; do echo $i; done",
+        "  indented",
+        "echo trailing  ",
+        "printf '%s\\n' é",
+        "# just a comment",
+    ]
+)
+commands = st.builds(
+    lambda lines, newline: "\n".join(lines) + newline,
+    st.lists(command_lines, min_size=1, max_size=3),
+    st.sampled_from(["", "\n"]),
+)
+timeouts = st.one_of(
+    st.none(),
+    st.integers(1, 10**7).map(float),
+    st.floats(min_value=1e-6, max_value=1e9, allow_nan=False, allow_infinity=False),
+)
+
+
+def definition_fields(kind: Kind) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {
+            "description": st.none() | plain_text,
+            "timer": st.none() | st.sampled_from(VALID_TIMERS),
+            "command": commands if kind is Kind.TASK else st.none(),
+            "active": st.booleans(),
+            "on_error": st.sampled_from(OnError),
+            "box_type": st.sampled_from(BoxType),
+            "queue": st.sampled_from(["default", "fast_lane", "lane-ü"]),
+            "priority": st.integers(INT32_MIN, INT32_MAX),
+            "timeout_s": timeouts,
+            "max_log_files": st.none() | st.integers(1, INT32_MAX),
+            "misfire": st.sampled_from(Misfire),
+            "cwd": st.none() | no_nul_text.filter(bool),
+            "env": st.dictionaries(
+                st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True),
+                no_nul_text,
+                max_size=3,
+            ),
+            "exit_status": st.integers(0, 255),
+            "version": st.integers(1, 50),
+        }
+    )
+
+
+@st.composite
+def forests(draw: st.DrawFn) -> list[JobRecord]:
+    names = draw(st.lists(job_names, min_size=1, max_size=8, unique=True))
+    records: list[JobRecord] = []
+    for index, name in enumerate(names):
+        boxes = [r for r in records if r.is_box]
+        parent = draw(st.none() | st.sampled_from(boxes)) if boxes else None
+        kind = draw(st.sampled_from(Kind))
+        fields = draw(definition_fields(kind))
+        records.append(
+            JobRecord(
+                id=100 + index * 7,
+                name=name,
+                kind=kind,
+                parent_id=parent.id if parent else None,
+                job_order=draw(st.integers(-3, 3)),
+                **fields,
+            )
+        )
+    return draw(st.permutations(records))
+
+
+@settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(forests())
+def test_round_trip_property(records: list[JobRecord]) -> None:
+    text = dump_definitions(records)
+    assert shape_of_defs(parse_definitions(text)) == shape_of_records(records)
+    # The output is block style YAML a person can read: no flow-style jobs.
+    assert yaml.safe_load(text)["jobs"] is not None
+    assert "{name" not in text
+
+
+# --- check_command ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "fragment"),
+    [
+        ("if then fi", '"then" unexpected'),
+        ('echo "unterminated', "Unterminated quoted string"),
+        ("echo )", '")" unexpected'),
+        ("echo ok\nif true; then\n  echo x\n", "line"),
+        ("", "empty"),
+        ("  \n\t ", "empty"),
+        ("echo a\0b", "NUL"),
+    ],
+)
+def test_check_command_refuses(command: str, fragment: str) -> None:
+    with pytest.raises(CommandError, match=re.escape(fragment)) as info:
+        check_command(command)
+    assert "/bin/sh:" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "gcc fred.c",
+        "ls -l && sleep 6",
+        "for i in 1 2 3\ndo\n  echo $i\ndone\n",
+        "set -e\ncd /tmp\nif [ -d x ]; then\n  rm -r x\nfi",
+        "-x looks like an option",
+        "true",
+    ],
+)
+def test_check_command_accepts(command: str) -> None:
+    check_command(command)
