@@ -19,8 +19,6 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection
-
 from jobcontrol import events, procs
 from jobcontrol.errors import JobError, JobRunningError, NotRunningError, UnknownJobError
 from jobcontrol.executor import LocalExecutor, TaskOutcome
@@ -28,12 +26,13 @@ from jobcontrol.model import (
     ACTIVE_RUN_STATES,
     DISPATCHER_USER,
     KILLED_STATUS,
+    RESCHEDULING_FIELDS,
     JobState,
     OnError,
     RunState,
     Trigger,
 )
-from jobcontrol.runs import RunMachine, TreeRun
+from jobcontrol.runs import Frame, RunMachine, TreeRun, Tx
 from jobcontrol.store import Store, queries
 from jobcontrol.timers import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.tree import Evaluator, JobTree, Node
@@ -71,16 +70,6 @@ class Armed:
     trigger: Trigger
 
 
-class _Tx:
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.wake_executor = 0
-        self._after: list[Callable[[], None]] = []
-
-    def after(self, fn: Callable[[], None]) -> None:
-        self._after.append(fn)
-
-
 @dataclass
 class Stats:
     events: int = 0
@@ -108,7 +97,7 @@ class Dispatcher(RunMachine):
         self.protocol = TreeStateProtocol(config.edit_timeout)
         self.tree = JobTree()
         self.tree_runs: dict[int, TreeRun] = {}
-        self.frames: dict[int, Any] = {}
+        self.frames: dict[int, Frame] = {}
         self.armed: dict[int, Armed] = {}
         self.stats = Stats()
         self.instance_id = ""
@@ -116,7 +105,7 @@ class Dispatcher(RunMachine):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._idle_runs = threading.Condition()
-        self._tx: _Tx | None = None
+        self._tx: Tx | None = None
 
     # ------------------------------------------------------------ life cycle
 
@@ -125,7 +114,7 @@ class Dispatcher(RunMachine):
         return self._thread is not None and self._thread.is_alive()
 
     @property
-    def tx(self) -> _Tx:
+    def tx(self) -> Tx:
         assert self._tx is not None, "dispatcher state touched outside a handler"
         return self._tx
 
@@ -158,7 +147,7 @@ class Dispatcher(RunMachine):
 
     def _build(self) -> None:
         with self.store.write() as conn:
-            self._tx = _Tx(conn)
+            self._tx = Tx(conn)
             try:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
                 log.info("Job tree created")
@@ -232,7 +221,7 @@ class Dispatcher(RunMachine):
         fn, fut = item if isinstance(item, tuple) else (None, None)
         with self.protocol.dispatcher_section() as pending:
             with self.store.write() as conn:
-                self._tx = tx = _Tx(conn)
+                self._tx = tx = Tx(conn)
                 try:
                     if pending is not None:
                         self._react(pending)
@@ -246,7 +235,7 @@ class Dispatcher(RunMachine):
                     self._tx = None
         if tx.wake_executor:
             self.executor.wake(tx.wake_executor)
-        for after in tx._after:
+        for after in tx.after_commit:
             try:
                 after()
             except Exception:
@@ -281,15 +270,15 @@ class Dispatcher(RunMachine):
             if job_id not in by_id or self.tree.get(job_id) is None:
                 continue
             old_top = self.tree.nodes[job_id].top()
-            node = self.tree.update(by_id[job_id])
-            if fields & {"timer", "job_order", "active", "parent_id", "misfire"}:
-                affected.update({old_top.id, node.top().id})
-            if old_top is node and node.parent is not None:
-                self._disarm(node)  # no longer top-level
+            moved = self.tree.update(by_id[job_id])
+            if fields & RESCHEDULING_FIELDS:
+                affected.update({old_top.id, moved.top().id})
+            if old_top is moved and moved.parent is not None:
+                self._disarm(moved)  # no longer top-level
         for top_id in affected:
-            top = self.tree.get(top_id)
-            if top is not None and top.parent is None:
-                self._restart_subtree_timer(top)
+            root = self.tree.get(top_id)
+            if root is not None and root.parent is None:
+                self._restart_subtree_timer(root)
         created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
         modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]
         deleted = list(change.deleted)
@@ -495,7 +484,7 @@ class Dispatcher(RunMachine):
         now = self.clock.now()
         with self.store.write() as conn:
             for run in stale:
-                values = {
+                values: dict[str, Any] = {
                     "state": RunState.LOST,
                     "exit_status": KILLED_STATUS,
                     "ended": now,

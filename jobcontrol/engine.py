@@ -186,8 +186,6 @@ class Engine:
         result = BatchResult()
         with self._edit() as (conn, struct, change):
             now = self.clock.now()
-            for job_ref in batch.deletes:
-                self._delete_one(conn, struct, job_ref, change)
             for new, fields in creates:
                 job_id = self._create_one(conn, struct, new, fields, user, now)
                 result.created[new.name] = job_id
@@ -196,6 +194,9 @@ class Engine:
                 changed = self._modify_one(conn, struct, edit, fields, user, now)
                 if changed:
                     change.modified[changed[0]] = changed[1]
+            # Deletes go last, so a job the batch moves out of a doomed box survives it.
+            for job_ref in batch.deletes:
+                self._delete_one(conn, struct, job_ref, change)
             result.modified = list(change.modified)
             result.deleted = list(change.deleted)
         return result

@@ -127,25 +127,25 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
     if key == "env":
         return _env(job, value)
     if key == "queue":
-        text = str(value).strip() if value is not None else ""
-        if not text or len(text) > 64 or any(ch.isspace() for ch in text):
+        queue = str(value).strip() if value is not None else ""
+        if not queue or len(queue) > 64 or any(ch.isspace() for ch in queue):
             raise JobError(job, f"queue must be 1 to 64 characters without spaces, not {value!r}")
-        return text
+        return queue
     if key == "timer":
-        text = _optional_text(value)
+        timer = _optional_text(value)
         try:
-            validate_timer(text)
+            validate_timer(timer)
         except ScheduleError as exc:
             raise JobError(job, str(exc)) from None
-        return text
+        return timer
     if key == "command":
-        text = _optional_text(value)
-        if text is not None:
+        command = _optional_text(value)
+        if command is not None:
             try:
-                check_command(text)
+                check_command(command)
             except CommandError as exc:
                 raise JobError(job, str(exc)) from None
-        return text
+        return command
     if key in ("description", "cwd"):
         return _optional_text(value)
     if key == "parent_id":

@@ -10,9 +10,12 @@ dispatcher thread inside its current transaction (``self.tx``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
 
 from jobcontrol import events
 from jobcontrol.model import (
@@ -28,7 +31,8 @@ from jobcontrol.store import queries
 from jobcontrol.tree import Node, sort_key
 
 if TYPE_CHECKING:
-    from jobcontrol.dispatcher import Dispatcher
+    from jobcontrol.executor import LocalExecutor
+    from jobcontrol.timers import Clock, TimerService
 
 log = logging.getLogger("jobcontrol.dispatcher")
 
@@ -85,12 +89,43 @@ def run_info(run_id: int, node: Node, tr: TreeRun, state: RunState, **extra: Any
     }
 
 
-class RunMachine:
-    """The run half of the dispatcher; mixed into ``Dispatcher``."""
+class Tx:
+    """The dispatcher's current transaction and what must wait for its commit."""
 
-    def _start_run(
-        self: Dispatcher, node: Node, trigger: Trigger, immediate: bool, user: str
-    ) -> int:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.wake_executor = 0
+        self.after_commit: list[Callable[[], object]] = []
+
+    def after(self, fn: Callable[[], object]) -> None:
+        self.after_commit.append(fn)
+
+
+class RunMachine:
+    """The run half of the dispatcher; mixed into ``Dispatcher``, which provides these."""
+
+    clock: Clock
+    timers: TimerService
+    executor: LocalExecutor
+    tree_runs: dict[int, TreeRun]
+    frames: dict[int, Frame]
+
+    @property
+    def tx(self) -> Tx:
+        raise NotImplementedError
+
+    def post_wait_elapsed(self, run_id: int) -> None:
+        raise NotImplementedError
+
+    def _set_job_state(
+        self, node: Node, state: JobState, started: datetime | None, run_id: int | None
+    ) -> None:
+        raise NotImplementedError
+
+    def _tree_done(self, tr: TreeRun, status: int) -> None:
+        raise NotImplementedError
+
+    def _start_run(self, node: Node, trigger: Trigger, immediate: bool, user: str) -> int:
         tr = TreeRun(
             root=node, top=node.top(), trigger=trigger, immediate=immediate, requested_by=user
         )
@@ -101,7 +136,7 @@ class RunMachine:
             self._tree_done(tr, result)
         return tr.root_run_id
 
-    def _enter(self: Dispatcher, node: Node, parent: Frame | None, tr: TreeRun) -> int | None:
+    def _enter(self, node: Node, parent: Frame | None, tr: TreeRun) -> int | None:
         """Start one job of a run; its status if it finished at once, None if it is under way."""
         now = self.clock.now()
         job = node.job
@@ -129,7 +164,7 @@ class RunMachine:
         return self._advance(frame)
 
     def _insert_run(
-        self: Dispatcher,
+        self,
         node: Node,
         parent: Frame | None,
         tr: TreeRun,
@@ -166,7 +201,7 @@ class RunMachine:
             values["started"] = now
         return queries.insert_run(self.tx.conn, values)
 
-    def _advance(self: Dispatcher, frame: Frame) -> int | None:
+    def _advance(self, frame: Frame) -> int | None:
         """Run a box's children in order from ``frame.index``; its status when it is done."""
         tr = frame.tree_run
         while frame.index < len(frame.children):
@@ -181,7 +216,7 @@ class RunMachine:
                 break
         return self._finish(frame)
 
-    def _must_wait(self: Dispatcher, frame: Frame, child: Node) -> bool:
+    def _must_wait(self, frame: Frame, child: Node) -> bool:
         box = frame.node.job
         if frame.tree_run.immediate or box.box_type is not BoxType.TIMED:
             return False
@@ -196,7 +231,7 @@ class RunMachine:
         # Spec 7.6: a comparison with a null NextRuns is false, so no wait.
         return due is not None and ref is not None and due > ref and due > self.clock.now()
 
-    def _wait(self: Dispatcher, frame: Frame, child: Node) -> None:
+    def _wait(self, frame: Frame, child: Node) -> None:
         due = child.job.next_runs
         assert due is not None
         log.debug("Waiting to run %s", child.job.name)
@@ -208,7 +243,7 @@ class RunMachine:
         self._set_job_state(frame.node, JobState.WAITING, frame.started, frame.run_id)
         self.timers.arm(("wait", frame.run_id), due, lambda: self.post_wait_elapsed(frame.run_id))
 
-    def _wait_elapsed(self: Dispatcher, run_id: int) -> None:
+    def _wait_elapsed(self, run_id: int) -> None:
         frame = self.frames.get(run_id)
         if frame is None or not frame.waiting:
             return
@@ -223,7 +258,7 @@ class RunMachine:
         if result is not None:
             self._propagate(frame, result)
 
-    def _after_child(self: Dispatcher, frame: Frame, child: Node, status: int) -> bool:
+    def _after_child(self, frame: Frame, child: Node, status: int) -> bool:
         """Fold a child's status into its box; True when the box must stop here."""
         if status and not frame.exit_status:
             frame.exit_status = status  # the first non-zero status is the box's
@@ -243,7 +278,7 @@ class RunMachine:
         frame.index += 1
         return False
 
-    def _finish(self: Dispatcher, frame: Frame, status: int | None = None) -> int:
+    def _finish(self, frame: Frame, status: int | None = None) -> int:
         """Record a job's end (spec 7.6 ``finally``); returns its status."""
         node, tr = frame.node, frame.tree_run
         status = frame.exit_status if status is None else status
@@ -270,7 +305,7 @@ class RunMachine:
         log.info("Job %s completed exit status %s", job.name, status)
         return status
 
-    def _propagate(self: Dispatcher, frame: Frame, result: int) -> None:
+    def _propagate(self, frame: Frame, result: int) -> None:
         """A job finished out of line: let its boxes go on, up to the end of the run."""
         while frame.parent is not None:
             parent = frame.parent
@@ -281,7 +316,7 @@ class RunMachine:
             frame, result = parent, outcome
         self._tree_done(frame.tree_run, result)
 
-    def _task_done(self: Dispatcher, run_id: int, exit_status: int) -> None:
+    def _task_done(self, run_id: int, exit_status: int) -> None:
         frame = self.frames.get(run_id)
         if frame is None:
             log.warning("outcome for unknown task run %s ignored", run_id)
@@ -291,7 +326,7 @@ class RunMachine:
         status = KILLED_STATUS if tr.killed else exit_status
         self._propagate(frame, self._finish(frame, status))
 
-    def _kill_tree_run(self: Dispatcher, tr: TreeRun, user: str) -> None:
+    def _kill_tree_run(self, tr: TreeRun, user: str) -> None:
         if tr.killed:
             return
         tr.killed = True

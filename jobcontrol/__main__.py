@@ -1,0 +1,3 @@
+from jobcontrol.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,318 @@
+"""The ``jobcontrol`` command. The only module that prints."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jobcontrol.errors import JobControlError
+from jobcontrol.store import Store, default_db_path, normalise_url, redact
+
+log = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobcontrol", description="Job Control: job trees on a schedule."
+    )
+    p.add_argument(
+        "--db",
+        default=os.environ.get("JOBCONTROL_DB") or default_db_path(),
+        help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB; default %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="pid file, daemon log and task logs"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    db = sub.add_parser("db", help="the database schema").add_subparsers(
+        dest="db_command", required=True
+    )
+    db.add_parser("upgrade", help="create or migrate the schema to the newest revision")
+
+    load = sub.add_parser(
+        "load", help="create or update jobs from a YAML/JSON definition file (one batch)"
+    )
+    load.add_argument("file", help="definition file, or - for standard input")
+    load.add_argument(
+        "--replace",
+        action="store_true",
+        help="also delete jobs of these trees the file no longer has",
+    )
+
+    export = sub.add_parser("export", help="write job trees as YAML")
+    export.add_argument("job", nargs="?", help="only the sub-tree of this job")
+    export.add_argument("-o", "--output", help="file to write (default: standard output)")
+
+    ls = sub.add_parser("ls", help="the job trees with state, last run and next run")
+    ls.add_argument("--json", action="store_true", help="a JSON list, one object per job")
+
+    hist = sub.add_parser("history", help="a job's runs, newest first")
+    hist.add_argument("job")
+    hist.add_argument("--json", action="store_true")
+    hist.add_argument("--limit", type=int, default=20)
+    hist.add_argument(
+        "--before", type=int, default=None, help="runs older than this run id (next page)"
+    )
+
+    daemon = sub.add_parser("daemon", help="run, start, stop the dispatcher daemon")
+    dsub = daemon.add_subparsers(dest="daemon_command", required=True)
+    for name, text in (("run", "in the foreground"), ("start", "detached, logging to a file")):
+        d = dsub.add_parser(name, help=f"start the daemon {text}")
+        d.add_argument("--slots", type=int, default=8, help="task slots of the local executor")
+        d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
+        d.add_argument("--log-level", default="INFO")
+    stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
+    stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
+    stop.add_argument("--timeout", type=float, default=60.0)
+    dsub.add_parser("status", help="is a daemon running on this database, and what is it doing")
+
+    demo = sub.add_parser(
+        "demo", help="run the sample trees in the foreground on a scratch SQLite database"
+    )
+    demo.add_argument("--dir", type=Path, default=None, help="keep the database and logs here")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    demo.add_argument("--slots", type=int, default=8)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command not in ("daemon", "demo"):
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    args.db = normalise_url(args.db)
+    try:
+        return int(_dispatch(args) or 0)
+    except JobControlError as exc:
+        print(f"jobcontrol: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int | None:
+    if args.command == "demo":
+        from jobcontrol.demo import run_demo
+
+        return run_demo(args.dir, duration=args.duration, slots=args.slots, verbose=args.verbose)
+    if args.command == "daemon":
+        return _daemon(args)
+    store = Store(args.db)
+    try:
+        return _offline(args, store)
+    finally:
+        store.dispose()
+
+
+def _offline(args: argparse.Namespace, store: Store) -> int | None:
+    from jobcontrol.engine import Engine
+
+    if args.command == "db":
+        store.upgrade()
+        print(f"schema of {redact(store.url)} is at revision {store.current_revision()}")
+        return 0
+    _require_schema(store)
+    engine = Engine(store)
+    if args.command == "load":
+        return _load(args, store, engine)
+    if args.command == "export":
+        from jobcontrol.loader import export_definitions
+
+        text = export_definitions(engine, args.job)
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    if args.command == "ls":
+        jobs = engine.list_jobs()
+        print(json.dumps(jobs, indent=2) if args.json else _table_jobs(jobs))
+        return 0
+    if args.command == "history":
+        runs = engine.history(args.job, limit=args.limit, before_id=args.before)
+        if args.json:
+            print(json.dumps([_run_json(r.as_dict()) for r in runs], indent=2))
+        else:
+            print(_table_runs(runs))
+        return 0
+    raise AssertionError(args.command)
+
+
+def _require_schema(store: Store) -> None:
+    if store.current_revision() is None:
+        raise JobControlError(
+            f"{redact(store.url)} has no Job Control schema yet: run `jobcontrol db upgrade`"
+        )
+
+
+def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
+    from jobcontrol.daemon import DatabaseLease
+    from jobcontrol.loader import load_definitions
+
+    if not DatabaseLease(store).available():
+        raise JobControlError(
+            f"a daemon is running on {redact(store.url)}; stop it first (jobcontrol daemon stop), then load"
+        )
+    if args.file == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, source = Path(args.file).read_text(), args.file
+        except OSError as exc:
+            raise JobControlError(f"cannot read {args.file}: {exc.strerror}") from None
+    result = load_definitions(engine, text, source, user=getpass.getuser(), replace=args.replace)
+    print(
+        f"loaded {source}: {len(result.created)} created, {len(result.modified)} changed, {len(result.deleted)} deleted"
+    )
+    return 0
+
+
+def _daemon(args: argparse.Namespace) -> int:
+    from jobcontrol.daemon import (
+        Daemon,
+        DaemonOptions,
+        PidFile,
+        configure_logging,
+        start_detached,
+        state_dir_default,
+        stop_daemon,
+    )
+
+    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
+    cmd = args.daemon_command
+    if cmd in ("run", "start"):
+        opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
+    if cmd == "run":
+        configure_logging("DEBUG" if args.verbose else opts.log_level)
+        Daemon(opts).run_forever()
+        return 0
+    if cmd == "start":
+        argv = [
+            "--db",
+            args.db,
+            "--state-dir",
+            str(opts.state_dir),
+            "daemon",
+            "run",
+            "--slots",
+            str(opts.slots),
+        ]
+        argv += ["--log-level", opts.log_level] + (
+            ["--log-root", str(opts.log_root)] if opts.log_root else []
+        )
+        pid = start_detached(opts, argv)
+        print(f"daemon started: pid {pid}, log {opts.log_file}")
+        return 0
+    if cmd == "stop":
+        pid = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
+        print(f"daemon stopped (pid {pid})")
+        return 0
+    live = PidFile.read_live(opts.pid_file)
+    if live is None:
+        print(f"no daemon is running for {redact(args.db)}")
+        return 3  # LSB: program is not running
+    store = Store(args.db)
+    try:
+        with store.read() as conn:
+            from jobcontrol.store import queries
+
+            active = queries.active_runs(conn)
+            armed = [
+                j
+                for j in queries.load_all_jobs(conn)
+                if j.parent_id is None and j.active and j.next_runs
+            ]
+    finally:
+        store.dispose()
+    print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
+    print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")
+    for run in active:
+        print(f"  run {run.id} {run.job_name} ({run.kind}, {run.state}) since {_when(run.started)}")
+    return 0
+
+
+# ---------------------------------------------------------------- output
+
+
+def _when(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return str(value.astimezone().strftime("%d %b %Y %H:%M:%S"))  # Inq's JobTime format
+
+
+def _duration(ms: Any) -> str:
+    if ms is None:
+        return ""
+    return f"{ms / 1000:.1f}s" if ms < 60_000 else f"{ms // 60_000}m{(ms % 60_000) // 1000:02d}s"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _table_jobs(jobs: list[dict[str, Any]]) -> str:
+    headers = [
+        "NAME",
+        "KIND",
+        "ACTIVE",
+        "STATE",
+        "LAST RAN",
+        "DURATION",
+        "EXIT",
+        "NEXT RUNS",
+        "TIMER",
+    ]
+    rows = [
+        [
+            "  " * j["depth"] + j["name"],
+            j["kind"] if j["kind"] == "task" else f"box/{j['box_type']}",
+            "yes" if j["active"] else "no",
+            j["state"],
+            _when(j["last_ran"]),
+            _duration(j["last_duration_ms"]),
+            str(j["exit_status"]) if j["last_ran"] else "",
+            _when(j["next_runs"]),
+            j["timer"] or "",
+        ]
+        for j in jobs
+    ]
+    return _table(headers, rows) if rows else "no jobs"
+
+
+def _run_json(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in run.items()}
+
+
+def _table_runs(runs: Sequence[Any]) -> str:
+    headers = ["RUN", "TRIGGER", "STATE", "EXIT", "STARTED", "DURATION", "BY", "REASON"]
+    rows = [
+        [
+            str(r.id),
+            str(r.trigger),
+            str(r.state),
+            "" if r.exit_status is None else str(r.exit_status),
+            _when(r.started or r.created),
+            _duration(r.duration_ms),
+            r.requested_by or "",
+            r.reason or "",
+        ]
+        for r in runs
+    ]
+    return _table(headers, rows) if rows else "no runs"

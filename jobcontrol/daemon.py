@@ -1,0 +1,317 @@
+"""The daemon process: one per database, found through its pid file.
+
+Exclusion is per database, not per pid file: a SQLite database is locked with
+``flock`` on ``<db>.daemon.lock``, a PostgreSQL one with a session advisory
+lock, so a second daemon on the same database is refused whatever its state
+directory. The pid file (also ``flock``-ed) is how ``stop`` and ``status`` find
+the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import logging.handlers
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from sqlalchemy import text
+
+from jobcontrol import procs
+from jobcontrol.dispatcher import Dispatcher, DispatcherConfig
+from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.store import Store, queries, redact
+
+log = logging.getLogger(__name__)
+
+ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
+
+
+def state_dir_default() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "jobcontrol"
+
+
+@dataclass
+class DaemonOptions:
+    db_url: str
+    state_dir: Path
+    log_root: Path | None = None
+    slots: int = 8
+    log_level: str = "INFO"
+
+    @property
+    def tag(self) -> str:
+        return hashlib.sha256(self.db_url.encode()).hexdigest()[:10]
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / f"daemon-{self.tag}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / f"daemon-{self.tag}.log"
+
+    @property
+    def task_logs(self) -> Path:
+        return self.log_root or self.state_dir / "logs"
+
+
+class DatabaseLease:
+    """Held for the daemon's whole life; refuses a second daemon on the same database."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._fd: int | None = None
+        self._conn: Any = None
+
+    def acquire(self) -> None:
+        if self.store.is_sqlite:
+            self._acquire_file()
+        else:
+            self._acquire_advisory()
+
+    def _acquire_file(self) -> None:
+        path = f"{self.store.sqlite_path}.daemon.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunningError(
+                f"another Job Control daemon ({holder}) is running on {redact(self.store.url)}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+
+    def _acquire_advisory(self) -> None:
+        conn = self.store.engine.connect()
+        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar()
+        conn.commit()
+        if not got:
+            conn.close()
+            raise AlreadyRunningError(
+                f"another Job Control daemon is running on {redact(self.store.url)}"
+            )
+        self._conn = conn
+
+    def available(self) -> bool:
+        """True if no daemon holds the database (checked without keeping the lease)."""
+        try:
+            self.acquire()
+        except AlreadyRunningError:
+            return False
+        self.release()
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_KEY})
+                self._conn.commit()
+            self._conn.close()
+            self._conn = None
+
+
+class PidFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AlreadyRunningError(f"pid file {self.path} is held by another daemon") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def read_live(path: Path) -> int | None:
+        """The pid of the daemon holding ``path``, or None if no live daemon holds it."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                content = os.pread(fd, 64, 0).decode().strip()
+                return int(content) if content.isdigit() else None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None  # stale: nobody holds it
+        finally:
+            os.close(fd)
+
+
+def configure_logging(level: str, stream: TextIO | None = None, file: Path | None = None) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.handlers.clear()
+    handler: logging.Handler
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(file, maxBytes=10_000_000, backupCount=5)
+    else:
+        handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(fmt)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for noisy in ("apscheduler", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Daemon:
+    """Everything one daemon holds: the lease, the pid file, the dispatcher."""
+
+    def __init__(self, opts: DaemonOptions, store: Store | None = None) -> None:
+        self.opts = opts
+        self.store = store or Store(opts.db_url)
+        self.lease = DatabaseLease(self.store)
+        self.pid_file = PidFile(opts.pid_file)
+        self.dispatcher: Dispatcher | None = None
+        self.stop_requested = threading.Event()
+
+    def start(self) -> Dispatcher:
+        self.store.upgrade()
+        self.lease.acquire()
+        try:
+            self.pid_file.acquire()
+            config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
+            self.dispatcher = Dispatcher(self.store, config)
+            self.dispatcher.start()
+        except BaseException:
+            self.pid_file.release()
+            self.lease.release()
+            raise
+        log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
+        return self.dispatcher
+
+    def stop(self) -> None:
+        try:
+            if self.dispatcher is not None:
+                self.dispatcher.stop(kill_running=True)
+        finally:
+            self.pid_file.release()
+            self.lease.release()
+            self.store.dispose()
+
+    def run_forever(self) -> None:
+        """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stop_requested.set())
+        self.start()
+        try:
+            procs.sd_notify("READY=1")
+            while not self.stop_requested.wait(3600):
+                pass
+            procs.sd_notify("STOPPING=1")
+            log.info("JobControl shutdown request")
+        finally:
+            self.stop()
+
+
+def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) -> int:
+    """Start ``jobcontrol daemon run`` in the background; returns its pid once it is READY."""
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="jc-notify-") as tmp:
+        address = os.path.join(tmp, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(address)
+        env = {**os.environ, "NOTIFY_SOCKET": address}
+        with open(opts.log_file, "ab") as out:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "jobcontrol", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                env=env,
+                close_fds=True,
+            )
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                sock.settimeout(0.2)
+                try:
+                    if b"READY=1" in sock.recv(4096):
+                        return child.pid
+                except TimeoutError:
+                    pass
+                if child.poll() is not None:
+                    raise JobControlError(
+                        f"the daemon exited at start (status {child.returncode}); see {opts.log_file}:\n"
+                        + _tail(opts.log_file)
+                    )
+        finally:
+            sock.close()
+        child.terminate()
+        raise JobControlError(
+            f"the daemon did not get ready within {timeout:g}s; see {opts.log_file}"
+        )
+
+
+def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) -> int:
+    """Stop the daemon of this database; refuses while jobs run unless ``kill_jobs``."""
+    pid = PidFile.read_live(opts.pid_file)
+    if pid is None:
+        raise JobControlError(f"no daemon is running for {redact(opts.db_url)}")
+    if not kill_jobs:
+        store = Store(opts.db_url)
+        try:
+            with store.read() as conn:
+                running = [r.job_name for r in queries.active_runs(conn) if r.parent_run_id is None]
+        finally:
+            store.dispose()
+        if running:
+            raise JobControlError(
+                f"jobs are running ({', '.join(running)}); stop refused — use --kill to kill them"
+            )
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return pid
+    try:
+        os.kill(pid, signal.SIGTERM)
+        # The pidfd becomes readable when the process exits: no polling.
+        if select.select([pidfd], [], [], timeout)[0]:
+            return pid
+    finally:
+        os.close(pidfd)
+    raise JobControlError(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,121 @@
+"""``jobcontrol demo``: the sample trees running in the foreground on a scratch SQLite database."""
+
+from __future__ import annotations
+
+import getpass
+import queue
+import signal
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from jobcontrol import events
+from jobcontrol.daemon import Daemon, DaemonOptions, configure_logging
+from jobcontrol.engine import Engine
+from jobcontrol.loader import load_definitions
+from jobcontrol.model import JobState
+
+
+def _stamp() -> str:
+    return datetime.now().strftime("%H:%M:%S.%f")[:-3]
+
+
+class _Printer:
+    """Signal receivers only enqueue; one thread prints, so output lines never interleave."""
+
+    def __init__(self) -> None:
+        self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._print, name="jc-demo-printer", daemon=True)
+
+    def _print(self) -> None:
+        while (line := self.lines.get()) is not None:
+            print(line, flush=True)
+
+    def say(self, text: str) -> None:
+        self.lines.put(f"{_stamp()}  {text}")
+
+    def on_run_started(self, _sender: Any, run: dict[str, Any]) -> None:
+        self.say(f"start   {run['kind']:4} {run['job_name']!r} (run {run['id']}, {run['trigger']})")
+
+    def on_run_finished(self, _sender: Any, run: dict[str, Any]) -> None:
+        self.say(
+            f"end     {run['kind']:4} {run['job_name']!r} (run {run['id']}): {run['state']}, "
+            f"exit status {run['exit_status']}, {run.get('duration_ms', 0) / 1000:.1f}s"
+        )
+
+    def on_state(self, _sender: Any, name: str, state: JobState, **_: Any) -> None:
+        if state is JobState.WAITING:
+            self.say(f"WAITING box  {name!r} waits for its next timed child")
+
+    def on_schedule(self, _sender: Any, name: str, next_runs: datetime | None, **_: Any) -> None:
+        when = next_runs.astimezone().strftime("%H:%M:%S") if next_runs else "not scheduled"
+        self.say(f"timer   tree {name!r} next runs at {when}")
+
+
+def run_demo(directory: Path | None, *, duration: float | None, slots: int, verbose: bool) -> int:
+    tmp = None
+    if directory is None:
+        tmp = tempfile.TemporaryDirectory(prefix="jobcontrol-demo-")
+        directory = Path(tmp.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    configure_logging("DEBUG" if verbose else "WARNING")
+    opts = DaemonOptions(
+        db_url=f"sqlite:///{directory / 'demo.db'}", state_dir=directory, slots=slots
+    )
+    daemon = Daemon(opts)
+    printer = _Printer()
+    receivers: list[tuple[Any, Any]] = [
+        (events.run_started, printer.on_run_started),
+        (events.run_finished, printer.on_run_finished),
+        (events.state_changed, printer.on_state),
+        (events.schedule_changed, printer.on_schedule),
+    ]
+    for sig, fn in receivers:
+        sig.connect(fn)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    printer.thread.start()
+    print(
+        f"Job Control demo: database {directory / 'demo.db'}, task logs in {opts.task_logs}",
+        flush=True,
+    )
+    print(
+        "Periodic fires 10 s after each run; Box aborts at 'gcc error'; Absolute waits between foo and bar."
+    )
+    print("Ctrl-C stops it.\n", flush=True)
+    try:
+        daemon.store.upgrade()
+        sample = files("jobcontrol.testsetup").joinpath("demo.yaml").read_text()
+        load_definitions(
+            Engine(daemon.store),
+            sample,
+            "testsetup/demo.yaml",
+            user=getpass.getuser(),
+            replace=True,
+        )
+        daemon.start()
+        deadline = time.monotonic() + duration if duration else None
+        while not stop.wait(0.5 if deadline else 3600):
+            if deadline and time.monotonic() >= deadline:
+                break
+        printer.say("stopping: killing what runs, waiting for it to end")
+    finally:
+        daemon.stop()
+        for sig, fn in receivers:
+            sig.disconnect(fn)
+        printer.say("stopped cleanly")
+        printer.lines.put(None)
+        printer.thread.join(5)
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_demo(None, duration=None, slots=8, verbose=False))

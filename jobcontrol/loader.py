@@ -1,0 +1,109 @@
+"""Definition files in and out of the database: ``load`` is one batch, ``export`` whole trees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobcontrol.definitions import (
+    JobDef,
+    dump_definitions,
+    field_defaults,
+    iter_defs,
+    parse_definitions,
+)
+from jobcontrol.engine import Batch, BatchResult, Engine, JobChange, NewJob, tree_order
+from jobcontrol.errors import DefinitionError, JobError, UnknownJobError
+from jobcontrol.model import JobRecord, Kind
+from jobcontrol.store import queries
+
+
+def load_definitions(
+    engine: Engine, text: str, source: str, *, user: str, replace: bool = False
+) -> BatchResult:
+    """Create or update every job of the file in ONE batch; refused whole with the file's line.
+
+    The file is the whole definition of the jobs it names: a field it leaves
+    out goes back to its default. With ``replace``, jobs of the file's trees
+    that the file no longer has are deleted in the same batch.
+    """
+    roots = parse_definitions(text, source)
+    with engine.store.read() as conn:
+        records = queries.load_all_jobs(conn)
+    existing = {r.name: r for r in records}
+    lines = {d.name: d.line for d, _ in iter_defs(roots)}
+    batch = Batch()
+    for d, parent in iter_defs(roots):
+        fields = _definition_fields(d)
+        parent_name = parent.name if parent else None
+        current = existing.get(d.name)
+        if current is None:
+            batch.creates.append(NewJob(d.name, d.kind, parent_name, fields))
+            continue
+        if current.kind is not d.kind:
+            raise DefinitionError(
+                source,
+                d.line,
+                f"job {d.name!r}: is a {current.kind} in the database; a {current.kind} cannot become a {d.kind}",
+            )
+        batch.changes.append(JobChange(d.name, {**fields, "parent_id": parent_name}))
+    if replace:
+        batch.deletes = _dropped(records, roots, existing)
+    try:
+        return engine.apply_batch(batch, user=user)
+    except JobError as exc:
+        raise DefinitionError(source, lines.get(exc.job), str(exc)) from exc
+
+
+def _definition_fields(d: JobDef) -> dict[str, Any]:
+    fields = {**field_defaults(), **d.fields}
+    if d.kind is Kind.TASK:
+        fields.pop("box_type", None)
+    else:
+        fields.pop("command", None)
+    return fields
+
+
+def _dropped(
+    records: list[JobRecord], roots: list[JobDef], existing: dict[str, JobRecord]
+) -> list[int | str]:
+    """Jobs under the file's existing top-level jobs that the file no longer names (outermost only)."""
+    in_file = {d.name for d, _ in iter_defs(roots)}
+    children: dict[int | None, list[JobRecord]] = {}
+    for r in records:
+        children.setdefault(r.parent_id, []).append(r)
+    dropped: list[int | str] = []
+    stack = [existing[root.name] for root in roots if root.name in existing]
+    while stack:
+        node = stack.pop()
+        for child in children.get(node.id, []):
+            if child.name in in_file:
+                stack.append(child)
+            else:
+                dropped.append(child.id)
+                stack.extend(c for c in children.get(child.id, []) if c.name in in_file)
+    return dropped
+
+
+def export_definitions(engine: Engine, job: str | None = None) -> str:
+    """YAML for every tree, or for the sub-tree rooted at ``job``."""
+    with engine.store.read() as conn:
+        records = queries.load_all_jobs(conn)
+    if job is not None:
+        root = next((r for r in records if r.name == job), None)
+        if root is None:
+            raise UnknownJobError(job)
+        records = _subtree(records, root)
+    return dump_definitions([r for r, _ in tree_order(records)])
+
+
+def _subtree(records: list[JobRecord], root: JobRecord) -> list[JobRecord]:
+    children: dict[int | None, list[JobRecord]] = {}
+    for r in records:
+        children.setdefault(r.parent_id, []).append(r)
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(children.get(node.id, []))
+    root_copy = JobRecord(**{**root.__dict__, "parent_id": None})
+    return [root_copy if r is root else r for r in out]

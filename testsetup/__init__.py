@@ -1,0 +1,1 @@
+"""Sample job trees, shipped as the package ``jobcontrol.testsetup``."""
