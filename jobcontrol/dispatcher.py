@@ -219,20 +219,16 @@ class Dispatcher(RunMachine):
 
     def _handle(self, item: Any) -> None:
         fn, fut = item if isinstance(item, tuple) else (None, None)
-        with self.protocol.dispatcher_section() as pending:
-            with self.store.write() as conn:
-                self._tx = tx = Tx(conn)
-                try:
-                    if pending is not None:
-                        self._react(pending)
-                    result, error = None, None
-                    if fn is not None:
-                        try:
-                            result = fn()
-                        except JobError as exc:  # a refusal: nothing was changed
-                            error = exc
-                finally:
-                    self._tx = None
+        pending: EditChange | None = None
+        try:
+            with self.protocol.dispatcher_section() as pending:
+                result, error, tx = self._handle_in_tx(pending, fn)
+        except BaseException as exc:
+            # Whoever waits must hear about it rather than time out.
+            for waiter in (fut, pending.done if pending is not None else None):
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(exc)
+            raise
         if tx.wake_executor:
             self.executor.wake(tx.wake_executor)
         for after in tx.after_commit:
@@ -244,6 +240,25 @@ class Dispatcher(RunMachine):
             pending.done.set_result(None)
         if fut is not None:
             fut.set_exception(error) if error is not None else fut.set_result(result)
+
+    def _handle_in_tx(
+        self, pending: EditChange | None, fn: Callable[[], Any] | None
+    ) -> tuple[Any, Exception | None, Tx]:
+        """The reaction to a pending edit and one request, in one transaction."""
+        result, error = None, None
+        with self.store.write() as conn:
+            self._tx = tx = Tx(conn)
+            try:
+                if pending is not None:
+                    self._react(pending)
+                if fn is not None:
+                    try:
+                        result = fn()
+                    except JobError as exc:  # a refusal: nothing was changed
+                        error = exc
+            finally:
+                self._tx = None
+        return result, error, tx
 
     # ------------------------------------------------------------ edits (spec 5.5)
 
