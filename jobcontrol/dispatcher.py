@@ -153,7 +153,7 @@ class Dispatcher(RunMachine):
                 log.info("Job tree created")
                 ev = self._evaluator()
                 ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
-                dues = {top.id: ev.evaluate_tree(top) for top in self.tree.roots}
+                dues = {top.id: ev.tree_due(top) for top in self.tree.roots}  # evaluated above
                 self._write_evaluation(ev)
                 log.info("Timers evaluated, starting any timers")
                 for top in self.tree.roots:
@@ -399,6 +399,9 @@ class Dispatcher(RunMachine):
             log.info("Restarting timer for job %s : runs %s", top.job.name, due)
             self._arm(top, due, Trigger.TIMER)
         else:
+            # An edit during the run may have armed a timer: it must not fire now.
+            self.armed.pop(top.id, None)
+            self.timers.cancel(("tree", top.id))
             top.job.next_runs = None  # will not run again until restarted
             queries.write_next_runs(self.tx.conn, top.id, None)
             self._schedule_event(top, None)

@@ -206,6 +206,10 @@ class RunMachine:
         tr = frame.tree_run
         while frame.index < len(frame.children):
             child = frame.children[frame.index]
+            if child.parent is not frame.node:
+                # Deleted or moved away since the box started: no longer this box's to run.
+                frame.index += 1
+                continue
             if self._must_wait(frame, child):
                 self._wait(frame, child)
                 return None
@@ -323,8 +327,10 @@ class RunMachine:
             return
         tr = frame.tree_run
         tr.current_task = None
-        status = KILLED_STATUS if tr.killed else exit_status
-        self._propagate(frame, self._finish(frame, status))
+        # The task's own outcome stands: the executor reports 255 when it killed the
+        # task; one that ended just before a kill keeps its status (its run row says
+        # so too), while its boxes still record the kill (_after_child, _finish).
+        self._propagate(frame, self._finish(frame, exit_status))
 
     def _kill_tree_run(self, tr: TreeRun, user: str) -> None:
         if tr.killed:

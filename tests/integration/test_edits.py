@@ -1,0 +1,526 @@
+"""Edits: refusals leave the database as it was, batches are one reaction, the tree stays true.
+
+Spec 5 (the tree-state protocol: one transaction, one dispatcher reaction,
+the state always back to IDLE) and DESIGN decisions 1, 5, 6 and 7.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from jobcontrol import Batch, JobChange, JobControlError, NewJob
+from jobcontrol.errors import (
+    ConflictError,
+    JobError,
+    JobRunningError,
+    UnknownJobError,
+)
+from jobcontrol.model import TreeState
+from jobcontrol.store import queries
+from tests.integration.helpers import JC, USER, box, task
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def build_tree(jc: JC) -> None:
+    jc.create(
+        box("Top", timer="every 1h", active=True),
+        box("A", "Top", active=True),
+        box("B", "A", active=True),
+        task("b1", "true", "B", active=True),
+        task("a1", "true", "A", active=True),
+        task("t1", "true", "Top", active=True),
+        box("Other", active=True),
+        task("o1", "sleep 1000", "Other", active=True),
+    )
+
+
+def start_o1(jc: JC) -> None:
+    """Get o1 running (its process up and its pid recorded) so nothing moves meanwhile."""
+    mark = jc.rec.mark()
+    jc.run_now("o1")
+    sig = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "o1", since=mark
+    )
+    jc.wait_task_process(sig.run["id"])
+
+
+def change(jc: JC, job: str, **fields: Any) -> None:
+    jc.engine.modify_jobs([JobChange(job, fields)], user=USER)
+
+
+def create(jc: JC, *jobs: NewJob) -> None:
+    jc.create(*jobs)
+
+
+def fifty_changes_last_bad(last: JobChange) -> Callable[[JC], None]:
+    def edit(jc: JC) -> None:
+        good = [JobChange("t1" if i % 2 else "a1", {"description": f"edit {i}"}) for i in range(49)]
+        good[10] = JobChange("Top", {"timer": "every 5m"})  # one that would re-arm a timer
+        jc.engine.modify_jobs([*good, last], user=USER)
+
+    return edit
+
+
+def fifty_creates_last_duplicate(jc: JC) -> None:
+    jobs = [task(f"new {i}", "true", "Top") for i in range(49)]
+    jc.create(*jobs, task("a1", "true", "Top"))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    edit: Callable[[JC], object]
+    error: type[JobControlError]
+    job: str
+    words: tuple[str, ...]
+    running: bool = False
+
+
+REFUSALS: dict[str, Refusal] = {
+    "unknown parent": Refusal(
+        lambda jc: create(jc, task("new", "true", "Nowhere")),
+        JobError,
+        "new",
+        ("unknown parent 'Nowhere'",),
+    ),
+    "task as a parent": Refusal(
+        lambda jc: create(jc, task("new", "true", "t1")),
+        JobError,
+        "new",
+        ("'t1' is a task", "must be a box"),
+    ),
+    "cycle: box into its descendant": Refusal(
+        lambda jc: change(jc, "A", parent="B"), JobError, "A", ("cycle",)
+    ),
+    "cycle: box into itself": Refusal(
+        lambda jc: change(jc, "A", parent="A"), JobError, "A", ("cycle",)
+    ),
+    "box becomes a task": Refusal(
+        lambda jc: change(jc, "A", command="echo hi"),
+        JobError,
+        "A",
+        ("a box cannot become a task",),
+    ),
+    "task becomes a box": Refusal(
+        lambda jc: change(jc, "t1", command=None),
+        JobError,
+        "t1",
+        ("a task cannot become a box",),
+    ),
+    "duplicate name on create": Refusal(
+        lambda jc: create(jc, task("a1", "true", "Top")), JobError, "a1", ("already exists",)
+    ),
+    "duplicate name on rename": Refusal(
+        lambda jc: change(jc, "t1", name="a1"), JobError, "t1", ("'a1'", "exists")
+    ),
+    "invalid schedule on modify": Refusal(
+        lambda jc: change(jc, "Top", timer="every 10x"),
+        JobError,
+        "Top",
+        ("invalid schedule 'every 10x' at position 8", "unit"),
+    ),
+    "invalid schedule on create": Refusal(
+        lambda jc: create(jc, box("new", "Top", timer="daily 25:00")),
+        JobError,
+        "new",
+        ("at position 6", "hour"),
+    ),
+    "command sh -n rejects": Refusal(
+        lambda jc: change(jc, "t1", command="echo 'unterminated"), JobError, "t1", ("sh:",)
+    ),
+    "unknown job": Refusal(
+        lambda jc: change(jc, "ghost", description="boo"),
+        UnknownJobError,
+        "ghost",
+        ("no such job",),
+    ),
+    "last of 50 changes makes a box a task": Refusal(
+        fifty_changes_last_bad(JobChange("B", {"command": "true"})),
+        JobError,
+        "B",
+        ("a box cannot become a task",),
+    ),
+    "last of 50 changes names an unknown job": Refusal(
+        fifty_changes_last_bad(JobChange("ghost", {"active": True})),
+        UnknownJobError,
+        "ghost",
+        ("no such job",),
+    ),
+    "last of 50 changes is a cycle": Refusal(
+        fifty_changes_last_bad(JobChange("Top", {"parent": "B"})),
+        JobError,
+        "Top",
+        ("cycle",),
+    ),
+    "last of 50 changes has a bad timer": Refusal(
+        fifty_changes_last_bad(JobChange("a1", {"timer": "every"})),
+        JobError,
+        "a1",
+        ("invalid schedule",),
+    ),
+    "last of 50 creates is a duplicate": Refusal(
+        fifty_creates_last_duplicate, JobError, "a1", ("already exists",)
+    ),
+    "delete a running job": Refusal(
+        lambda jc: jc.engine.delete_jobs(["o1"], user=USER),
+        JobRunningError,
+        "o1",
+        ("job is running",),
+        running=True,
+    ),
+    "delete the box of a running job": Refusal(
+        lambda jc: jc.engine.delete_jobs(["Other"], user=USER),
+        JobRunningError,
+        "Other",
+        ("job is running", "'o1'"),
+        running=True,
+    ),
+    "re-parent a running job": Refusal(
+        lambda jc: change(jc, "o1", parent="Top"),
+        JobRunningError,
+        "o1",
+        ("job is running",),
+        running=True,
+    ),
+    "re-parent the box of a running job": Refusal(
+        lambda jc: change(jc, "Other", parent="A"),
+        JobRunningError,
+        "Other",
+        ("job is running", "'o1'"),
+        running=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refused_edit_names_the_job_and_changes_nothing(jc: JC, case: str) -> None:
+    refusal = REFUSALS[case]
+    build_tree(jc)
+    if refusal.running:
+        start_o1(jc)
+    before = jc.dump()
+    reactions = jc.dispatcher.stats.reactions
+    armed = jc.timers.armed()
+
+    with pytest.raises(refusal.error) as refused:
+        refusal.edit(jc)
+
+    assert isinstance(refused.value, JobError)
+    assert refused.value.job == refusal.job
+    message = str(refused.value)
+    assert message.startswith(f"job {refusal.job!r}: ")
+    for word in refusal.words:
+        assert word in message
+    assert jc.tree_state() is TreeState.IDLE
+    assert jc.dump() == before  # the database is exactly as it was
+    assert jc.dispatcher.stats.reactions == reactions
+    assert jc.timers.armed() == armed
+    jc.assert_tree_matches_db()
+
+
+def test_stale_version_is_a_conflict_and_changes_nothing(jc: JC) -> None:
+    build_tree(jc)
+    seen = jc.job("t1").version
+    change(jc, "t1", description="someone else's edit")
+    before = jc.dump()
+
+    stale = JobChange("t1", {"description": "mine"}, version=seen)
+    with pytest.raises(ConflictError) as refused:
+        jc.engine.modify_jobs([stale], user=USER)
+
+    assert refused.value.job == "t1"
+    assert f"you had {seen}" in str(refused.value)
+    assert jc.tree_state() is TreeState.IDLE
+    assert jc.dump() == before
+    current = jc.job("t1")
+    assert current.description == "someone else's edit"
+    # With the version just read, the same edit goes through.
+    jc.engine.modify_jobs([JobChange("t1", {"description": "mine"}, current.version)], user=USER)
+    assert jc.job("t1").description == "mine"
+
+
+def test_a_good_edit_is_one_reaction_and_leaves_the_tree_idle_and_true(jc: JC) -> None:
+    build_tree(jc)
+    reactions = jc.dispatcher.stats.reactions
+    mark = jc.rec.mark()
+    jc.engine.apply_batch(
+        Batch(
+            creates=[task("t2", "true", "A", active=True)],
+            changes=[JobChange("Top", {"timer": "every 5m"}), JobChange("a1", {"name": "a one"})],
+            deletes=["t1"],
+        ),
+        user=USER,
+    )
+    assert jc.dispatcher.stats.reactions == reactions + 1
+    assert jc.tree_state() is TreeState.IDLE
+    assert [s.name for s in jc.rec.signals(since=mark) if s.name.startswith("job")] == [
+        "job_created",
+        "jobs_modified",
+        "jobs_deleted",
+    ]
+    jc.assert_tree_matches_db()
+    assert jc.job("Top").next_runs == jc.armed_at("Top") == jc.clock.now() + timedelta(minutes=5)
+    assert jc.job("a one").parent_id == jc.job("A").id
+    with pytest.raises(UnknownJobError):
+        jc.job("t1")
+
+
+def test_batch_of_500_modifications_is_one_reaction_and_one_evaluation_per_tree(jc: JC) -> None:
+    trees = ("North", "South", "East")
+    creates: list[NewJob] = []
+    for tree in trees:
+        creates += [box(tree, timer="every 1h", active=True), box(f"{tree} inner", tree)]
+        creates += [task(f"{tree} {i}", "true", f"{tree} inner") for i in range(170)]
+    creates.append(box("Untouched", timer="every 1h", active=True))
+    jc.create(*creates)
+    stats = jc.dispatcher.stats
+    reactions, evaluations = stats.reactions, stats.reevaluations
+    mark = jc.rec.mark()
+
+    changes = [
+        JobChange(f"{tree} {i}", {"active": True, "description": f"batch {i}"})
+        for tree in trees
+        for i in range(170)
+    ][:500]
+    modified = jc.engine.modify_jobs(changes, user=USER)
+
+    assert len(modified) == 500
+    assert stats.reactions - reactions == 1
+    assert stats.reevaluations - evaluations == len(trees)
+    bundles = jc.rec.signals("jobs_modified", since=mark)
+    assert len(bundles) == 1
+    assert len(bundles[0].data["jobs"]) == 500
+    assert jc.tree_state() is TreeState.IDLE
+    jc.assert_tree_matches_db()
+    assert all(jc.job(f"{tree} 0").active for tree in trees)
+
+
+def test_a_modify_that_changes_nothing_causes_no_reaction(jc: JC) -> None:
+    build_tree(jc)
+    before = jc.dump()
+    reactions = jc.dispatcher.stats.reactions
+    mark = jc.rec.mark()
+
+    modified = jc.engine.modify_jobs(
+        [
+            JobChange("t1", {"command": "true", "active": "yes"}),
+            JobChange("Top", {"timer": "every 1h"}),
+        ],
+        user=USER,
+    )
+
+    assert modified == []
+    assert jc.dispatcher.stats.reactions == reactions
+    assert jc.rec.signals(since=mark) == []
+    assert jc.tree_state() is TreeState.IDLE
+    assert jc.dump() == before  # not even the version moved
+
+
+def test_deleting_a_box_together_with_its_descendant_deletes_the_box_first(jc: JC) -> None:
+    build_tree(jc)
+    a, b, b1 = (jc.job(n).id for n in ("A", "B", "b1"))
+
+    deleted = jc.engine.delete_jobs(["b1", "B", "A"], user=USER)  # deepest named first
+
+    assert deleted == [a]  # one sub-tree, one transaction; its descendants went with it
+    remaining = {j["name"] for j in jc.engine.list_jobs()}
+    assert remaining == {"Top", "t1", "Other", "o1"}
+    for job_id in (a, b, b1):
+        with pytest.raises(UnknownJobError):
+            jc.job(job_id)
+    assert jc.tree_state() is TreeState.IDLE
+    jc.assert_tree_matches_db()
+
+
+def test_creating_moving_and_deleting_timed_children_reschedules_their_trees(jc: JC) -> None:
+    jc.create(
+        box("Absolute", box_type="timed", active=True),
+        task("foo", "true", "Absolute", timer="daily 22:56", active=True),
+        task("bar", "true", "Absolute", timer="daily 22:59", active=True),
+        box("Other", box_type="timed", active=True),
+    )
+    at = jc.clock.now().replace
+    assert jc.armed_at("Absolute") == at(hour=22, minute=56)
+    assert jc.armed_at("Other") is None
+
+    jc.create(task("early", "true", "Absolute", timer="daily 13:00", active=True))
+    assert jc.armed_at("Absolute") == jc.job("Absolute").next_runs == at(hour=13, minute=0)
+    assert [jc.job(n).job_order for n in ("early", "foo", "bar")] == [0, 1, 2]
+
+    jc.engine.delete_jobs(["early"], user=USER)
+    assert jc.armed_at("Absolute") == at(hour=22, minute=56)
+
+    jc.modify("foo", parent="Other")  # both trees are re-evaluated
+    assert jc.armed_at("Absolute") == jc.job("Absolute").next_runs == at(hour=22, minute=59)
+    assert jc.armed_at("Other") == jc.job("Other").next_runs == at(hour=22, minute=56)
+    assert jc.tree_state() is TreeState.IDLE
+    jc.assert_tree_matches_db()
+
+
+def test_a_job_deleted_or_moved_away_while_its_box_runs_is_not_run_by_it(jc: JC) -> None:
+    gate = jc.gate()
+    jc.create(
+        box("Top", active=True),
+        task("first", gate.command, "Top", active=True),
+        task("deleted", "echo ran", "Top", active=True),
+        task("moved", "echo ran", "Top", active=True),
+        task("stays", "true", "Top", active=True),
+        box("Elsewhere", active=True),
+    )
+    mark = jc.rec.mark()
+    root = jc.run_now("Top")  # blocks in "first"
+    jc.engine.delete_jobs(["deleted"], user=USER)  # not running yet: allowed
+    jc.modify("moved", parent="Elsewhere")
+    gate.open()
+    jc.rec.run_finished("Top", since=mark)
+
+    assert set(jc.tree_run(root)) == {"Top", "first", "stays"}
+    assert jc.runs("moved") == []
+    mark = jc.rec.mark()
+    elsewhere = jc.run_now("Elsewhere")
+    jc.rec.run_finished("Elsewhere", since=mark)
+    assert set(jc.tree_run(elsewhere)) == {"Elsewhere", "moved"}
+    jc.assert_tree_matches_db()
+
+
+# ---------------------------------------------------------------- concurrency
+
+THREADS = 8
+ITERATIONS = 60
+
+
+class Chaos:
+    """Random edits and requests from many threads; only refusals are acceptable errors."""
+
+    def __init__(self, jc: JC) -> None:
+        self.jc = jc
+        self.errors: list[BaseException] = []
+        self.refused = 0
+        self.done = 0
+        self._lock = threading.Lock()
+
+    def worker(self, seed: int) -> None:
+        rng = random.Random(seed)
+        ops = [self.create, self.modify, self.modify, self.move, self.delete, self.run, self.run]
+        ops += [self.tick, self.kill, self.restart]
+        for i in range(ITERATIONS):
+            op = rng.choice(ops)
+            try:
+                op(rng, f"{seed}.{i}")
+            except JobControlError:
+                with self._lock:
+                    self.refused += 1
+            except BaseException as exc:  # anything else is a bug
+                with self._lock:
+                    self.errors.append(exc)
+            else:
+                with self._lock:
+                    self.done += 1
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        return self.jc.engine.list_jobs()
+
+    def _pick(self, rng: random.Random, kind: str | None = None) -> dict[str, Any] | None:
+        jobs = [j for j in self._jobs() if kind is None or j["kind"] == kind]
+        return rng.choice(jobs) if jobs else None
+
+    def create(self, rng: random.Random, tag: str) -> None:
+        parent = self._pick(rng, "box")
+        name = f"new {tag}"
+        parent_name = parent["name"] if parent else None
+        if rng.random() < 0.3:
+            self.jc.create(box(name, parent_name, active=rng.random() < 0.7))
+        else:
+            self.jc.create(
+                task(
+                    name, rng.choice(["true", "sleep 0.05"]), parent_name, active=rng.random() < 0.7
+                )
+            )
+
+    def modify(self, rng: random.Random, tag: str) -> None:
+        job = self._pick(rng)
+        if job is None:
+            return
+        fields: dict[str, Any] = rng.choice(
+            [
+                {"active": not job["active"]},
+                {"description": f"chaos {tag}"},
+                {"job_order": rng.randint(0, 5)},
+                {"timer": rng.choice([None, "every 30s", "daily 03:00"])},
+                {"name": f"renamed {tag}"},
+                {"on_error": rng.choice(["abort", "continue"])},
+            ]
+        )
+        version = job["version"] if rng.random() < 0.5 else None
+        self.jc.engine.modify_jobs([JobChange(job["id"], fields, version)], user=USER)
+
+    def move(self, rng: random.Random, tag: str) -> None:
+        job = self._pick(rng)
+        parent = self._pick(rng, "box")
+        if job is None:
+            return
+        target = parent["name"] if parent and rng.random() < 0.8 else None
+        self.jc.engine.modify_jobs([JobChange(job["id"], {"parent": target})], user=USER)
+
+    def delete(self, rng: random.Random, tag: str) -> None:
+        jobs = [j for j in self._jobs() if j["depth"] > 0 or rng.random() < 0.2]
+        if jobs:
+            self.jc.engine.delete_jobs([rng.choice(jobs)["id"]], user=USER)
+
+    def run(self, rng: random.Random, tag: str) -> None:
+        job = self._pick(rng)
+        if job is not None:
+            self.jc.run_now(job["id"])
+
+    def tick(self, rng: random.Random, tag: str) -> None:
+        self.jc.timers.advance(timedelta(seconds=rng.choice([1, 10, 30])))
+
+    def kill(self, rng: random.Random, tag: str) -> None:
+        job = self._pick(rng)
+        if job is not None:
+            self.jc.engine.kill(job["id"], user=USER)
+
+    def restart(self, rng: random.Random, tag: str) -> None:
+        tops = [j for j in self._jobs() if j["depth"] == 0]
+        if tops:
+            self.jc.engine.restart(rng.choice(tops)["id"], user=USER)
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_edits_and_runs_leave_the_tree_true_and_idle(jc: JC) -> None:
+    build_tree(jc)
+    jc.modify("o1", command="true")
+    jc.create(
+        box("Periodic", timer="every 30s", active=True),
+        task("p1", "true", "Periodic", active=True),
+        box("Timed", box_type="timed", active=True),
+        task("early", "true", "Timed", timer="daily 12:01", active=True),
+        task("late", "true", "Timed", timer="daily 12:03", active=True),
+    )
+    chaos = Chaos(jc)
+    threads = [
+        threading.Thread(target=chaos.worker, args=(seed,), name=f"chaos-{seed}")
+        for seed in range(THREADS)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not [t.name for t in threads if t.is_alive()], "a chaos thread hung"
+    assert chaos.errors == []
+    assert chaos.done + chaos.refused == THREADS * ITERATIONS
+    assert chaos.done > THREADS * ITERATIONS // 3  # most operations went through
+
+    jc.timers.advance(timedelta(hours=1))  # let waiting timed boxes go on
+    jc.wait_quiet(fire_due_timers=True)
+    assert jc.tree_state() is TreeState.IDLE
+    jc.assert_tree_matches_db()
+    with jc.store.read() as conn:
+        assert queries.active_runs(conn) == []  # every run ended and was recorded

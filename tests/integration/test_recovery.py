@@ -1,0 +1,172 @@
+"""Crash recovery: a daemon killed with SIGKILL mid-run leaves nothing behind once restarted.
+
+The crashed daemon is real: a separate Python process runs a dispatcher on the
+test's database, starts a long task (with a grandchild that left the task's
+session) and is then killed with SIGKILL, so nothing of it gets to clean up.
+A new dispatcher on the same database must find the runs it left active, mark
+them lost (255), kill their processes, and carry on with every job intact.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcontrol import RunState
+from jobcontrol.procs import find_marked, pid_alive
+from tests.integration.conftest import MakeJC
+from tests.integration.helpers import JC, T0, WAIT, box, poll_until, task
+
+pytestmark = pytest.mark.timeout(90)
+
+# The daemon to crash: start a dispatcher, run the job now, say the run id, block.
+CRASHING_DAEMON = """\
+import sys, threading
+from datetime import UTC
+from pathlib import Path
+from jobcontrol import Dispatcher, DispatcherConfig, Engine, Store
+from jobcontrol.timers import ManualClock, ManualTimers
+from tests.integration.conftest import MakeJC
+from tests.integration.helpers import T0
+
+url, log_root, job = sys.argv[1:4]
+store = Store(url)
+clock = ManualClock(T0)
+config = DispatcherConfig(log_root=Path(log_root), default_tz=UTC)
+dispatcher = Dispatcher(store, config, clock=clock, timers=ManualTimers(clock))
+dispatcher.start()
+print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)
+threading.Event().wait()
+"""
+
+ESCAPE = "setsid sh -c 'echo $$ > \"$PIDFILE\"; exec sleep 1000' & sleep 1000"
+
+DEFINITION_COLUMNS = (
+    "id",
+    "name",
+    "description",
+    "parent_id",
+    "kind",
+    "job_order",
+    "command",
+    "timer",
+    "active",
+    "on_error",
+    "box_type",
+    "version",
+    "queue",
+    "priority",
+    "timeout_s",
+    "max_log_files",
+    "misfire",
+    "cwd",
+    "env",
+)
+
+
+def definitions(jc: JC, *, order: bool = True) -> list[dict[str, Any]]:
+    """Every job's definition; ``order=False`` leaves out the job order, which a
+    starting dispatcher renumbers when it sorts the top level (spec 4.2, 4.5)."""
+    columns = [c for c in DEFINITION_COLUMNS if order or c != "job_order"]
+    return [{k: row[k] for k in columns} for row in jc.dump()["job"]]
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise AssertionError(f"the daemon said nothing within {timeout:g}s")
+    return proc.stdout.readline()
+
+
+def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
+    db_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    jc = make_jc(db_url, start=False)  # the crashing daemon owns the store first
+    pidfile = tmp_path / "escaped.pid"
+    jc.create(  # offline edits: no dispatcher runs yet
+        box("Crashy", timer="every 1h", active=True),
+        task("long", ESCAPE, "Crashy", active=True, env={"PIDFILE": str(pidfile)}),
+        task("never", "true", "Crashy", active=True),
+        box("Ticker", timer="every 10s", active=True),
+        task("tick", "true", "Ticker", active=True),
+        box("Dormant", timer="every 10s", active=False),
+    )
+    created = definitions(jc, order=False)
+
+    root_dir = Path(__file__).resolve().parents[2]
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_DAEMON, jc.url, str(tmp_path / "crash-logs"), "Crashy"],
+        cwd=root_dir,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "daemon.err").open("w"),
+        text=True,
+    )
+    try:
+        line = read_line(daemon, 30)
+        assert line.strip().isdigit(), (line, (tmp_path / "daemon.err").read_text())
+        root_run = int(line)
+        run_marker = {"JOBCONTROL_INSTANCE": jc.instance_id}
+
+        def escaped_sleep() -> int | None:
+            try:
+                text = pidfile.read_text()
+                pid = int(text) if text.endswith("\n") else 0
+                comm = Path(f"/proc/{pid}/comm").read_text().strip() if pid else ""
+            except (OSError, ValueError):
+                return None
+            return pid if comm == "sleep" else None
+
+        escaped: int = poll_until("the task's setsid grandchild", escaped_sleep, timeout=WAIT)
+        task_pids = poll_until(
+            "the task's processes",
+            lambda: len(find_marked(run_marker)) >= 3 and find_marked(run_marker),
+        )
+        assert escaped in task_pids
+    finally:
+        daemon.send_signal(signal.SIGKILL)  # the crash: no stop, no finally, nothing
+        daemon.wait(WAIT)
+        if daemon.stdout is not None:
+            daemon.stdout.close()
+    assert daemon.returncode == -signal.SIGKILL
+
+    # The crash left the task running, orphaned, and its runs active in the store.
+    assert set(find_marked(run_marker)) >= {escaped}
+    left = jc.tree_run(root_run)
+    assert {n: r.state for n, r in left.items()} == {"Crashy": "running", "long": "running"}
+    before = definitions(jc)
+
+    jc.start()  # the new daemon on the same database
+
+    runs = jc.tree_run(root_run)
+    assert set(runs) == {"Crashy", "long"}
+    for name, run in runs.items():
+        assert run.state is RunState.LOST, name
+        assert run.exit_status == 255, name
+        assert run.ended is not None, name
+        assert "lost" in (run.reason or ""), name
+        assert jc.job(name).exit_status == 255, name
+    poll_until("every process of the lost run to be gone", lambda: not find_marked(run_marker))
+    assert not pid_alive(escaped)
+
+    assert definitions(jc) == before  # every job definition intact
+    assert definitions(jc, order=False) == created
+    assert jc.view("Crashy")["state"] == "idle"
+    assert jc.armed_at("Ticker") == T0 + timedelta(seconds=10)
+    assert jc.armed_at("Crashy") == T0 + timedelta(hours=1)
+    assert jc.armed_at("Dormant") is None
+    assert jc.job("never").last_ran is None
+
+    # And it goes on working: the next firing runs normally.
+    mark = jc.rec.mark()
+    jc.advance(10)
+    assert jc.rec.run_finished("Ticker", since=mark)["exit_status"] == 0
+    assert os.path.exists(jc.log_root)

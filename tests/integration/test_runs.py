@@ -1,0 +1,463 @@
+"""Runs: manual runs, conflicts, rescheduling, kill, timeout, task environment, logs, history.
+
+Spec 7 and 8 with DESIGN decisions 2 (a manual run covers its whole sub-tree),
+3 (a timer firing on a busy tree is recorded as skipped) and 4 (a kill is 255
+and counts as a failure).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from jobcontrol.errors import JobError, JobRunningError
+from jobcontrol.model import JobState
+from jobcontrol.procs import pid_alive
+from tests.integration.conftest import MakeJC
+from tests.integration.helpers import JC, T0, USER, box, poll_until, task
+
+pytestmark = pytest.mark.timeout(60)
+
+FOO_AT = T0.replace(hour=22, minute=56)
+BAR_AT = T0.replace(hour=22, minute=59)
+
+
+def first_started(jc: JC, job: str, since: int) -> int:
+    """The run id of ``job``'s first run started after ``since``."""
+    sig = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == job, since=since
+    )
+    run_id: int = sig.run["id"]
+    return run_id
+
+
+# ---------------------------------------------------------------- manual runs
+
+
+def test_manual_run_of_a_child_runs_its_subtree_only_even_when_inactive(jc: JC) -> None:
+    jc.create(
+        box("Top", timer="every 1h", active=True),
+        box("A", "Top", active=False),
+        task("a1", "true", "A", active=True),
+        task("a2", "true", "A", active=False),
+        box("A2", "A", active=False),
+        task("deep", "true", "A2", active=True),
+        task("B", "true", "Top", active=True),
+    )
+    mark = jc.rec.mark()
+    root = jc.run_now("A")
+    done = jc.rec.run_finished("A", since=mark)
+    assert done["id"] == root
+    assert done["exit_status"] == 0
+
+    runs = jc.tree_run(root)
+    assert set(runs) == {"A", "a1", "a2", "A2"}  # not Top, not B, not below a skipped box
+    assert runs["A"].state == "succeeded"  # ran although inactive
+    assert runs["a1"].state == "succeeded"
+    for skipped in ("a2", "A2"):
+        assert runs[skipped].state == "skipped"
+        assert runs[skipped].reason == "inactive"
+    assert {r.trigger for r in runs.values()} == {"manual"}
+    assert {r.requested_by for r in runs.values()} == {USER}
+    assert jc.runs("Top") == []
+    assert jc.runs("B") == []
+    assert jc.job("a2").last_ran is None  # skipped: its bookkeeping is untouched
+    # DESIGN decision 3: a manual run leaves the tree's schedule alone.
+    assert jc.armed_at("Top") == T0 + timedelta(hours=1)
+    assert jc.job("Top").next_runs == T0 + timedelta(hours=1)
+
+
+def test_manual_run_of_a_timed_box_does_not_wait(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(
+        box("Absolute", box_type="timed", active=True),
+        task("foo", "true", "Absolute", timer="daily 22:56", active=True),
+        task("bar", "true", "Absolute", timer="daily 22:59", active=True),
+    )
+    mark = jc.rec.mark()
+    root = jc.run_now("Absolute")
+    done = jc.rec.run_finished("Absolute", since=mark)  # the clock never moves
+    assert done["exit_status"] == 0
+    runs = jc.tree_run(root)
+    assert [runs["foo"].started, runs["bar"].started] == [T0, T0]
+    assert not [s for s in jc.rec.signals("state_changed") if s.data["state"] is JobState.WAITING]
+    assert jc.armed_at("Absolute") == FOO_AT  # still scheduled as before
+
+
+def test_run_now_refused_while_an_ancestor_or_descendant_runs(jc: JC) -> None:
+    jc.create(
+        box("Top", active=True),
+        box("A", "Top", active=True),
+        task("slow", "sleep 1000", "A", active=True),
+        task("a2", "true", "A", active=True),
+        task("B", "true", "Top", active=True),
+    )
+    mark = jc.rec.mark()
+    root = jc.run_now("A")
+    jc.wait_task_process(first_started(jc, "slow", mark))
+    before = jc.dump()
+
+    for job, busy in (("a2", "A"), ("slow", "slow"), ("Top", "A"), ("A", "A")):
+        with pytest.raises(JobRunningError) as refused:
+            jc.run_now(job)
+        assert refused.value.job == job
+        assert f"job {job!r}" in str(refused.value)
+        assert f"{busy!r} is running" in str(refused.value)
+    assert jc.dump() == before  # a refused run records nothing
+
+    # An unrelated part of the same tree may run meanwhile (spec 7.2).
+    b_mark = jc.rec.mark()
+    jc.run_now("B")
+    assert jc.rec.run_finished("B", since=b_mark)["exit_status"] == 0
+
+    assert jc.engine.kill("a2", user=USER) == root  # the nearest running sub-tree root
+    assert jc.rec.run_finished("A", since=mark)["exit_status"] == 255
+
+
+def test_timer_firing_on_a_busy_tree_is_recorded_as_skipped_and_rearmed(jc: JC) -> None:
+    gate = jc.gate()
+    jc.create(
+        box("Periodic", timer="every 10s", active=True),
+        task("work", gate.command, "Periodic", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("work")  # a manual run of a child keeps the tree busy
+
+    assert jc.advance(10) == 1
+    skipped = jc.runs("Periodic")
+    assert len(skipped) == 1
+    assert skipped[0].state == "skipped"
+    assert skipped[0].trigger == "timer"
+    assert "tree busy" in (skipped[0].reason or "")
+    assert "'work'" in (skipped[0].reason or "")
+    assert jc.armed_at("Periodic") == T0 + timedelta(seconds=20)  # re-armed for the next one
+    assert jc.job("Periodic").next_runs == T0 + timedelta(seconds=20)
+
+    gate.open(2)
+    jc.rec.run_finished("work", since=mark)
+    mark = jc.rec.mark()
+    jc.advance(10)
+    done = jc.rec.run_finished("Periodic", since=mark)
+    assert done["exit_status"] == 0
+    assert [(r.trigger, r.state) for r in jc.runs("Periodic")] == [
+        ("timer", "succeeded"),
+        ("timer", "skipped"),
+    ]
+
+
+# ---------------------------------------------------------------- rescheduling
+
+
+def test_failed_abort_tree_stays_unscheduled_until_restart(jc: JC) -> None:
+    jc.create(
+        box("Top", timer="every 10s", on_error="abort", active=True),
+        task("fails", "exit 1", "Top", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    assert jc.rec.run_finished("Top", since=mark)["exit_status"] == 1
+    assert jc.armed_at("Top") is None
+    assert jc.job("Top").next_runs is None  # "will not run again"
+    assert jc.view("Top")["next_runs"] is None
+
+    assert jc.advance(600) == 0
+    assert len(jc.runs("Top")) == 1
+
+    with pytest.raises(JobError, match="not a top-level job"):
+        jc.engine.restart("fails", user=USER)
+    due = jc.engine.restart("Top", user=USER)
+    assert due == T0 + timedelta(seconds=20)  # 10 s after the failed run ended
+    assert jc.armed_at("Top") == due
+    assert jc.job("Top").next_runs == due
+
+    mark = jc.rec.mark()
+    assert jc.advance(0) == 1  # overdue: it fires once at once (misfire run-once)
+    again = jc.rec.run_finished("Top", since=mark)
+    assert again["trigger"] == "restart"
+    assert again["exit_status"] == 1
+    assert jc.armed_at("Top") is None  # failed again: unscheduled again
+
+
+def test_failed_abort_tree_stays_unscheduled_even_if_its_timer_was_edited_meanwhile(
+    jc: JC,
+) -> None:
+    gate = jc.gate()
+    jc.create(
+        box("Top", timer="every 10s", on_error="abort", active=True),
+        task("fails", f"{gate.command}; exit 1", "Top", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)  # the run starts and blocks on the gate
+    jc.modify("Top", timer="every 20s")  # an edit while it runs re-evaluates the tree
+    gate.open()
+    assert jc.rec.run_finished("Top", since=mark)["exit_status"] == 1
+
+    # The run failed and Top is ABORT: it must not run again until restarted.
+    assert jc.job("Top").next_runs is None
+    assert jc.armed_at("Top") is None
+    mark = jc.rec.mark()
+    assert jc.advance(3600) == 0
+    assert jc.rec.started_jobs(since=mark) == []
+    assert len(jc.runs("Top")) == 1
+
+
+def test_failed_continue_tree_is_rearmed(jc: JC) -> None:
+    jc.create(
+        box("Top", timer="every 10s", on_error="continue", active=True),
+        task("fails", "exit 1", "Top", active=True),
+    )
+    for n in (1, 2):
+        mark = jc.rec.mark()
+        jc.advance(10)
+        assert jc.rec.run_finished("Top", since=mark)["exit_status"] == 1
+        assert jc.armed_at("Top") == T0 + timedelta(seconds=10 * (n + 1))
+        assert jc.job("Top").next_runs == T0 + timedelta(seconds=10 * (n + 1))
+
+
+# ---------------------------------------------------------------- kill and timeout
+
+
+def test_kill_of_a_long_task_is_255_up_the_chain_and_a_failure(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(
+        box("Top", timer="every 10s", on_error="abort", active=True),
+        box("Box", "Top", active=True),
+        task("long", "sleep 1000", "Box", active=True),
+        task("after", "true", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    long_run = first_started(jc, "long", mark)
+    jc.wait_task_process(long_run)
+
+    root = jc.engine.kill("long", user=USER)
+    top = jc.rec.run_finished("Top", since=mark)
+    assert top["id"] == root
+    runs = jc.tree_run(root)
+    assert set(runs) == {"Top", "Box", "long"}  # later children do not run
+    for name in ("long", "Box", "Top"):
+        assert runs[name].exit_status == 255, name
+        assert runs[name].state == "killed", name
+        assert jc.job(name).exit_status == 255, name
+    assert USER in (runs["long"].reason or "")
+    # DESIGN decision 4: a kill is a failure, so the ABORT tree is not re-armed.
+    assert jc.armed_at("Top") is None
+    assert jc.job("Top").next_runs is None
+    poll_until("the killed task to be gone", lambda: not jc.task_pids(long_run))
+
+
+def test_kill_stops_the_whole_process_tree_even_a_setsid_child(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    pidfile = jc.tmp_path / "escaped.pid"
+    escape = "setsid sh -c 'echo $$ > \"$PIDFILE\"; exec sleep 1000' & sleep 1000"
+    jc.create(task("escaper", escape, active=True, env={"PIDFILE": str(pidfile)}))
+    mark = jc.rec.mark()
+    root = jc.run_now("escaper")
+
+    def escaped_pid() -> int | None:
+        try:
+            text = pidfile.read_text()
+            pid = int(text) if text.endswith("\n") else 0
+            comm = Path(f"/proc/{pid}/comm").read_text().strip() if pid else ""
+        except (OSError, ValueError):
+            return None
+        return pid if comm == "sleep" else None  # past its exec: a settled process
+
+    escaped: int = poll_until("the setsid child", escaped_pid)
+    assert os.getsid(escaped) == escaped  # it left the task's session and group
+    run = jc.run(root)
+    assert run.pid is not None
+    assert os.getsid(escaped) != run.pid
+    pids = jc.task_pids(root)
+    assert escaped in pids
+    assert len(pids) >= 3  # sh, its sleep, the escaped sleep
+
+    jc.engine.kill("escaper", user=USER)
+    assert jc.rec.run_finished("escaper", since=mark)["exit_status"] == 255
+    poll_until("every process of the run to be gone", lambda: not jc.task_pids(root))
+    assert not pid_alive(escaped)  # gone (at most a zombie its new parent has to reap)
+
+
+def test_kill_of_a_task_waiting_for_a_free_slot_ends_it_at_once(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    jc = make_jc(sqlite_url, slots=1)
+    jc.create(task("hog", "sleep 1000", active=True), task("starved", "true", active=True))
+    mark = jc.rec.mark()
+    hog = jc.run_now("hog")
+    jc.wait_task_process(hog)
+    starved = jc.run_now("starved")  # the only slot is taken: it stays queued
+    assert jc.run(starved).state == "queued"
+
+    jc.engine.kill("starved", user=USER)
+    done = jc.rec.run_finished("starved", since=mark)
+    assert done["exit_status"] == 255
+    run = jc.run(starved)
+    assert run.state == "killed"
+    assert run.pid is None  # it never started
+    assert jc.job("starved").exit_status == 255
+    assert jc.run(hog).state == "running"  # the other tree is not touched
+
+
+def test_kill_while_waiting_in_a_timed_box_ends_the_run_at_once(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(
+        box("Absolute", box_type="timed", active=True),
+        task("foo", "true", "Absolute", timer="daily 22:56", active=True),
+        task("bar", "true", "Absolute", timer="daily 22:59", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=FOO_AT)
+    jc.rec.wait_for(
+        lambda s: s.name == "state_changed"
+        and s.data["name"] == "Absolute"
+        and s.data["state"] is JobState.WAITING,
+        since=mark,
+    )
+    root = jc.engine.kill("Absolute", user=USER)
+    done = jc.rec.run_finished("Absolute", since=mark)  # no clock move needed
+    assert done["id"] == root
+    assert done["exit_status"] == 255
+    assert done["state"] == "killed"
+    assert jc.clock.now() == FOO_AT
+    assert ("wait", root) not in jc.timers.armed()
+    assert set(jc.tree_run(root)) == {"Absolute", "foo"}  # bar never ran
+    assert jc.job("Absolute").exit_status == 255
+    assert jc.view("Absolute")["state"] == "idle"
+
+
+def test_timeout_gives_124_and_the_box_rules_apply(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(
+        box("Top", on_error="abort", active=True),
+        task("slow", "sleep 1000", "Top", timeout=0.5, active=True),
+        task("after", "true", "Top", active=True),
+    )
+    mark = jc.rec.mark()
+    root = jc.run_now("Top")
+    top = jc.rec.run_finished("Top", since=mark, timeout=20)
+    runs = jc.tree_run(root)
+    assert runs["slow"].exit_status == 124
+    assert runs["slow"].state == "failed"
+    assert "timed out" in (runs["slow"].reason or "")
+    assert "after" not in runs  # ABORT: stops at the timed-out child
+    assert top["exit_status"] == 124
+    poll_until("the timed-out task to be gone", lambda: not jc.task_pids(runs["slow"].id))
+
+    jc.modify("Top", on_error="continue")
+    mark = jc.rec.mark()
+    root = jc.run_now("Top")
+    top = jc.rec.run_finished("Top", since=mark, timeout=20)
+    runs = jc.tree_run(root)
+    assert runs["slow"].exit_status == 124
+    assert runs["after"].state == "succeeded"  # CONTINUE: the next child runs
+    assert top["exit_status"] == 124  # and the box still reports the failure
+
+
+# ---------------------------------------------------------------- task environment and logs
+
+
+def test_task_sees_its_job_run_id_env_and_cwd(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    workdir = jc.tmp_path / "work dir"
+    workdir.mkdir()
+    command = (
+        'printf "%s|%s|%s|%s\\n" "$JOBCONTROL_JOB" "$JOBCONTROL_RUN_ID" "$GREETING" "$(pwd -P)"'
+    )
+    jc.create(
+        task("env task", command, active=True, env={"GREETING": "hello world"}, cwd=str(workdir))
+    )
+    mark = jc.rec.mark()
+    run_id = jc.run_now("env task")
+    jc.rec.run_finished("env task", since=mark)
+    log_path = jc.run(run_id).log_path
+    assert log_path is not None
+    expected = f"env task|{run_id}|hello world|{workdir.resolve()}\n"
+    assert Path(log_path).read_text() == expected
+
+
+def test_log_holds_stdout_and_stderr_and_empty_output_leaves_no_file(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(
+        task("chatty", "echo to-stdout; echo to-stderr >&2; exit 4", active=True),
+        task("quiet", "true", active=True),
+    )
+    mark = jc.rec.mark()
+    chatty = jc.run_now("chatty")
+    quiet = jc.run_now("quiet")
+    jc.rec.run_finished("chatty", since=mark)
+    jc.rec.run_finished("quiet", since=mark)
+
+    log_path = jc.run(chatty).log_path
+    assert log_path is not None
+    assert Path(log_path).read_text().splitlines() == ["to-stdout", "to-stderr"]
+    assert jc.run(chatty).exit_status == 4
+
+    assert jc.run(quiet).log_path is None
+    quiet_dir = jc.log_root / f"job-{jc.job('quiet').id}"
+    assert not quiet_dir.exists() or list(quiet_dir.iterdir()) == []
+
+
+def test_only_the_newest_max_log_files_are_kept(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(task("rotating", 'echo "run $JOBCONTROL_RUN_ID"', max_log_files=2, active=True))
+    run_ids = []
+    for _ in range(4):
+        mark = jc.rec.mark()
+        run_ids.append(jc.run_now("rotating"))
+        jc.rec.run_finished("rotating", since=mark)
+
+    job_dir = jc.log_root / f"job-{jc.job('rotating').id}"
+    kept = sorted(job_dir.iterdir())
+    assert len(kept) == 2
+    newest, second, *older = jc.runs("rotating")
+    assert [r.id for r in (newest, second)] == run_ids[:1:-1]
+    assert {newest.log_path, second.log_path} == {str(p) for p in kept}
+    assert [r.log_path for r in older] == [None, None]
+    for r in (newest, second):
+        assert r.log_path is not None
+        assert Path(r.log_path).read_text() == f"run {r.id}\n"
+
+
+# ---------------------------------------------------------------- history
+
+
+def test_history_lists_runs_newest_first_and_paginates(jc: JC) -> None:
+    jc.create(
+        box("Periodic", timer="every 10s", active=True),
+        task("t", "true", "Periodic", active=True),
+    )
+    for _ in range(2):
+        mark = jc.rec.mark()
+        jc.advance(10)
+        jc.rec.run_finished("Periodic", since=mark)
+    mark = jc.rec.mark()
+    jc.run_now("t")
+    jc.rec.run_finished("t", since=mark)
+    jc.modify("t", command="exit 2")
+    mark = jc.rec.mark()
+    jc.run_now("t")
+    jc.rec.run_finished("t", since=mark)
+
+    history = jc.runs("t")
+    assert [(r.trigger, r.state, r.exit_status) for r in history] == [
+        ("manual", "failed", 2),
+        ("manual", "succeeded", 0),
+        ("timer", "succeeded", 0),
+        ("timer", "succeeded", 0),
+    ]
+    ids = [r.id for r in history]
+    assert ids == sorted(ids, reverse=True)
+    assert [r.requested_by for r in history] == [USER, USER, "jobdispatcher", "jobdispatcher"]
+    assert [r.started for r in history][2:] == [
+        T0 + timedelta(seconds=20),
+        T0 + timedelta(seconds=10),
+    ]
+
+    page1 = jc.runs("t", limit=3)
+    page2 = jc.runs("t", limit=3, before_id=page1[-1].id)
+    assert [r.id for r in page1 + page2] == ids
+    assert jc.runs("t", limit=3, before_id=page2[-1].id) == []
