@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jobcontrol.errors import JobControlError
+from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.store import Store, default_db_path, normalise_url, redact
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`jobcontrol ls --json | head`): no traceback, and
+        # nothing more for the interpreter to fail to flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
@@ -159,10 +164,6 @@ def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     from jobcontrol.daemon import DatabaseLease
     from jobcontrol.loader import load_definitions
 
-    if not DatabaseLease(store).available():
-        raise JobControlError(
-            f"a daemon is running on {redact(store.url)}; stop it first (jobcontrol daemon stop), then load"
-        )
     if args.file == "-":
         text, source = sys.stdin.read(), "<stdin>"
     else:
@@ -170,7 +171,21 @@ def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
             text, source = Path(args.file).read_text(), args.file
         except OSError as exc:
             raise JobControlError(f"cannot read {args.file}: {exc.strerror}") from None
-    result = load_definitions(engine, text, source, user=getpass.getuser(), replace=args.replace)
+    # Hold the lease (shared: loads may overlap) for the whole load: a daemon starting
+    # meanwhile would build its tree before the batch commits and never see the jobs.
+    lease = DatabaseLease(store)
+    try:
+        lease.acquire(shared=True)
+    except AlreadyRunningError:
+        raise JobControlError(
+            f"a daemon is running on {redact(store.url)}; stop it first (jobcontrol daemon stop), then load"
+        ) from None
+    try:
+        result = load_definitions(
+            engine, text, source, user=getpass.getuser(), replace=args.replace
+        )
+    finally:
+        lease.release()
     print(
         f"loaded {source}: {len(result.created)} created, {len(result.modified)} changed, {len(result.deleted)} deleted"
     )

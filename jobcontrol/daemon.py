@@ -70,14 +70,21 @@ class DaemonOptions:
 
 
 class DatabaseLease:
-    """Held for the daemon's whole life; refuses a second daemon on the same database."""
+    """Held for the daemon's whole life; refuses a second daemon on the same database.
+
+    ``load`` holds it shared while it writes, so no daemon starts in the middle.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._fd: int | None = None
         self._conn: Any = None
+        self._shared = False
 
-    def acquire(self) -> None:
+    def acquire(self, *, shared: bool = False) -> None:
+        """Exclusive for a daemon; ``shared`` for an offline edit (``load``), which only
+        needs to keep a daemon out, not other offline edits."""
+        self._shared = shared
         if self.store.is_sqlite:
             self._acquire_file()
         else:
@@ -87,20 +94,26 @@ class DatabaseLease:
         path = f"{self.store.sqlite_path}.daemon.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self._shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise AlreadyRunningError(
                 f"another Job Control daemon ({holder}) is running on {redact(self.store.url)}"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        if not self._shared:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
 
     def _acquire_advisory(self) -> None:
         conn = self.store.engine.connect()
-        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar()
+        lock = (
+            "SELECT pg_try_advisory_lock_shared(:k)"
+            if self._shared
+            else "SELECT pg_try_advisory_lock(:k)"
+        )
+        got = conn.execute(text(lock), {"k": ADVISORY_KEY}).scalar()
         conn.commit()
         if not got:
             conn.close()
@@ -124,7 +137,12 @@ class DatabaseLease:
             self._fd = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_KEY})
+                unlock = (
+                    "SELECT pg_advisory_unlock_shared(:k)"
+                    if self._shared
+                    else "SELECT pg_advisory_unlock(:k)"
+                )
+                self._conn.execute(text(unlock), {"k": ADVISORY_KEY})
                 self._conn.commit()
             self._conn.close()
             self._conn = None
