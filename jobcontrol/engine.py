@@ -190,8 +190,9 @@ class Engine:
                 job_id = self._create_one(conn, struct, new, fields, user, now)
                 result.created[new.name] = job_id
                 change.created.append(job_id)
+            prefetched = self._prefetch(conn, struct, [edit for edit, _ in changes])
             for edit, fields in changes:
-                changed = self._modify_one(conn, struct, edit, fields, user, now)
+                changed = self._modify_one(conn, struct, edit, fields, user, now, prefetched)
                 if changed:
                     change.modified[changed[0]] = changed[1]
             # Deletes go last, so a job the batch moves out of a doomed box survives it.
@@ -239,6 +240,19 @@ class Engine:
         struct.children.setdefault(parent_id, []).append(job_id)
         return job_id
 
+    @staticmethod
+    def _prefetch(
+        conn: Connection, struct: _Structure, edits: Sequence[JobChange]
+    ) -> dict[int, JobRecord]:
+        """The current rows of the jobs a batch modifies, in one query instead of one per job."""
+        ids: set[int] = set()
+        for edit in edits:
+            try:
+                ids.add(struct.resolve(edit.job).id)
+            except UnknownJobError:
+                pass  # refused in its turn by _modify_one
+        return {rec.id: rec for rec in queries.load_jobs(conn, sorted(ids))}
+
     def _resolve_parent(self, struct: _Structure, name: str, ref: JobRef) -> _Entry:
         try:
             parent = struct.resolve(ref)
@@ -272,6 +286,7 @@ class Engine:
         fields: dict[str, Any],
         user: str,
         now: Any,
+        prefetched: dict[int, JobRecord] | None = None,
     ) -> tuple[int, set[str]] | None:
         entry = struct.resolve(edit.job)
         name = entry.name
@@ -286,7 +301,8 @@ class Engine:
             raise JobError(
                 name, f"cannot rename to {fields['name']!r}: a job with that name exists"
             )
-        current = queries.get_job(conn, entry.id)
+        # A prefetched row is used once: a second change to the same job reads it afresh.
+        current = (prefetched or {}).pop(entry.id, None) or queries.get_job(conn, entry.id)
         assert current is not None
         changed = {k for k, v in fields.items() if getattr(current, k) != v}
         if not changed:

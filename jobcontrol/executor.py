@@ -179,20 +179,29 @@ class LocalExecutor:
                     self._cond.wait(POLL_SECONDS)
                     if self._stopping:
                         return
+                hinted = self._work_hint > 0
                 self._work_hint = max(0, self._work_hint - 1)
             try:
-                run = self._claim()
+                run = self._claim(hinted)
             except Exception:
                 log.exception("claiming a task run failed")
                 continue
             if run is None:
                 continue
-            with self._cond:
-                self._work_hint += 1  # there may be more: let another slot look
-                self._cond.notify()
+            if not hinted:
+                # Found by polling, not announced: there may be more, let another slot look.
+                # (Announced work is counted in _work_hint, one wake-up per queued run.)
+                with self._cond:
+                    self._work_hint += 1
+                    self._cond.notify()
             self._execute(run)
 
-    def _claim(self) -> RunRecord | None:
+    def _claim(self, hinted: bool = True) -> RunRecord | None:
+        if not hinted:
+            # A poll: look first with a read, so idle slots take no write lock.
+            with self.store.read() as conn:
+                if not queries.any_queued(conn, self.queues):
+                    return None
         with self.store.write() as conn:
             return queries.claim_run(
                 conn,

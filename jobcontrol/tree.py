@@ -199,6 +199,10 @@ class Evaluator:
     def evaluate_tree(self, top: Node) -> datetime | None:
         """Re-evaluate one top-level tree; returns when its timer should fire (misfire applied)."""
         self.evaluate_level([top], sort=False)
+        return self.tree_due(top)
+
+    def tree_due(self, top: Node) -> datetime | None:
+        """When an already evaluated top-level tree's timer should fire (misfire applied)."""
         due = top.timer_due
         if due is None or due > self.now or top.job.misfire is Misfire.RUN_ONCE:
             return due

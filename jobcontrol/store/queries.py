@@ -3,16 +3,35 @@
 Values are always bound. Run state writes are compare-and-set
 (``WHERE state IN :expected``); a zero row count means a lost race and the
 caller decides what that means.
+
+The statements on the dispatcher's and executor's hot paths (one set per task
+run, one per edited job) are built once with ``bindparam`` placeholders and
+reused: building a statement and computing its cache key costs more than
+executing it (bench/README.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Row, and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    Select,
+    Update,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from jobcontrol.model import (
     ACTIVE_RUN_STATES,
@@ -30,34 +49,100 @@ from jobcontrol.store.schema import job, run
 # ---------------------------------------------------------------- jobs
 
 
+# The columns every JobRecord is read from, in the order _job_from_row unpacks them.
+_JOB_COLUMNS = (
+    job.c.id,
+    job.c.name,
+    job.c.kind,
+    job.c.parent_id,
+    job.c.description,
+    job.c.job_order,
+    job.c.command,
+    job.c.timer,
+    job.c.active,
+    job.c.on_error,
+    job.c.box_type,
+    job.c.exit_status,
+    job.c.last_ran,
+    job.c.next_runs,
+    job.c.last_duration_ms,
+    job.c.last_updated,
+    job.c.updated_by,
+    job.c.version,
+    job.c.queue,
+    job.c.priority,
+    job.c.timeout_s,
+    job.c.max_log_files,
+    job.c.misfire,
+    job.c.cwd,
+    job.c.env,
+)
+# Enum(value) is slow; a dict lookup per column matters when loading 100,000 jobs.
+_KINDS = {str(m): m for m in Kind}
+_ON_ERRORS = {str(m): m for m in OnError}
+_BOX_TYPES = {str(m): m for m in BoxType}
+_MISFIRES = {str(m): m for m in Misfire}
+
+
+def _select_jobs() -> Select[Any]:
+    return select(*_JOB_COLUMNS)
+
+
 def _job_from_row(row: Row[Any]) -> JobRecord:
-    m = row._mapping
+    """A row of ``_select_jobs()`` as a JobRecord."""
+    (
+        id_,
+        name,
+        kind,
+        parent_id,
+        description,
+        job_order,
+        command,
+        timer,
+        active,
+        on_error,
+        box_type,
+        exit_status,
+        last_ran,
+        next_runs,
+        last_duration_ms,
+        last_updated,
+        updated_by,
+        version,
+        queue,
+        priority,
+        timeout_s,
+        max_log_files,
+        misfire,
+        cwd,
+        env,
+    ) = cast(tuple[Any, ...], row)
     return JobRecord(
-        id=m["id"],
-        name=m["name"],
-        kind=Kind(m["kind"]),
-        parent_id=m["parent_id"],
-        description=m["description"],
-        job_order=m["job_order"],
-        command=m["command"],
-        timer=m["timer"],
-        active=bool(m["active"]),
-        on_error=OnError(m["on_error"]),
-        box_type=BoxType(m["box_type"]),
-        exit_status=m["exit_status"],
-        last_ran=m["last_ran"],
-        next_runs=m["next_runs"],
-        last_duration_ms=m["last_duration_ms"],
-        last_updated=m["last_updated"],
-        updated_by=m["updated_by"],
-        version=m["version"],
-        queue=m["queue"],
-        priority=m["priority"],
-        timeout_s=m["timeout_s"],
-        max_log_files=m["max_log_files"],
-        misfire=Misfire(m["misfire"]),
-        cwd=m["cwd"],
-        env=json.loads(m["env"]) if m["env"] else {},
+        id=id_,
+        name=name,
+        kind=_KINDS[kind],
+        parent_id=parent_id,
+        description=description,
+        job_order=job_order,
+        command=command,
+        timer=timer,
+        active=bool(active),
+        on_error=_ON_ERRORS[on_error],
+        box_type=_BOX_TYPES[box_type],
+        exit_status=exit_status,
+        last_ran=last_ran,
+        next_runs=next_runs,
+        last_duration_ms=last_duration_ms,
+        last_updated=last_updated,
+        updated_by=updated_by,
+        version=version,
+        queue=queue,
+        priority=priority,
+        timeout_s=timeout_s,
+        max_log_files=max_log_files,
+        misfire=_MISFIRES[misfire],
+        cwd=cwd,
+        env=json.loads(env) if env else {},
     )
 
 
@@ -75,7 +160,8 @@ def job_values(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_all_jobs(conn: Connection) -> list[JobRecord]:
-    return [_job_from_row(r) for r in conn.execute(select(job).order_by(job.c.id))]
+    result = conn.execute(_select_jobs().order_by(job.c.id))
+    return [_job_from_row(r) for rows in result.partitions(5000) for r in rows]
 
 
 def load_jobs(conn: Connection, ids: Iterable[int]) -> list[JobRecord]:
@@ -83,17 +169,22 @@ def load_jobs(conn: Connection, ids: Iterable[int]) -> list[JobRecord]:
     found: list[JobRecord] = []
     for start in range(0, len(ids), 500):  # keep IN lists within SQLite's variable limit
         chunk = ids[start : start + 500]
-        found.extend(_job_from_row(r) for r in conn.execute(select(job).where(job.c.id.in_(chunk))))
+        rows = conn.execute(_select_jobs().where(job.c.id.in_(chunk)))
+        found.extend(_job_from_row(r) for r in rows)
     return found
 
 
+_GET_JOB = _select_jobs().where(job.c.id == bindparam("w_id"))
+_GET_JOB_BY_NAME = _select_jobs().where(job.c.name == bindparam("w_name"))
+
+
 def get_job(conn: Connection, job_id: int) -> JobRecord | None:
-    row = conn.execute(select(job).where(job.c.id == job_id)).first()
+    row = conn.execute(_GET_JOB, {"w_id": job_id}).first()
     return _job_from_row(row) if row else None
 
 
 def get_job_by_name(conn: Connection, name: str) -> JobRecord | None:
-    row = conn.execute(select(job).where(job.c.name == name)).first()
+    row = conn.execute(_GET_JOB_BY_NAME, {"w_name": name}).first()
     return _job_from_row(row) if row else None
 
 
@@ -111,20 +202,35 @@ def parent_links(conn: Connection) -> dict[int, int | None]:
     return {r.id: r.parent_id for r in conn.execute(select(job.c.id, job.c.parent_id))}
 
 
+_INSERT_JOB = insert(job).returning(job.c.id)
+
+
 def insert_job(conn: Connection, values: Mapping[str, Any]) -> int:
-    result = conn.execute(insert(job).values(**job_values(values)).returning(job.c.id))
-    return int(result.scalar_one())
+    # The columns are the keys given; the others get their defaults, as with .values().
+    return int(conn.execute(_INSERT_JOB, job_values(values)).scalar_one())
+
+
+@functools.lru_cache(maxsize=512)
+def _update_job_stmt(columns: tuple[str, ...], versioned: bool) -> Update:
+    stmt = update(job).where(job.c.id == bindparam("w_id"))
+    if versioned:
+        stmt = stmt.where(job.c.version == bindparam("w_version"))
+    sets: dict[str, Any] = {col: bindparam(f"v_{col}") for col in columns}
+    return stmt.values({**sets, "version": job.c.version + 1})
 
 
 def update_job(
     conn: Connection, job_id: int, values: Mapping[str, Any], expected_version: int | None
 ) -> bool:
     """A user edit: bumps the version; with ``expected_version`` it is compare-and-set."""
-    stmt = update(job).where(job.c.id == job_id)
+    vals = job_values(values)
+    vals.pop("version", None)  # always bumped by one, never set
+    stmt = _update_job_stmt(tuple(sorted(vals)), expected_version is not None)
+    params = {f"v_{k}": v for k, v in vals.items()}
+    params["w_id"] = job_id
     if expected_version is not None:
-        stmt = stmt.where(job.c.version == expected_version)
-    stmt = stmt.values(**job_values(values), version=job.c.version + 1)
-    return conn.execute(stmt).rowcount == 1
+        params["w_version"] = expected_version
+    return conn.execute(stmt, params).rowcount == 1
 
 
 def delete_job(conn: Connection, job_id: int) -> None:
@@ -144,17 +250,30 @@ def write_schedule(conn: Connection, rows: Sequence[tuple[int, datetime | None, 
     conn.execute(stmt, [{"b_id": i, "b_next": n, "b_order": o} for i, n, o in rows])
 
 
+_WRITE_NEXT_RUNS = (
+    update(job).where(job.c.id == bindparam("w_id")).values(next_runs=bindparam("v_next"))
+)
+_WRITE_JOB_RESULT = (
+    update(job)
+    .where(job.c.id == bindparam("w_id"))
+    .values(
+        last_ran=bindparam("v_ran"),
+        exit_status=bindparam("v_status"),
+        last_duration_ms=bindparam("v_duration"),
+    )
+)
+
+
 def write_next_runs(conn: Connection, job_id: int, next_runs: datetime | None) -> None:
-    conn.execute(update(job).where(job.c.id == job_id).values(next_runs=next_runs))
+    conn.execute(_WRITE_NEXT_RUNS, {"w_id": job_id, "v_next": next_runs})
 
 
 def write_job_result(
     conn: Connection, job_id: int, last_ran: datetime, exit_status: int, duration_ms: int
 ) -> None:
     conn.execute(
-        update(job)
-        .where(job.c.id == job_id)
-        .values(last_ran=last_ran, exit_status=exit_status, last_duration_ms=duration_ms)
+        _WRITE_JOB_RESULT,
+        {"w_id": job_id, "v_ran": last_ran, "v_status": exit_status, "v_duration": duration_ms},
     )
 
 
@@ -181,25 +300,48 @@ def insert_run(conn: Connection, values: Mapping[str, Any]) -> int:
     for key in ("kind", "trigger", "state"):
         if key in vals:
             vals[key] = str(vals[key])
-    return int(conn.execute(insert(run).values(**vals).returning(run.c.id)).scalar_one())
+    return int(conn.execute(_INSERT_RUN, vals).scalar_one())
+
+
+_INSERT_RUN = insert(run).returning(run.c.id)
+_GET_RUN = select(run).where(run.c.id == bindparam("w_id"))
 
 
 def get_run(conn: Connection, run_id: int) -> RunRecord | None:
-    row = conn.execute(select(run).where(run.c.id == run_id)).first()
+    row = conn.execute(_GET_RUN, {"w_id": run_id}).first()
     return _run_from_row(row) if row else None
+
+
+@functools.lru_cache(maxsize=256)
+def _transition_stmt(columns: tuple[str, ...]) -> Update:
+    return (
+        update(run)
+        .where(
+            run.c.id == bindparam("w_id"), run.c.state.in_(bindparam("w_expected", expanding=True))
+        )
+        .values({col: bindparam(f"v_{col}") for col in columns})
+    )
 
 
 def transition_run(
     conn: Connection, run_id: int, expected: Iterable[RunState], values: Mapping[str, Any]
 ) -> bool:
     """Compare-and-set a run's state (and other columns); False if the state was not expected."""
-    vals = {k: (str(v) if k == "state" else v) for k, v in values.items()}
-    stmt = (
-        update(run)
-        .where(run.c.id == run_id, run.c.state.in_([str(s) for s in expected]))
-        .values(**vals)
-    )
-    return conn.execute(stmt).rowcount == 1
+    params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
+    params["w_id"] = run_id
+    params["w_expected"] = [str(s) for s in expected]
+    return conn.execute(_transition_stmt(tuple(sorted(values))), params).rowcount == 1
+
+
+@functools.lru_cache(maxsize=8)
+def _pick_stmt(by_queue: bool, skip_locked: bool) -> Select[Any]:
+    pick = select(run.c.id).where(run.c.state == str(RunState.QUEUED))
+    if by_queue:
+        pick = pick.where(run.c.queue.in_(bindparam("w_queues", expanding=True)))
+    pick = pick.order_by(run.c.priority.desc(), run.c.id).limit(1)
+    if skip_locked:
+        pick = pick.with_for_update(skip_locked=True)
+    return pick
 
 
 def claim_run(
@@ -217,13 +359,9 @@ def claim_run(
     concurrent claimers never wait on each other; on SQLite the caller's
     ``BEGIN IMMEDIATE`` serialises claimers.
     """
-    pick = select(run.c.id).where(run.c.state == str(RunState.QUEUED))
-    if queues is not None:
-        pick = pick.where(run.c.queue.in_(list(queues)))
-    pick = pick.order_by(run.c.priority.desc(), run.c.id).limit(1)
-    if skip_locked:
-        pick = pick.with_for_update(skip_locked=True)
-    run_id = conn.execute(pick).scalar_one_or_none()
+    pick = _pick_stmt(queues is not None, skip_locked)
+    params = {} if queues is None else {"w_queues": list(queues)}
+    run_id = conn.execute(pick, params).scalar_one_or_none()
     if run_id is None:
         return None
     claimed = transition_run(
@@ -235,8 +373,21 @@ def claim_run(
     return get_run(conn, run_id) if claimed else None
 
 
+def any_queued(conn: Connection, queues: Sequence[str] | None) -> bool:
+    """Whether a claim could find work (a read: no lock is taken)."""
+    params = {} if queues is None else {"w_queues": list(queues)}
+    return conn.execute(_pick_stmt(queues is not None, False), params).first() is not None
+
+
+_SET_RUN_PID = (
+    update(run)
+    .where(run.c.id == bindparam("w_id"))
+    .values(pid=bindparam("v_pid"), log_path=bindparam("v_log"))
+)
+
+
 def set_run_pid(conn: Connection, run_id: int, pid: int, log_path: str | None) -> None:
-    conn.execute(update(run).where(run.c.id == run_id).values(pid=pid, log_path=log_path))
+    conn.execute(_SET_RUN_PID, {"w_id": run_id, "v_pid": pid, "v_log": log_path})
 
 
 def request_kill(conn: Connection, run_id: int) -> None:
