@@ -1,0 +1,188 @@
+"""A SEQUENCE box of 1,000 ``true`` tasks started by its timer, against a bare subprocess loop.
+
+Engine: a top-level active SEQUENCE box with timer ``at <a whole second >= 2 s
+ahead>`` and 1,000 active tasks each running ``true``, with the production
+defaults (SystemClock, APScheduler timers, the embedded executor). Measured:
+from the timer's due time (the ``schedule_changed`` signal's ``next_runs``) to
+the box's ``run_finished`` signal.
+
+The box is fired twice (the timer is set again to a new ``at`` for the second
+firing): the first firing is every task's first run, the second is the steady
+state. The target is checked on the first firing.
+
+Baseline (same run): ``subprocess.run(["/bin/sh", "-c", "true"])`` 1,000 times
+in a plain Python loop, measured before and after the engine run (the mean is
+used). Also shown: CPU seconds of the daemon process per task against the
+baseline loop's (a figure a loaded machine disturbs less than wall time).
+
+Target: engine time <= 1.5 x baseline.
+
+    .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--json]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as c
+
+from jobcontrol import (
+    Batch,
+    Dispatcher,
+    DispatcherConfig,
+    Engine,
+    JobChange,
+    Kind,
+    NewJob,
+    Store,
+    events,
+)
+from jobcontrol.store import queries
+
+TARGET_RATIO = 1.5
+BOX = "bench-sequence"
+
+
+def baseline(n: int) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds for n x subprocess.run."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        subprocess.run(["/bin/sh", "-c", "true"], check=False)
+    return time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def engine_run(url: str, logs: Path, n: int, firings: int = 2) -> list[dict[str, float]]:
+    """Create the box and its tasks, then fire it ``firings`` times by its ``at`` timer."""
+    store = Store(url)
+    store.upgrade()
+    dispatcher = Dispatcher(store, DispatcherConfig(log_root=logs))
+    engine = Engine(store, dispatcher)
+    dispatcher.start()
+    marks: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def on_schedule(_sender: Any, *, job_id: int, name: str, next_runs: Any) -> None:
+        if name == BOX and next_runs is not None:
+            marks["due"] = next_runs
+
+    def on_started(_sender: Any, *, run: dict[str, Any]) -> None:
+        if run["job_name"] != BOX and "first_task" not in marks:
+            marks["first_task"] = time.time()
+
+    def on_finished(_sender: Any, *, run: dict[str, Any]) -> None:
+        if run["job_name"] == BOX:
+            marks["box_finished"] = time.time()
+            marks["cpu_finished"] = time.process_time()
+            marks["box_status"] = run["exit_status"]
+            finished.set()
+
+    events.schedule_changed.connect(on_schedule, weak=False)
+    events.run_started.connect(on_started, weak=False)
+    events.run_finished.connect(on_finished, weak=False)
+    results = []
+    try:
+        t0 = time.perf_counter()
+        creates = [NewJob(BOX, Kind.BOX, None, {"box_type": "sequence", "active": False})]
+        creates += [
+            NewJob(f"seq-task-{i:05d}", Kind.TASK, BOX, {"active": True, "command": "true"})
+            for i in range(n)
+        ]
+        engine.apply_batch(Batch(creates=creates), user="bench")
+        setup = time.perf_counter() - t0
+        for firing in range(firings):
+            marks.clear()
+            finished.clear()
+            # Arm: a whole second at least 2 s ahead, in the daemon's local zone.
+            at = (datetime.now().astimezone() + timedelta(seconds=3)).replace(microsecond=0)
+            change = {"timer": f"at {at:%Y-%m-%dT%H:%M:%S}", "active": True}
+            engine.modify_jobs([JobChange(BOX, change)], user="bench")
+            due = marks["due"].timestamp()
+            if due != at.timestamp():
+                raise SystemExit(f"armed for {marks['due']}, expected {at}")
+            time.sleep(max(0.0, due - time.time() - 0.5))
+            cpu0 = time.process_time()
+            if not finished.wait(300):
+                raise SystemExit("the box did not finish within 300 s")
+            with store.read() as conn:
+                runs = queries.count_runs(conn)
+            if marks["box_status"] != 0 or runs != (n + 1) * (firing + 1):
+                raise SystemExit(f"unexpected outcome: status {marks['box_status']}, {runs} runs")
+            results.append(
+                {
+                    "setup_s": setup,
+                    "total_s": marks["box_finished"] - due,
+                    "cpu_s": marks["cpu_finished"] - cpu0,
+                    "fire_to_first_task_s": marks["first_task"] - due,
+                }
+            )
+        return results
+    finally:
+        events.schedule_changed.disconnect(on_schedule)
+        events.run_started.disconnect(on_started)
+        events.run_finished.disconnect(on_finished)
+        dispatcher.stop(timeout=30)
+        store.dispose()
+
+
+def bench(store_name: str, url: str, logs: Path, n: int) -> c.Report:
+    print(f"[{store_name}] baseline: {n} x subprocess.run(['/bin/sh','-c','true']) ...", flush=True)
+    base1, base_cpu1 = baseline(n)
+    print(
+        f"[{store_name}] engine: SEQUENCE box of {n} tasks, fired twice by its timer ...",
+        flush=True,
+    )
+    first, second = engine_run(url, logs, n)
+    base2, base_cpu2 = baseline(n)
+    base, base_cpu = (base1 + base2) / 2, (base_cpu1 + base_cpu2) / 2
+    rep = c.Report("bench_sequence", store_name)
+    rep.add("tasks", n, "")
+    rep.add("engine: due -> box run_finished", first["total_s"], "s")
+    rep.add("engine: per task", first["total_s"] / n * 1000, "ms")
+    rep.add("engine: due -> first task started", first["fire_to_first_task_s"] * 1000, "ms")
+    rep.add("engine: 2nd firing, due -> run_finished", second["total_s"], "s")
+    rep.add("engine: 2nd firing, per task", second["total_s"] / n * 1000, "ms")
+    rep.add("engine: daemon CPU per task (1st firing)", first["cpu_s"] / n * 1000, "ms")
+    rep.add("engine: setup (one batch creating the tree)", first["setup_s"], "s")
+    rep.add("baseline: subprocess loop (before)", base1, "s")
+    rep.add("baseline: subprocess loop (after)", base2, "s")
+    rep.add("baseline: subprocess loop (mean)", base, "s")
+    rep.add("baseline: per task (mean)", base / n * 1000, "ms")
+    rep.add("baseline: CPU per task (mean)", base_cpu / n * 1000, "ms")
+    rep.ratios["engine / baseline"] = c.ratio(first["total_s"], base)
+    rep.ratios["2nd firing / baseline"] = c.ratio(second["total_s"], base)
+    rep.ratios["CPU per task, engine / baseline"] = c.ratio(first["cpu_s"], base_cpu)
+    rep.checks.append(
+        c.Check("engine / baseline", rep.ratios["engine / baseline"], TARGET_RATIO, "x", True)
+    )
+    rep.notes.append(
+        "the 1st firing is each task's first run (the executor creates one log directory per job);"
+        " the 2nd firing is the steady state"
+    )
+    return rep
+
+
+def main() -> int:
+    p = c.parser(__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=int, default=1000)
+    args = p.parse_args()
+    reports = []
+    with c.temp_dir("sequence") as tmp:
+        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp / "logs", args.tasks))
+        if args.pg:
+            with c.postgres("bench_sequence") as url:
+                reports.append(bench("postgresql", url, tmp / "pg-logs", args.tasks))
+    for rep in reports:
+        rep.print(as_json=args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
