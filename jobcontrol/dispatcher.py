@@ -94,6 +94,7 @@ class Dispatcher(RunMachine):
         self.clock: Clock = clock or SystemClock()
         self.timers: TimerService = timers or APSchedulerTimers()
         self.default_tz: tzinfo = config.default_tz or _local_tz()
+        self.default_max_log_files = config.default_max_log_files
         self.protocol = TreeStateProtocol(config.edit_timeout)
         self.tree = JobTree()
         self.tree_runs: dict[int, TreeRun] = {}
@@ -201,7 +202,7 @@ class Dispatcher(RunMachine):
         self._queue.put((lambda: self._wait_elapsed(run_id), None))
 
     def _on_task_finished(self, outcome: TaskOutcome) -> None:
-        self._queue.put((lambda: self._task_done(outcome.run_id, outcome.exit_status), None))
+        self._queue.put((lambda: self._task_done(outcome), None))
 
     def _loop(self) -> None:
         while True:
@@ -229,8 +230,8 @@ class Dispatcher(RunMachine):
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(exc)
             raise
-        if tx.wake_executor:
-            self.executor.wake(tx.wake_executor)
+        if tx.offers:
+            self.executor.offer(tx.offers)
         for after in tx.after_commit:
             try:
                 after()

@@ -15,10 +15,12 @@ import signal as signals
 import socket
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -30,15 +32,51 @@ from jobcontrol.timers import Clock
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
+# A task still running after this long gets its pid recorded at once; a shorter
+# one records it with its outcome, saving a write on the path between tasks.
+PID_RECORD_DELAY = 0.05
 
 
 @dataclass(frozen=True)
 class TaskOutcome:
+    """How a task run ended. ``record`` holds the run row's final values for the
+    dispatcher to write (compare-and-set from running) in the same transaction as
+    its reaction; None when the executor already recorded the end itself."""
+
     run_id: int
     exit_status: int
     state: RunState
     signal: int | None
     reason: str | None
+    record: dict[str, Any] | None = None
+    job_id: int | None = None
+    max_log_files: int | None = None
+
+
+def record_outcome(conn: Connection, outcome: TaskOutcome, default_max_log_files: int) -> list[str]:
+    """Write a task's end; returns log files past the job's ``max_log_files`` to delete after commit."""
+    if outcome.record is None:
+        return []
+    if not queries.transition_run(conn, outcome.run_id, [RunState.RUNNING], outcome.record):
+        log.warning("task run %s was no longer running when it ended", outcome.run_id)
+        return []
+    if outcome.record.get("log_path") is None or outcome.job_id is None:
+        return []
+    keep = outcome.max_log_files or default_max_log_files
+    stale = queries.log_paths_to_prune(conn, outcome.job_id, keep)
+    queries.forget_log(conn, [rid for rid, _ in stale])
+    return [path for _, path in stale]
+
+
+def delete_logs(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+            log.debug("Deleting %s", path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            log.exception("could not prune log file %s", path)
 
 
 @dataclass
@@ -46,6 +84,7 @@ class _Active:
     run: RunRecord
     proc: subprocess.Popen[bytes] | None = None
     kill_reason: str | None = None
+    pid: int | None = None
 
 
 class LocalExecutor:
@@ -74,7 +113,8 @@ class LocalExecutor:
         self.host = socket.gethostname()
         self.worker = f"{self.host}:{os.getpid()}:local"
         self._cond = threading.Condition()
-        self._work_hint = 0
+        self._offers: deque[int] = deque()
+        self._poll_hint = 0
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._active: dict[int, _Active] = {}
@@ -90,11 +130,17 @@ class LocalExecutor:
             t.start()
             self._threads.append(t)
 
-    def wake(self, count: int = 1) -> None:
-        """Work is available (the "work available" push)."""
+    def offer(self, run_ids: list[int]) -> None:
+        """Runs were queued (the "work available" push, naming them)."""
         with self._cond:
-            self._work_hint += count
-            self._cond.notify(count)
+            self._offers.extend(run_ids)
+            self._cond.notify(len(run_ids))
+
+    def wake(self) -> None:
+        """Work may be available: let a slot look (used when the runs are not known)."""
+        with self._cond:
+            self._poll_hint += 1
+            self._cond.notify()
 
     def running_count(self) -> int:
         with self._cond:
@@ -170,45 +216,51 @@ class LocalExecutor:
 
     # ---------------------------------------------------------- slots
 
+    def _next_work(self) -> tuple[int | None] | None:
+        """The next announced run id, ``(None,)`` to poll the queue, or None to stop."""
+        with self._cond:
+            while not self._stopping:
+                if self._offers:
+                    return (self._offers.popleft(),)
+                if self._poll_hint:
+                    self._poll_hint -= 1
+                    return (None,)
+                if not self._cond.wait(POLL_SECONDS):
+                    return (None,)  # the back-up poll, for work nobody announced
+            return None
+
     def _slot_loop(self) -> None:
-        while True:
-            with self._cond:
-                if self._stopping:
-                    return
-                if self._work_hint <= 0:
-                    self._cond.wait(POLL_SECONDS)
-                    if self._stopping:
-                        return
-                hinted = self._work_hint > 0
-                self._work_hint = max(0, self._work_hint - 1)
+        while (work := self._next_work()) is not None:
+            (run_id,) = work
             try:
-                run = self._claim(hinted)
+                run = self._claim(run_id)
             except Exception:
                 log.exception("claiming a task run failed")
                 continue
             if run is None:
                 continue
-            if not hinted:
-                # Found by polling, not announced: there may be more, let another slot look.
-                # (Announced work is counted in _work_hint, one wake-up per queued run.)
-                with self._cond:
-                    self._work_hint += 1
-                    self._cond.notify()
+            if run_id is None:
+                self.wake()  # found by polling: there may be more
             self._execute(run)
 
-    def _claim(self, hinted: bool = True) -> RunRecord | None:
-        if not hinted:
-            # A poll: look first with a read, so idle slots take no write lock.
-            with self.store.read() as conn:
-                if not queries.any_queued(conn, self.queues):
-                    return None
+    def _claim(self, run_id: int | None) -> RunRecord | None:
+        now = self.clock.now()
+        if run_id is not None:
+            with self.store.write() as conn:
+                return queries.claim_run_by_id(
+                    conn, run_id, worker=self.worker, host=self.host, now=now
+                )
+        # A poll: look first with a read, so idle slots take no write lock.
+        with self.store.read() as conn:
+            if not queries.any_queued(conn, self.queues):
+                return None
         with self.store.write() as conn:
             return queries.claim_run(
                 conn,
                 queues=self.queues,
                 worker=self.worker,
                 host=self.host,
-                now=self.clock.now(),
+                now=now,
                 skip_locked=not self.store.is_sqlite,
             )
 
@@ -237,7 +289,7 @@ class LocalExecutor:
                 outcome = TaskOutcome(run.id, 1, RunState.FAILED, None, "executor error")
             with self._cond:
                 self._active.pop(run.id, None)
-            self._finish(run, outcome, started, log_path)
+            self._finish(active, outcome, started, log_path)
 
     def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
         run = active.run
@@ -257,11 +309,10 @@ class LocalExecutor:
                 active.proc = proc
                 if active.kill_reason is not None:
                     self._start_killer(active)
-            with self.store.write() as conn:
-                queries.set_run_pid(conn, run.id, proc.pid, str(log_path))
+            active.pid = proc.pid
             timed_out = False
             try:
-                rc = proc.wait(timeout=run.timeout_s)
+                rc = self._wait_recording_pid(proc, run, log_path)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 with self._cond:
@@ -276,6 +327,22 @@ class LocalExecutor:
                 rc = proc.wait()
         return _outcome(run, rc, active.kill_reason, timed_out)
 
+    def _wait_recording_pid(
+        self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: Path
+    ) -> int:
+        """Wait for the task; record its pid once it has run ``PID_RECORD_DELAY``."""
+        timeout = run.timeout_s
+        if timeout is None or timeout > PID_RECORD_DELAY:
+            try:
+                return proc.wait(timeout=PID_RECORD_DELAY)
+            except subprocess.TimeoutExpired:
+                pass
+            with self.store.write() as conn:
+                queries.set_run_pid(conn, run.id, proc.pid, str(log_path))
+            if timeout is not None:
+                timeout -= PID_RECORD_DELAY
+        return proc.wait(timeout=timeout)
+
     # ---------------------------------------------------------- logs and the record
 
     def _log_path(self, run: RunRecord, started: datetime) -> Path:
@@ -286,7 +353,7 @@ class LocalExecutor:
         return job_dir / f"{started:%Y%m%d-%H%M%S}-run{run.id}.log"
 
     def _finish(
-        self, run: RunRecord, outcome: TaskOutcome, started: datetime, log_path: Path | None
+        self, active: _Active, outcome: TaskOutcome, started: datetime, log_path: Path | None
     ) -> None:
         kept: str | None = None
         if log_path is not None:
@@ -298,7 +365,7 @@ class LocalExecutor:
             except FileNotFoundError:
                 pass
         ended = self.clock.now()
-        values = {
+        record = {
             "state": outcome.state,
             "exit_status": outcome.exit_status,
             "signal": outcome.signal,
@@ -306,34 +373,21 @@ class LocalExecutor:
             "ended": ended,
             "duration_ms": max(0, int((ended - started).total_seconds() * 1000)),
             "log_path": kept,
+            "pid": active.pid,
         }
-        try:
-            with self.store.write() as conn:
-                if not queries.transition_run(conn, run.id, [RunState.RUNNING], values):
-                    log.warning("task run %s was no longer running when it ended", run.id)
-                if kept is not None and run.job_id is not None:
-                    self._prune_logs(conn, run)
-        except Exception:
-            log.exception("could not record the end of task run %s", run.id)
-        self.on_finished(outcome)
-
-    def _prune_logs(self, conn: Connection, run: RunRecord) -> None:
-        assert run.job_id is not None
-        keep = run_max_logs(run, self.default_max_log_files)
-        stale = queries.log_paths_to_prune(conn, run.job_id, keep)
-        for _, path in stale:
-            try:
-                os.unlink(path)
-                log.debug("Deleting %s", path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                log.exception("could not prune log file %s", path)
-        queries.forget_log(conn, [rid for rid, _ in stale])
-
-
-def run_max_logs(run: RunRecord, default: int) -> int:
-    return run.max_log_files if run.max_log_files else default
+        run = active.run
+        self.on_finished(
+            TaskOutcome(
+                outcome.run_id,
+                outcome.exit_status,
+                outcome.state,
+                outcome.signal,
+                outcome.reason,
+                record=record,
+                job_id=run.job_id,
+                max_log_files=run.max_log_files,
+            )
+        )
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from jobcontrol import events
+from jobcontrol.executor import TaskOutcome, delete_logs, record_outcome
 from jobcontrol.model import (
     KILLED_STATUS,
     BoxType,
@@ -94,7 +95,7 @@ class Tx:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.wake_executor = 0
+        self.offers: list[int] = []  # task runs queued, announced to the executor after commit
         self.after_commit: list[Callable[[], object]] = []
 
     def after(self, fn: Callable[[], object]) -> None:
@@ -109,6 +110,7 @@ class RunMachine:
     executor: LocalExecutor
     tree_runs: dict[int, TreeRun]
     frames: dict[int, Frame]
+    default_max_log_files: int
 
     @property
     def tx(self) -> Tx:
@@ -156,7 +158,7 @@ class RunMachine:
         if is_task:
             log.info("Running Task %s", job.name)
             tr.current_task = frame
-            self.tx.wake_executor += 1
+            self.tx.offers.append(run_id)
             return None
         log.debug("Entering Box %s", job.name)
         frame.children = sorted(node.children, key=sort_key)
@@ -320,17 +322,21 @@ class RunMachine:
             frame, result = parent, outcome
         self._tree_done(frame.tree_run, result)
 
-    def _task_done(self, run_id: int, exit_status: int) -> None:
-        frame = self.frames.get(run_id)
+    def _task_done(self, outcome: TaskOutcome) -> None:
+        """The executor reports a task's end: record it with the reaction, in one transaction."""
+        stale_logs = record_outcome(self.tx.conn, outcome, self.default_max_log_files)
+        if stale_logs:
+            self.tx.after(lambda: delete_logs(stale_logs))
+        frame = self.frames.get(outcome.run_id)
         if frame is None:
-            log.warning("outcome for unknown task run %s ignored", run_id)
+            log.warning("outcome for unknown task run %s ignored", outcome.run_id)
             return
         tr = frame.tree_run
         tr.current_task = None
         # The task's own outcome stands: the executor reports 255 when it killed the
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
-        self._propagate(frame, self._finish(frame, exit_status))
+        self._propagate(frame, self._finish(frame, outcome.exit_status))
 
     def _kill_tree_run(self, tr: TreeRun, user: str) -> None:
         if tr.killed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
@@ -163,13 +164,23 @@ class Store:
 
 
 def _sqlite_txn(conn: Connection, begin: str) -> Iterator[Connection]:
-    conn.exec_driver_sql(begin)
+    # Straight to the driver: the engine is in autocommit mode, so SQLAlchemy keeps
+    # no transaction state to get out of step, and this is on every task's path.
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    try:
+        raw.execute(begin)
+    except sqlite3.Error as exc:
+        raise StoreError(f"database error: {exc}") from exc
     try:
         yield conn
     except BaseException:
-        conn.exec_driver_sql("ROLLBACK")
+        raw.execute("ROLLBACK")
         raise
-    conn.exec_driver_sql("COMMIT")
+    try:
+        raw.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise StoreError(f"database error: {exc}") from exc
 
 
 def alembic_config(url: str) -> Any:

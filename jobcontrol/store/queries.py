@@ -373,6 +373,29 @@ def claim_run(
     return get_run(conn, run_id) if claimed else None
 
 
+_CLAIM_BY_ID = (
+    update(run)
+    .where(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
+    .values(
+        state=str(RunState.RUNNING),
+        started=bindparam("v_started"),
+        worker=bindparam("v_worker"),
+        host=bindparam("v_host"),
+    )
+    .returning(*run.c)
+)
+
+
+def claim_run_by_id(
+    conn: Connection, run_id: int, *, worker: str, host: str, now: datetime
+) -> RunRecord | None:
+    """Take one announced run, compare-and-set in one statement; None if someone else has it."""
+    row = conn.execute(
+        _CLAIM_BY_ID, {"w_id": run_id, "v_started": now, "v_worker": worker, "v_host": host}
+    ).first()
+    return _run_from_row(row) if row else None
+
+
 def any_queued(conn: Connection, queues: Sequence[str] | None) -> bool:
     """Whether a claim could find work (a read: no lock is taken)."""
     params = {} if queues is None else {"w_queues": list(queues)}

@@ -268,9 +268,9 @@ def test_kill_stops_the_whole_process_tree_even_a_setsid_child(jc_sqlite: JC) ->
 
     escaped: int = poll_until("the setsid child", escaped_pid)
     assert os.getsid(escaped) == escaped  # it left the task's session and group
-    run = jc.run(root)
-    assert run.pid is not None
-    assert os.getsid(escaped) != run.pid
+    # A task that keeps running has its pid recorded within PID_RECORD_DELAY.
+    pid = poll_until("the task's pid to be recorded", lambda: jc.run(root).pid)
+    assert os.getsid(escaped) != pid
     pids = jc.task_pids(root)
     assert escaped in pids
     assert len(pids) >= 3  # sh, its sleep, the escaped sleep
@@ -461,3 +461,18 @@ def test_history_lists_runs_newest_first_and_paginates(jc: JC) -> None:
     page2 = jc.runs("t", limit=3, before_id=page1[-1].id)
     assert [r.id for r in page1 + page2] == ids
     assert jc.runs("t", limit=3, before_id=page2[-1].id) == []
+
+
+def test_a_short_task_records_its_pid_and_outcome_with_its_end(jc: JC) -> None:
+    # Tasks shorter than PID_RECORD_DELAY write their pid with the outcome, in the
+    # dispatcher's transaction: the run row still ends up complete.
+    jc.create(task("quick", "echo out; echo err >&2", active=True))
+    mark = jc.rec.mark()
+    root = jc.run_now("quick")
+    assert jc.rec.run_finished("quick", since=mark)["exit_status"] == 0
+    run = jc.run(root)
+    assert run.state == "succeeded"
+    assert run.pid is not None
+    assert run.ended is not None
+    assert run.log_path is not None
+    assert Path(run.log_path).read_text() == "out\nerr\n"
