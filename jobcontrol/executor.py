@@ -120,6 +120,7 @@ class LocalExecutor:
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
         self._log_dirs: set[Path] = set()
+        self._base_env = dict(os.environ)
 
     # ---------------------------------------------------------- control
 
@@ -293,7 +294,7 @@ class LocalExecutor:
 
     def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
         run = active.run
-        env = dict(os.environ)
+        env = self._base_env.copy()  # os.environ decodes every variable on each read
         env.update(run.env)
         env.update(self._marker(run.id))
         env["JOBCONTROL_JOB"] = run.job_name
@@ -330,18 +331,22 @@ class LocalExecutor:
     def _wait_recording_pid(
         self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: Path
     ) -> int:
-        """Wait for the task; record its pid once it has run ``PID_RECORD_DELAY``."""
+        """Wait for the task; record its pid once it has run ``PID_RECORD_DELAY``.
+
+        Raises ``subprocess.TimeoutExpired`` when the run's timeout passes first.
+        """
         timeout = run.timeout_s
-        if timeout is None or timeout > PID_RECORD_DELAY:
-            try:
-                return proc.wait(timeout=PID_RECORD_DELAY)
-            except subprocess.TimeoutExpired:
-                pass
-            with self.store.write() as conn:
-                queries.set_run_pid(conn, run.id, proc.pid, str(log_path))
-            if timeout is not None:
-                timeout -= PID_RECORD_DELAY
-        return proc.wait(timeout=timeout)
+        first = PID_RECORD_DELAY if timeout is None else min(timeout, PID_RECORD_DELAY)
+        rc = procs.wait_child(proc, first)
+        if rc is not None:
+            return rc
+        with self.store.write() as conn:
+            queries.set_run_pid(conn, run.id, proc.pid, str(log_path))
+        rest = None if timeout is None else max(0.0, timeout - first)
+        rc = procs.wait_child(proc, rest)
+        if rc is None:
+            raise subprocess.TimeoutExpired(run.command or "", timeout or 0.0)
+        return rc
 
     # ---------------------------------------------------------- logs and the record
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -67,6 +68,32 @@ def spawn(
         start_new_session=True,
         close_fds=True,
     )
+
+
+def wait_child(proc: subprocess.Popen[bytes], timeout: float | None) -> int | None:
+    """Wait for a child to exit; its return code, or None if ``timeout`` passed first.
+
+    ``Popen.wait(timeout)`` polls with sleeps (0.5 ms, then doubling), which adds
+    up to a millisecond to every short task; a pidfd blocks in ``poll`` instead
+    and wakes the moment the child exits.
+    """
+    if timeout is None:
+        return proc.wait()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (old kernel), or already reaped
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if not poller.poll(max(0, int(timeout * 1000))):
+            return None
+    finally:
+        os.close(pidfd)
+    return proc.wait()
 
 
 def pid_alive(pid: int) -> bool:
