@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 _PROC = "/proc"
 # Zombies and dead tasks hold no resources we can free: their parent reaps them.
 _DEAD_STATES = frozenset("ZXx")
+_SETTLE = 0.1  # seconds between the last two scans of a kill
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.1
 # After SIGKILL, how long past the grace period we keep re-scanning for marked processes.
@@ -367,13 +368,23 @@ def _wait_gone(
     if wait_exit is not None and pid is not None:
         wait_exit(max(0.0, deadline - time.monotonic()))
     delay = _POLL_FIRST
-    while alive := _collect(pid, marker, known):
+    confirmed = False
+    while True:
+        alive = _collect(pid, marker, known)
+        if not alive:
+            if confirmed or marker is None:
+                return set()
+            # One more look after a pause: a marked process caught in the middle of an
+            # exec reads as unmarked, and an orphan has no parent to lead us to it.
+            confirmed = True
+            time.sleep(_SETTLE)
+            continue
+        confirmed = False
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return alive
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, _POLL_MAX)
-    return set()
 
 
 def _kill_survivors(
