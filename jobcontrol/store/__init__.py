@@ -94,14 +94,7 @@ class Store:
         if lock is not None and not lock.acquire(timeout=SQLITE_BUSY_MS / 1000):
             raise StoreError("database error: database is locked (by this process)")
         try:
-            with self.engine.connect() as conn:
-                if self.is_sqlite:
-                    yield from _sqlite_txn(conn, "BEGIN IMMEDIATE")
-                else:
-                    with conn.begin():
-                        yield conn
-        except SQLAlchemyError as exc:
-            raise StoreError(f"database error: {exc}") from exc
+            yield from self._transaction("BEGIN IMMEDIATE")
         finally:
             if lock is not None:
                 lock.release()
@@ -109,10 +102,13 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read transaction: one consistent snapshot."""
+        yield from self._transaction("BEGIN")
+
+    def _transaction(self, sqlite_begin: str) -> Iterator[Connection]:
         try:
             with self.engine.connect() as conn:
                 if self.is_sqlite:
-                    yield from _sqlite_txn(conn, "BEGIN")
+                    yield from _sqlite_txn(conn, sqlite_begin)
                 else:
                     with conn.begin():
                         yield conn
