@@ -19,23 +19,21 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events, procs
+from jobcontrol import events
 from jobcontrol.errors import JobError, JobRunningError, NotRunningError, UnknownJobError
 from jobcontrol.executor import LocalExecutor, TaskOutcome
 from jobcontrol.model import (
-    ACTIVE_RUN_STATES,
     DISPATCHER_USER,
-    KILLED_STATUS,
     RESCHEDULING_FIELDS,
     JobState,
-    OnError,
-    RunState,
     Trigger,
 )
+from jobcontrol.recovery import recover_lost_runs
 from jobcontrol.runs import Frame, RunMachine, TreeRun, Tx
+from jobcontrol.scheduling import Armed, TimerMachine
 from jobcontrol.store import Store, queries
 from jobcontrol.timers import APSchedulerTimers, Clock, SystemClock, TimerService
-from jobcontrol.tree import Evaluator, JobTree, Node
+from jobcontrol.tree import JobTree, Node
 from jobcontrol.treestate import TreeStateProtocol
 
 log = logging.getLogger(__name__)
@@ -65,12 +63,6 @@ class EditChange:
 
 
 @dataclass
-class Armed:
-    when: datetime
-    trigger: Trigger
-
-
-@dataclass
 class Stats:
     events: int = 0
     reactions: int = 0
@@ -80,7 +72,7 @@ class Stats:
 _STOP = object()
 
 
-class Dispatcher(RunMachine):
+class Dispatcher(TimerMachine, RunMachine):
     def __init__(
         self,
         store: Store,
@@ -125,7 +117,7 @@ class Dispatcher(RunMachine):
         self.protocol.begin_startup()
         try:
             self.instance_id = self.store.instance_id()
-            self._recover_lost_runs()
+            recover_lost_runs(self.store, self.instance_id, self.clock, self.config.kill_grace)
             self._build()
             self.executor = LocalExecutor(
                 self.store,
@@ -305,108 +297,6 @@ class Dispatcher(RunMachine):
         if deleted:
             self.tx.after(lambda: events.jobs_deleted.send(self, job_ids=deleted))
 
-    # ------------------------------------------------------------ timers (spec 6)
-
-    def _evaluator(self) -> Evaluator:
-        return Evaluator(now=self.clock.now(), default_tz=self.default_tz)
-
-    def _write_evaluation(self, ev: Evaluator) -> None:
-        rows = [(n.id, n.job.next_runs, n.job.job_order) for n in ev.changed.values()]
-        queries.write_schedule(self.tx.conn, rows)
-
-    def _arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
-        self.armed[top.id] = Armed(due, trigger)
-        top_id = top.id
-        log.info("Starting timer for job %s : runs at %s", top.job.name, due)
-        self.timers.arm(
-            ("tree", top_id), due, lambda: self.post((lambda: self._timer_fired(top_id, due), None))
-        )
-        self._schedule_event(top, due)
-
-    def _disarm(self, top: Node) -> None:
-        if self.armed.pop(top.id, None) is not None:
-            log.debug("Canceling timer: %s", top.job.name)
-            self.timers.cancel(("tree", top.id))
-            self._schedule_event(top, None)
-
-    def _schedule_event(self, top: Node, when: datetime | None) -> None:
-        job_id, name = top.id, top.job.name
-        self.tx.after(
-            lambda: events.schedule_changed.send(self, job_id=job_id, name=name, next_runs=when)
-        )
-
-    def _restart_subtree_timer(
-        self, top: Node, trigger: Trigger = Trigger.TIMER
-    ) -> datetime | None:
-        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
-        self.stats.reevaluations += 1
-        previous = self.armed.get(top.id)
-        self._disarm(top)
-        ev = self._evaluator()
-        due = ev.evaluate_tree(top)
-        self._write_evaluation(ev)
-        if top.job.active and due is not None:
-            # A restart-armed timer keeps its trigger until it fires.
-            keep = previous.trigger if previous is not None else trigger
-            self._arm(top, due, keep if trigger is Trigger.TIMER else trigger)
-        return due
-
-    def _timer_fired(self, top_id: int, when: datetime) -> None:
-        armed = self.armed.get(top_id)
-        top = self.tree.get(top_id)
-        if armed is None or armed.when != when or top is None:
-            return  # cancelled or re-armed since
-        del self.armed[top_id]
-        log.debug("Timer has fired for job %s", top.job.name)
-        busy = self._busy_job(top)
-        if busy is None:
-            self._start_run(top, armed.trigger, immediate=False, user=DISPATCHER_USER)
-            return
-        # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
-        now = self.clock.now()
-        tr = TreeRun(
-            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=DISPATCHER_USER
-        )
-        self._insert_run(
-            top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"
-        )
-        ev = self._evaluator()
-        due = ev.evaluate_tree(top)
-        if due is not None and due <= now:
-            due = ev.skip_missed(top, due)
-        self._write_evaluation(ev)
-        if top.job.active and due is not None:
-            self._arm(top, due, Trigger.TIMER)
-
-    def _tree_done(self, tr: TreeRun, status: int) -> None:
-        """Spec 7.9: re-evaluate and re-arm after a run, unless an ABORT tree failed."""
-        self.tree_runs.pop(tr.root.id, None)
-        top = tr.top
-        if self.tree.get(top.id) is None:
-            return
-        if tr.immediate:
-            if top.id in self.armed:  # a manual run leaves the schedule as it was, refreshed
-                self._restart_subtree_timer(top)
-            return
-        self.stats.reevaluations += 1
-        ev = self._evaluator()
-        due = ev.evaluate_tree(top)
-        self._write_evaluation(ev)
-        if (
-            top.job.active
-            and due is not None
-            and (status == 0 or top.job.on_error is OnError.CONTINUE)
-        ):
-            log.info("Restarting timer for job %s : runs %s", top.job.name, due)
-            self._arm(top, due, Trigger.TIMER)
-        else:
-            # An edit during the run may have armed a timer: it must not fire now.
-            self.armed.pop(top.id, None)
-            self.timers.cancel(("tree", top.id))
-            top.job.next_runs = None  # will not run again until restarted
-            queries.write_next_runs(self.tx.conn, top.id, None)
-            self._schedule_event(top, None)
-
     # ------------------------------------------------------------ requests
 
     def _node(self, job: int | str) -> Node:
@@ -483,40 +373,6 @@ class Dispatcher(RunMachine):
                 self, job_id=job_id, name=name, state=state, started=started, run_id=run_id
             )
         )
-
-    # ------------------------------------------------------------ crash recovery
-
-    def _recover_lost_runs(self) -> None:
-        """Runs a dead daemon left behind are lost: kill their processes, record the loss."""
-        with self.store.read() as conn:
-            stale = queries.active_runs(conn)
-        if not stale:
-            return
-        report = procs.kill_tree(
-            None, marker={"JOBCONTROL_INSTANCE": self.instance_id}, grace=self.config.kill_grace
-        )
-        if report.termed or report.killed:
-            log.warning(
-                "killed %d leftover process(es) of lost runs",
-                len(set(report.termed) | set(report.killed)),
-            )
-        now = self.clock.now()
-        with self.store.write() as conn:
-            for run in stale:
-                values: dict[str, Any] = {
-                    "state": RunState.LOST,
-                    "exit_status": KILLED_STATUS,
-                    "ended": now,
-                    "reason": "lost: the daemon stopped while this run was active",
-                }
-                if run.started is not None:
-                    values["duration_ms"] = int((now - run.started).total_seconds() * 1000)
-                if queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values) and run.job_id:
-                    started = run.started or run.created or now
-                    queries.write_job_result(
-                        conn, run.job_id, started, KILLED_STATUS, values.get("duration_ms", 0)
-                    )
-        log.warning("marked %d run(s) left active by a previous daemon as lost", len(stale))
 
     # ------------------------------------------------------------ views
 

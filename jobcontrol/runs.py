@@ -112,20 +112,15 @@ class RunMachine:
     frames: dict[int, Frame]
     default_max_log_files: int
 
-    @property
-    def tx(self) -> Tx:
-        raise NotImplementedError
+    if TYPE_CHECKING:
 
-    def post_wait_elapsed(self, run_id: int) -> None:
-        raise NotImplementedError
-
-    def _set_job_state(
-        self, node: Node, state: JobState, started: datetime | None, run_id: int | None
-    ) -> None:
-        raise NotImplementedError
-
-    def _tree_done(self, tr: TreeRun, status: int) -> None:
-        raise NotImplementedError
+        @property
+        def tx(self) -> Tx: ...
+        def post_wait_elapsed(self, run_id: int) -> None: ...
+        def _set_job_state(
+            self, node: Node, state: JobState, started: datetime | None, run_id: int | None
+        ) -> None: ...
+        def _tree_done(self, tr: TreeRun, status: int) -> None: ...
 
     def _start_run(self, node: Node, trigger: Trigger, immediate: bool, user: str) -> int:
         tr = TreeRun(

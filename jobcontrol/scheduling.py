@@ -1,0 +1,159 @@
+"""Timers of top-level trees (spec 6, 7.9): arm, cancel, fire, re-arm after a run.
+
+Mixed into ``Dispatcher`` and, like the rest of it, run only on the dispatcher
+thread inside a handler's transaction (``self.tx``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from typing import TYPE_CHECKING, Any
+
+from jobcontrol import events
+from jobcontrol.model import DISPATCHER_USER, OnError, RunState, Trigger
+from jobcontrol.runs import Frame, TreeRun, Tx
+from jobcontrol.store import queries
+from jobcontrol.timers import Clock, TimerService
+from jobcontrol.tree import Evaluator, JobTree, Node
+
+log = logging.getLogger("jobcontrol.dispatcher")
+
+
+@dataclass
+class Armed:
+    """A top-level tree's armed timer: when, and what the run it starts is recorded as."""
+
+    when: datetime
+    trigger: Trigger
+
+
+class TimerMachine:
+    """The timer half of the dispatcher; ``Dispatcher`` provides the attributes below."""
+
+    clock: Clock
+    timers: TimerService
+    default_tz: tzinfo
+    tree: JobTree
+    tree_runs: dict[int, TreeRun]
+    frames: dict[int, Frame]
+    armed: dict[int, Armed]
+    stats: Any
+
+    if TYPE_CHECKING:
+
+        @property
+        def tx(self) -> Tx: ...
+        def post(self, event: Any) -> None: ...
+        def _busy_job(self, node: Node) -> Node | None: ...
+        def _start_run(self, node: Node, trigger: Trigger, immediate: bool, user: str) -> int: ...
+        def _insert_run(
+            self,
+            node: Node,
+            parent: Frame | None,
+            tr: TreeRun,
+            state: RunState,
+            now: datetime,
+            reason: str | None = None,
+        ) -> int: ...
+
+    def _evaluator(self) -> Evaluator:
+        return Evaluator(now=self.clock.now(), default_tz=self.default_tz)
+
+    def _write_evaluation(self, ev: Evaluator) -> None:
+        rows = [(n.id, n.job.next_runs, n.job.job_order) for n in ev.changed.values()]
+        queries.write_schedule(self.tx.conn, rows)
+
+    def _arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
+        self.armed[top.id] = Armed(due, trigger)
+        top_id = top.id
+        log.info("Starting timer for job %s : runs at %s", top.job.name, due)
+        self.timers.arm(
+            ("tree", top_id), due, lambda: self.post((lambda: self._timer_fired(top_id, due), None))
+        )
+        self._schedule_event(top, due)
+
+    def _disarm(self, top: Node) -> None:
+        if self.armed.pop(top.id, None) is not None:
+            log.debug("Canceling timer: %s", top.job.name)
+            self.timers.cancel(("tree", top.id))
+            self._schedule_event(top, None)
+
+    def _schedule_event(self, top: Node, when: datetime | None) -> None:
+        job_id, name = top.id, top.job.name
+        self.tx.after(
+            lambda: events.schedule_changed.send(self, job_id=job_id, name=name, next_runs=when)
+        )
+
+    def _restart_subtree_timer(
+        self, top: Node, trigger: Trigger = Trigger.TIMER
+    ) -> datetime | None:
+        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
+        self.stats.reevaluations += 1
+        previous = self.armed.get(top.id)
+        self._disarm(top)
+        ev = self._evaluator()
+        due = ev.evaluate_tree(top)
+        self._write_evaluation(ev)
+        if top.job.active and due is not None:
+            # A restart-armed timer keeps its trigger until it fires.
+            keep = previous.trigger if previous is not None else trigger
+            self._arm(top, due, keep if trigger is Trigger.TIMER else trigger)
+        return due
+
+    def _timer_fired(self, top_id: int, when: datetime) -> None:
+        armed = self.armed.get(top_id)
+        top = self.tree.get(top_id)
+        if armed is None or armed.when != when or top is None:
+            return  # cancelled or re-armed since
+        del self.armed[top_id]
+        log.debug("Timer has fired for job %s", top.job.name)
+        busy = self._busy_job(top)
+        if busy is None:
+            self._start_run(top, armed.trigger, immediate=False, user=DISPATCHER_USER)
+            return
+        # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
+        now = self.clock.now()
+        tr = TreeRun(
+            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=DISPATCHER_USER
+        )
+        self._insert_run(
+            top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"
+        )
+        ev = self._evaluator()
+        due = ev.evaluate_tree(top)
+        if due is not None and due <= now:
+            due = ev.skip_missed(top, due)
+        self._write_evaluation(ev)
+        if top.job.active and due is not None:
+            self._arm(top, due, Trigger.TIMER)
+
+    def _tree_done(self, tr: TreeRun, status: int) -> None:
+        """Spec 7.9: re-evaluate and re-arm after a run, unless an ABORT tree failed."""
+        self.tree_runs.pop(tr.root.id, None)
+        top = tr.top
+        if self.tree.get(top.id) is None:
+            return
+        if tr.immediate:
+            if top.id in self.armed:  # a manual run leaves the schedule as it was, refreshed
+                self._restart_subtree_timer(top)
+            return
+        self.stats.reevaluations += 1
+        ev = self._evaluator()
+        due = ev.evaluate_tree(top)
+        self._write_evaluation(ev)
+        if (
+            top.job.active
+            and due is not None
+            and (status == 0 or top.job.on_error is OnError.CONTINUE)
+        ):
+            log.info("Restarting timer for job %s : runs %s", top.job.name, due)
+            self._arm(top, due, Trigger.TIMER)
+        else:
+            # An edit during the run may have armed a timer: it must not fire now.
+            self.armed.pop(top.id, None)
+            self.timers.cancel(("tree", top.id))
+            top.job.next_runs = None  # will not run again until restarted
+            queries.write_next_runs(self.tx.conn, top.id, None)
+            self._schedule_event(top, None)
