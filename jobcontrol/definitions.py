@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
@@ -21,9 +20,29 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from jobcontrol.commands import check_command
-from jobcontrol.errors import CommandError, DefinitionError, JobError, ScheduleError
+from jobcontrol.definitions_dump import dump_definitions
+from jobcontrol.durations import format_duration, parse_duration
+from jobcontrol.errors import CommandError, DefinitionError, ScheduleError
 from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
 from jobcontrol.schedule import validate_timer
+
+__all__ = [
+    "DEFINITION_FIELDS",
+    "INT32_MAX",
+    "INT32_MIN",
+    "JOB_KEYS",
+    "MAX_DEPTH",
+    "NAME_MAX",
+    "QUEUE_MAX",
+    "TOP_LEVEL_KEYS",
+    "JobDef",
+    "dump_definitions",
+    "field_defaults",
+    "format_duration",
+    "iter_defs",
+    "parse_definitions",
+    "parse_duration",
+]
 
 NAME_MAX = 128
 QUEUE_MAX = 64  # the job.queue column is String(64)
@@ -43,12 +62,8 @@ DEFINITION_FIELDS = tuple(
 )
 TOP_LEVEL_KEYS = ("jobs",)
 
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_DURATION_PART = re.compile(rf"\s*({_NUMBER})\s*([dhms])")
-_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BAD_NAME_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
-_ODD_LINE_BREAKS = "\r\x85\u2028\u2029"
 
 
 def field_defaults() -> dict[str, Any]:
@@ -81,52 +96,6 @@ def iter_defs(roots: list[JobDef]) -> Iterator[tuple[JobDef, JobDef | None]]:
         job, parent = stack.pop()
         yield job, parent
         stack.extend((child, job) for child in reversed(job.children))
-
-
-def parse_duration(value: str | int | float) -> float:
-    """Seconds in ``90s``, ``5m``, ``1h30m``, ``2.5s``, ``1d`` or a bare number.
-
-    Raises ValueError for anything else, and for zero, negative or infinite durations.
-    """
-    if isinstance(value, bool):
-        raise ValueError("expected a duration, not a boolean")
-    if isinstance(value, str):
-        text = value.strip()
-        seconds = float(text) if re.fullmatch(_NUMBER, text) else _sum_duration_parts(text)
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError("a duration must be a positive, finite number of seconds")
-    return seconds
-
-
-def _sum_duration_parts(text: str) -> float:
-    total, pos, units_seen = 0.0, 0, ""
-    while pos < len(text):
-        match = _DURATION_PART.match(text, pos)
-        if match is None:
-            raise ValueError(
-                f"cannot read {text!r} as a duration (like 90s, 5m, 1h30m, 2.5s or seconds)"
-            )
-        number, unit = match.groups()
-        # Units largest first, each once: "30m1h" or "5m5m" is more likely a typo than meant.
-        if units_seen and "dhms".index(unit) <= "dhms".index(units_seen[-1]):
-            raise ValueError(f"units out of order or repeated in duration {text!r}")
-        units_seen += unit
-        total += float(number) * _UNIT_SECONDS[unit]
-        pos = match.end()
-    return total
-
-
-def format_duration(seconds: float) -> str:
-    """Duration text that ``parse_duration`` reads back as exactly ``seconds``."""
-    if seconds.is_integer() and 0 < seconds < 2**53:
-        hours, rest = divmod(int(seconds), 3600)
-        minutes, secs = divmod(rest, 60)
-        parts = [(hours, "h"), (minutes, "m"), (secs, "s")]
-        return "".join(f"{count}{unit}" for count, unit in parts if count)
-    # repr() is the shortest text that reads back as the same float.
-    return f"{seconds!r}s"
 
 
 def parse_definitions(text: str, source: str = "<input>") -> list[JobDef]:
@@ -455,100 +424,3 @@ _FIELD_PARSERS: dict[str, tuple[str, _FieldParser]] = {
     "cwd": ("cwd", _parse_cwd),
     "env": ("env", _parse_env),
 }
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style, lists indented under their key, multi-line text as ``|`` blocks."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        # PyYAML puts "- " flush with the parent key; indenting reads like the docs.
-        super().increase_indent(flow, False)
-
-
-def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    # PyYAML (allow_unicode) mangles NEL and friends outside double quotes; YAML 1.1
-    # counts them as line breaks. Otherwise the emitter still picks quotes itself when
-    # a literal block cannot hold the text.
-    style: str | None = None
-    if any(ch in data for ch in _ODD_LINE_BREAKS):
-        style = '"'
-    elif "\n" in data:
-        style = "|"
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
-def dump_definitions(jobs: Sequence[JobRecord]) -> str:
-    """YAML for whole job trees; a record whose parent is not in ``jobs`` is a root."""
-    ids = {record.id for record in jobs}
-    children: dict[int | None, list[JobRecord]] = {}
-    for record in jobs:
-        parent = record.parent_id if record.parent_id in ids else None
-        children.setdefault(parent, []).append(record)
-    for siblings in children.values():
-        siblings.sort(key=lambda record: (record.job_order, record.id))
-    _refuse_parent_cycles(jobs, children)
-    document = {"jobs": [_job_mapping(record, children) for record in children.get(None, [])]}
-    return yaml.dump(
-        document,
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=1_000_000,
-    )
-
-
-def _refuse_parent_cycles(
-    jobs: Sequence[JobRecord], children: dict[int | None, list[JobRecord]]
-) -> None:
-    # A record not reachable from a root sits on (or under) a parent_id cycle and
-    # would silently vanish from the export.
-    reached: set[int] = set()
-    stack = list(children.get(None, []))
-    while stack:
-        record = stack.pop()
-        reached.add(record.id)
-        stack.extend(children.get(record.id, []))
-    for record in jobs:
-        if record.id not in reached:
-            raise JobError(record.name, "cannot export: its parent links form a cycle")
-
-
-def _job_mapping(record: JobRecord, children: dict[int | None, list[JobRecord]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": record.name}
-    if record.description is not None:
-        out["description"] = record.description
-    if record.timer is not None:
-        out["timer"] = record.timer
-    if record.is_task:
-        if record.command is None:
-            raise JobError(record.name, "cannot export a task without a command")
-        out["command"] = record.command
-    out["active"] = record.active
-    if record.on_error != OnError.CONTINUE:
-        out["on_error"] = str(record.on_error)
-    if record.is_box and record.box_type != BoxType.SEQUENCE:
-        out["box_type"] = str(record.box_type)
-    if record.queue != "default":
-        out["queue"] = record.queue
-    if record.priority != 0:
-        out["priority"] = record.priority
-    if record.timeout_s is not None:
-        out["timeout"] = format_duration(record.timeout_s)
-    if record.max_log_files is not None:
-        out["max_log_files"] = record.max_log_files
-    if record.misfire != Misfire.RUN_ONCE:
-        out["misfire"] = str(record.misfire)
-    if record.cwd is not None:
-        out["cwd"] = record.cwd
-    if record.env:
-        out["env"] = dict(record.env)
-    kids = children.get(record.id, [])
-    if record.is_box:
-        out["children"] = [_job_mapping(child, children) for child in kids]
-    elif kids:
-        raise JobError(record.name, "cannot export a task that has children")
-    return out
