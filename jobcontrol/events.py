@@ -3,6 +3,8 @@
 Every signal's sender is the ``Dispatcher``; keyword arguments:
 
 * ``job_created`` / ``jobs_modified``: ``jobs`` (list of JobRecord)
+* ``jobs_evaluated``: ``jobs`` (list of JobRecord) whose next runs or job order a
+  timer evaluation changed (the dispatcher's own writes, not a user's edit)
 * ``jobs_deleted``: ``job_ids`` (list of int)
 * ``state_changed``: ``job_id``, ``name``, ``state`` (JobState), ``started``, ``run_id``
 * ``run_started`` / ``run_finished``: ``run`` (dict: id, job_id, job_name, kind,
@@ -18,6 +20,7 @@ _signals = Namespace()
 
 job_created = _signals.signal("job-created")
 jobs_modified = _signals.signal("jobs-modified")
+jobs_evaluated = _signals.signal("jobs-evaluated")
 jobs_deleted = _signals.signal("jobs-deleted")
 state_changed = _signals.signal("state-changed")
 run_started = _signals.signal("run-started")

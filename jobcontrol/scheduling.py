@@ -62,8 +62,12 @@ class TimerMachine:
         return Evaluator(now=self.clock.now(), default_tz=self.default_tz)
 
     def _write_evaluation(self, ev: Evaluator) -> None:
+        if not ev.changed:
+            return
         rows = [(n.id, n.job.next_runs, n.job.job_order) for n in ev.changed.values()]
         queries.write_schedule(self.tx.conn, rows)
+        jobs = [n.job for n in ev.changed.values()]
+        self.tx.after(lambda: events.jobs_evaluated.send(self, jobs=jobs))
 
     def _arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
         self.armed[top.id] = Armed(due, trigger)
