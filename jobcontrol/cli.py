@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         "--before", type=int, default=None, help="runs older than this run id (next page)"
     )
 
+    _access_parsers(sub)
+
     daemon = sub.add_parser("daemon", help="run, start, stop the dispatcher daemon")
     dsub = daemon.add_subparsers(dest="daemon_command", required=True)
     for name, text in (("run", "in the foreground"), ("start", "detached, logging to a file")):
@@ -83,6 +85,27 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     demo.add_argument("--slots", type=int, default=8)
     return p
+
+
+def _access_parsers(sub: Any) -> None:
+    user = sub.add_parser("user", help="users of the admin API and their tokens")
+    usub = user.add_subparsers(dest="user_command", required=True)
+    add = usub.add_parser("add", help="add a user; prints its token once")
+    add.add_argument("name")
+    add.add_argument("--role", required=True, help="viewer, operator or admin")
+    ulist = usub.add_parser("list", help="name, role, created, last seen")
+    ulist.add_argument("--json", action="store_true")
+    usub.add_parser("remove", help="remove a user (its token stops working)").add_argument("name")
+    usub.add_parser("token", help="a new token for a user, replacing the old one").add_argument(
+        "name"
+    )
+
+    aud = sub.add_parser("audit", help="the audit trail, newest first")
+    aud.add_argument("--limit", type=int, default=50)
+    aud.add_argument("--before", type=int, default=None, help="entries older than this id")
+    aud.add_argument("--user", default=None, help="only this user's entries")
+    aud.add_argument("--job", default=None, help="only entries naming this job")
+    aud.add_argument("--json", action="store_true")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,6 +166,10 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         jobs = engine.list_jobs()
         print(json.dumps(jobs, indent=2) if args.json else _table_jobs(jobs))
         return 0
+    if args.command == "user":
+        return _user(args, store)
+    if args.command == "audit":
+        return _audit(args, store)
     if args.command == "history":
         runs = engine.history(args.job, limit=args.limit, before_id=args.before)
         if args.json:
@@ -158,6 +185,57 @@ def _require_schema(store: Store) -> None:
         raise JobControlError(
             f"{redact(store.url)} has no Job Control schema yet: run `jobcontrol db upgrade`"
         )
+
+
+def _user(args: argparse.Namespace, store: Store) -> int:
+    from jobcontrol import users
+
+    by = f"local:{getpass.getuser()}"
+    cmd = args.user_command
+    if cmd == "list":
+        found = users.list_users(store)
+        if args.json:
+            print(json.dumps([u.as_dict() for u in found], indent=2))
+        else:
+            rows = [[u.name, str(u.role), _when(u.created), _when(u.last_seen)] for u in found]
+            print(_table(["NAME", "ROLE", "CREATED", "LAST SEEN"], rows) if rows else "no users")
+        return 0
+    if cmd == "remove":
+        users.remove_user(store, args.name, by=by)
+        print(f"removed user {args.name!r}")
+        return 0
+    if cmd == "add":
+        user, token = users.add_user(store, args.name, args.role, by=by)
+        print(f"added user {user.name!r} with role {user.role}; token:")
+    else:
+        token = users.new_token(store, args.name, by=by)
+        print(f"new token for user {args.name!r} (the old one no longer works):")
+    print(token)
+    print("This token will not be shown again: keep it now.")
+    return 0
+
+
+def _audit(args: argparse.Namespace, store: Store) -> int:
+    from jobcontrol import audit
+
+    entries = audit.list_entries(
+        store, limit=args.limit, before_id=args.before, user=args.user, job=args.job
+    )
+    if args.json:
+        print(json.dumps([e.as_dict() for e in entries], indent=2))
+        return 0
+    rows = [
+        [str(e.id), _when(e.at), e.user, e.operation, str(e.result), _names(e.jobs), e.detail]
+        for e in entries
+    ]
+    headers = ["ID", "AT", "USER", "OPERATION", "RESULT", "JOBS", "DETAIL"]
+    print(_table(headers, rows) if rows else "no audit entries")
+    return 0
+
+
+def _names(jobs: list[str], shown: int = 3) -> str:
+    more = f" (+{len(jobs) - shown} more)" if len(jobs) > shown else ""
+    return ", ".join(jobs[:shown]) + more
 
 
 def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:

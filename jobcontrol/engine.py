@@ -3,7 +3,8 @@
 Edits are batches: one transaction, all or nothing, and (when the dispatcher
 runs) one turn of the tree-state protocol with exactly one dispatcher
 reaction. Everything is checked before it is written; a refusal names the job
-and the reason and leaves the database as it was.
+and the reason and leaves the database as it was. Every changing call records
+one audit entry (``jobcontrol.audit``), refusals included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from jobcontrol import audit
 from jobcontrol.dispatcher import Dispatcher, EditChange
 from jobcontrol.errors import (
     ConflictError,
@@ -179,6 +181,14 @@ class Engine:
         return self.apply_batch(Batch(changes=list(changes)), user=user).modified
 
     def apply_batch(self, batch: Batch, *, user: str) -> BatchResult:
+        """Create, modify and delete jobs in one transaction, all or nothing; audited."""
+        names = [c.name for c in batch.creates] + [self._job_name(c.job) for c in batch.changes]
+        names += [self._job_name(d) for d in batch.deletes]
+        with audit.scope(self.store, user, _batch_operation(batch), names):
+            return self._apply_batch(batch, user)
+
+    def _apply_batch(self, batch: Batch, user: str) -> BatchResult:
+        note = audit.current()
         creates = [(c, normalise_fields(c.name, c.fields)) for c in batch.creates]
         changes = [(c, normalise_fields(str(c.job), c.fields)) for c in batch.changes]
         for c, _ in creates:
@@ -200,6 +210,9 @@ class Engine:
                 self._delete_one(conn, struct, job_ref, change)
             result.modified = list(change.modified)
             result.deleted = list(change.deleted)
+            if note is not None:
+                _note_batch(note, result)
+                audit.record_note(conn, note)
         return result
 
     def _create_one(
@@ -355,16 +368,21 @@ class Engine:
 
     def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> list[int]:
         """Delete jobs with their sub-trees: shallowest first, each sub-tree its own transaction (spec 5.4)."""
-        with self.store.read() as conn:
-            struct = self._structure(conn)
-        targets = {struct.resolve(j).id for j in jobs}
-        deleted: list[int] = []
-        for job_id in sorted(targets, key=struct.depth):
-            try:
-                deleted += self.apply_batch(Batch(deletes=[job_id]), user=user).deleted
-            except UnknownJobError:
-                continue  # went with an ancestor deleted before it
-        return deleted
+        names = [self._job_name(j) for j in jobs]
+        with audit.scope(self.store, user, "jobs.delete", names) as note:
+            note.deferred = True  # several transactions: recorded once, after the last
+            with self.store.read() as conn:
+                struct = self._structure(conn)
+            targets = {struct.resolve(j).id for j in jobs}
+            note.jobs = [struct.by_id[i].name for i in sorted(targets, key=struct.depth)]
+            deleted: list[int] = []
+            for job_id in sorted(targets, key=struct.depth):
+                try:
+                    deleted += self._apply_batch(Batch(deletes=[job_id]), user).deleted
+                except UnknownJobError:
+                    continue  # went with an ancestor deleted before it
+            note.detail = f"{len(deleted)} deleted (with their sub-trees)"
+            return deleted
 
     # ------------------------------------------------------------ runs
 
@@ -374,14 +392,30 @@ class Engine:
         assert self.dispatcher is not None
         return self.dispatcher
 
+    def _job_name(self, job: JobRef) -> str:
+        """The name of a job given by id, for the audit trail (the id when unknown)."""
+        if isinstance(job, str) or self.dispatcher is None:
+            return str(job)
+        node = self.dispatcher.tree.nodes.get(job)
+        return node.job.name if node is not None else str(job)
+
     def run_now(self, job: JobRef, *, user: str) -> int:
-        return self._require_dispatcher().run_now(job, user)
+        with audit.scope(self.store, user, "job.run", [self._job_name(job)]) as note:
+            run_id = self._require_dispatcher().run_now(job, user)
+            note.detail = f"run {run_id}"
+            return run_id
 
     def kill(self, job: JobRef, *, user: str) -> int:
-        return self._require_dispatcher().kill(job, user)
+        with audit.scope(self.store, user, "job.kill", [self._job_name(job)]) as note:
+            run_id = self._require_dispatcher().kill(job, user)
+            note.detail = f"killed run {run_id}"
+            return run_id
 
     def restart(self, job: JobRef, *, user: str) -> Any:
-        return self._require_dispatcher().restart(job, user)
+        with audit.scope(self.store, user, "job.restart", [self._job_name(job)]) as note:
+            when = self._require_dispatcher().restart(job, user)
+            note.detail = f"next run {when.isoformat()}" if when else "no next run"
+            return when
 
     # ------------------------------------------------------------ views
 
@@ -423,6 +457,27 @@ class Engine:
             job_view(rec, depth, *states.get(rec.id, ("idle", None)))
             for rec, depth in tree_order(records)
         ]
+
+
+def _batch_operation(batch: Batch) -> str:
+    parts = [
+        op
+        for op, items in (
+            ("jobs.create", batch.creates),
+            ("jobs.modify", batch.changes),
+            ("jobs.delete", batch.deletes),
+        )
+        if items
+    ]
+    return parts[0] if len(parts) == 1 else "jobs.edit"
+
+
+def _note_batch(note: audit.AuditNote, result: BatchResult) -> None:
+    summary = (
+        f"{len(result.created)} created, {len(result.modified)} modified, "
+        f"{len(result.deleted)} deleted"
+    )
+    note.detail = f"{note.detail}: {summary}" if note.detail else summary
 
 
 def tree_order(records: Sequence[JobRecord]) -> list[tuple[JobRecord, int]]:

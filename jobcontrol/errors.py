@@ -75,3 +75,36 @@ class AlreadyRunningError(JobControlError):
 
 class StoreError(JobControlError):
     """A database failure, wrapped."""
+
+
+class UserError(ValidationError):
+    """A user-management request refused because of what it would do to a user."""
+
+    def __init__(self, user: str, reason: str) -> None:
+        self.user = user
+        self.reason = reason
+        super().__init__(f"user {user!r}: {reason}")
+
+
+class UnknownUserError(UserError):
+    def __init__(self, user: str) -> None:
+        super().__init__(user, "no such user")
+
+
+class DuplicateUserError(UserError):
+    def __init__(self, user: str) -> None:
+        super().__init__(user, "a user with this name already exists")
+
+
+class BadRoleError(UserError):
+    def __init__(self, user: str, role: str, roles: str) -> None:
+        self.role = role
+        super().__init__(user, f"unknown role {role!r} (one of {roles})")
+
+
+class BadUserNameError(UserError):
+    """A user name that is empty, too long or has characters outside the allowed set."""
+
+
+class TokenFileError(JobControlError):
+    """The admin token file could not be written."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobcontrol import audit
 from jobcontrol.definitions import (
     JobDef,
     dump_definitions,
@@ -24,9 +25,19 @@ def load_definitions(
 
     The file is the whole definition of the jobs it names: a field it leaves
     out goes back to its default. With ``replace``, jobs of the file's trees
-    that the file no longer has are deleted in the same batch.
+    that the file no longer has are deleted in the same batch. Audited as one
+    'definitions.load' entry naming the file, refusals included.
     """
+    with audit.scope(engine.store, user, "definitions.load") as note:
+        note.detail = source
+        return _load(engine, text, source, note, replace=replace)
+
+
+def _load(
+    engine: Engine, text: str, source: str, note: audit.AuditNote, *, replace: bool
+) -> BatchResult:
     roots = parse_definitions(text, source)
+    note.jobs = [d.name for d, _ in iter_defs(roots)]
     with engine.store.read() as conn:
         records = queries.load_all_jobs(conn)
     existing = {r.name: r for r in records}
@@ -49,7 +60,7 @@ def load_definitions(
     if replace:
         batch.deletes = _dropped(records, roots, existing)
     try:
-        return engine.apply_batch(batch, user=user)
+        return engine.apply_batch(batch, user=note.user)
     except JobError as exc:
         raise DefinitionError(source, lines.get(exc.job), str(exc)) from exc
 

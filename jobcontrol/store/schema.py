@@ -129,3 +129,31 @@ meta = Table(
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
 )
+
+app_user = Table(
+    "app_user",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),
+    # sha256 hex of the token; the token itself is never stored.
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("created", UTCDateTime, nullable=False),
+    Column("token_created", UTCDateTime, nullable=False),
+    Column("last_seen", UTCDateTime),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    # Longer than a user name: CLI entries are 'local:<login name>'.
+    Column("user_name", String(128), nullable=False),
+    Column("operation", String(32), nullable=False),
+    Column("jobs", Text, nullable=False),  # a JSON list of job names
+    Column("result", String(8), nullable=False),
+    Column("detail", Text, nullable=False),
+    Index("ix_audit_at", "at"),
+    Index("ix_audit_user", "user_name", "id"),
+)

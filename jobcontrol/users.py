@@ -1,0 +1,313 @@
+"""Users, roles and bearer tokens (core: no web framework here).
+
+A token is ``jc_`` + ``secrets.token_urlsafe(32)``; only its sha256 is stored,
+so it is shown once, when made. The first start of the daemon, with no users
+at all, makes user ``admin`` and leaves its token in a mode 0600 file in the
+user's config directory, where the CLI and the Qt client find it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from jobcontrol import audit
+from jobcontrol.errors import (
+    BadRoleError,
+    BadUserNameError,
+    DuplicateUserError,
+    TokenFileError,
+    UnknownUserError,
+    UserError,
+)
+from jobcontrol.store import Store
+from jobcontrol.store import access_queries as q
+
+TOKEN_PREFIX = "jc_"
+ADMIN_USER = "admin"
+# Who the audit trail names for the first-start admin.
+BOOTSTRAP_USER = "jobcontrol"
+TOKEN_FILE = "token"
+NAME_MAX = 64
+# Letters, digits and . _ @ -, starting with a letter or digit: no ':' so no name
+# can pass for the CLI's 'local:<login>' audit entries.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
+LAST_SEEN_EVERY = timedelta(minutes=1)
+
+
+class Action(enum.StrEnum):
+    """What a request does, as far as permissions go."""
+
+    READ = "read"
+    RUN = "run"
+    KILL = "kill"
+    RESTART = "restart"
+    ACTIVATE = "activate"  # and deactivate
+    PAUSE = "pause"  # and resume the timers
+    CREATE = "create"
+    MODIFY = "modify"
+    DELETE = "delete"
+    MANAGE_USERS = "manage_users"
+
+    @classmethod
+    def for_fields(cls, fields: Iterable[str]) -> Action:
+        """A change of ``active`` alone is activate/deactivate; any other field is modify."""
+        return cls.ACTIVATE if set(fields) <= {"active"} else cls.MODIFY
+
+
+class Role(enum.StrEnum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+    def can(self, action: Action) -> bool:
+        return action in PERMISSIONS[self]
+
+
+_VIEWER = frozenset({Action.READ})
+_OPERATOR = _VIEWER | {Action.RUN, Action.KILL, Action.RESTART, Action.ACTIVATE, Action.PAUSE}
+_ADMIN = _OPERATOR | {Action.CREATE, Action.MODIFY, Action.DELETE, Action.MANAGE_USERS}
+# The one place that says who may do what.
+PERMISSIONS: dict[Role, frozenset[Action]] = {
+    Role.VIEWER: _VIEWER,
+    Role.OPERATOR: _OPERATOR,
+    Role.ADMIN: _ADMIN,
+}
+
+
+@dataclass(frozen=True)
+class User:
+    id: int
+    name: str
+    role: Role
+    created: datetime
+    token_created: datetime
+    last_seen: datetime | None
+
+    def can(self, action: Action) -> bool:
+        return self.role.can(action)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": str(self.role),
+            "created": self.created.isoformat(),
+            "token_created": self.token_created.isoformat(),
+            "last_seen": self.last_seen.isoformat() if self.last_seen else None,
+        }
+
+
+def _user(row: Any) -> User:
+    return User(
+        id=int(row.id),
+        name=row.name,
+        role=Role(row.role),
+        created=row.created,
+        token_created=row.token_created,
+        last_seen=row.last_seen,
+    )
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def check_name(name: str) -> str:
+    if not name:
+        raise BadUserNameError(name, "a user name cannot be empty")
+    if len(name) > NAME_MAX:
+        raise BadUserNameError(name, f"a user name has at most {NAME_MAX} characters")
+    if not _NAME_RE.fullmatch(name):
+        raise BadUserNameError(
+            name,
+            "a user name has letters, digits and . _ @ - only, and starts with a letter or digit",
+        )
+    return name
+
+
+def parse_role(user: str, role: str | Role) -> Role:
+    try:
+        return Role(role)
+    except ValueError:
+        raise BadRoleError(user, str(role), ", ".join(r.value for r in Role)) from None
+
+
+# ---------------------------------------------------------------- management
+
+
+def add_user(
+    store: Store, name: str, role: str | Role, *, by: str | None = None
+) -> tuple[User, str]:
+    """Create a user; returns it with its token (shown once: only the hash is kept).
+
+    ``by`` names who asks: the request is then audited as 'user.add'.
+    """
+    with _maybe_audited(store, by, "user.add") as note:
+        check_name(name)
+        parsed = parse_role(name, role)
+        token, now = _new_token(), datetime.now(UTC)
+        with store.write() as conn:
+            if q.user_row(conn, name) is not None:
+                raise DuplicateUserError(name)
+            q.insert_user(
+                conn,
+                {
+                    "name": name,
+                    "role": str(parsed),
+                    "token_hash": hash_token(token),
+                    "created": now,
+                    "token_created": now,
+                },
+            )
+            row = q.user_row(conn, name)
+            _note_success(conn, note, f"added user {name!r} with role {parsed}")
+    return _user(row), token
+
+
+def remove_user(store: Store, name: str, *, by: str | None = None) -> None:
+    """Remove a user (its token stops working at once). The last admin cannot be removed."""
+    with _maybe_audited(store, by, "user.remove") as note, store.write() as conn:
+        row = q.user_row(conn, name)
+        if row is None:
+            raise UnknownUserError(name)
+        if row.role == Role.ADMIN and q.count_role(conn, Role.ADMIN) == 1:
+            raise UserError(name, "the last admin cannot be removed (add another admin first)")
+        q.delete_user(conn, name)
+        _note_success(conn, note, f"removed user {name!r} ({row.role})")
+
+
+def new_token(store: Store, name: str, *, by: str | None = None) -> str:
+    """A new token for the user, replacing the old one (which stops working); shown once."""
+    with _maybe_audited(store, by, "user.token") as note:
+        token = _new_token()
+        with store.write() as conn:
+            if not q.set_token(conn, name, hash_token(token), datetime.now(UTC)):
+                raise UnknownUserError(name)
+            _note_success(conn, note, f"new token for user {name!r}")
+    return token
+
+
+def list_users(store: Store) -> list[User]:
+    with store.read() as conn:
+        return [_user(r) for r in q.all_users(conn)]
+
+
+def get_user(store: Store, name: str) -> User:
+    with store.read() as conn:
+        row = q.user_row(conn, name)
+    if row is None:
+        raise UnknownUserError(name)
+    return _user(row)
+
+
+def _maybe_audited(store: Store, by: str | None, operation: str) -> Any:
+    if by is None:
+        from contextlib import nullcontext
+
+        return nullcontext(None)
+    return audit.scope(store, by, operation)
+
+
+def _note_success(conn: Any, note: audit.AuditNote | None, detail: str) -> None:
+    if note is not None:
+        note.detail = detail
+        audit.record_note(conn, note)
+
+
+# ---------------------------------------------------------------- authentication
+
+
+def authenticate(store: Store, token: str, *, now: datetime | None = None) -> User | None:
+    """The user the token belongs to, or None. Records last_seen at most once a minute."""
+    if not token or not token.startswith(TOKEN_PREFIX):
+        return None
+    digest = hash_token(token)
+    with store.read() as conn:
+        row = q.user_by_token_hash(conn, digest)
+    if row is None or not hmac.compare_digest(row.token_hash, digest):
+        return None
+    now = now or datetime.now(UTC)
+    user = _user(row)
+    if user.last_seen is None or now - user.last_seen >= LAST_SEEN_EVERY:
+        with store.write() as conn:
+            q.touch_user(conn, user.id, now, now - LAST_SEEN_EVERY)
+    return user
+
+
+# ---------------------------------------------------------------- first start
+
+
+def default_config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "jobcontrol"
+
+
+def ensure_admin_token(store: Store, config_dir: Path) -> Path | None:
+    """On first start (no users at all): make user 'admin', write its token to
+    ``config_dir/token`` (mode 0600) and return that path. Otherwise do nothing.
+
+    The file is written before the user is committed, so a failure leaves no
+    admin whose token nobody has.
+    """
+    path = config_dir / TOKEN_FILE
+    with store.write() as conn:
+        if q.count_users(conn) > 0:
+            return None
+        token, now = _new_token(), datetime.now(UTC)
+        q.insert_user(
+            conn,
+            {
+                "name": ADMIN_USER,
+                "role": str(Role.ADMIN),
+                "token_hash": hash_token(token),
+                "created": now,
+                "token_created": now,
+            },
+        )
+        detail = f"first start: user {ADMIN_USER!r} with role admin, token written to {path}"
+        audit.record(conn, BOOTSTRAP_USER, "user.add", [], audit.Result.OK, detail)
+        write_token_file(path, token)
+    return path
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write atomically, mode 0600 from the first byte (never readable by others)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+            os.chmod(path.parent, 0o700)  # mkdir's mode is subject to the umask
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # the umask can only take bits away; make it exact
+            data = (token + "\n").encode()
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TokenFileError(f"cannot write the admin token to {path}: {exc.strerror}") from exc
+
+
+def read_token_file(config_dir: Path) -> str | None:
+    """The token in ``config_dir/token``, or None when there is no such file."""
+    try:
+        return (config_dir / TOKEN_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
