@@ -30,6 +30,7 @@ from jobcontrol.fields import check_name, normalise_fields
 from jobcontrol.model import JobRecord, JobState, Kind, RunRecord
 from jobcontrol.store import Store, queries
 from jobcontrol.timers import Clock, SystemClock
+from jobcontrol.views import job_view, tree_order
 
 log = logging.getLogger(__name__)
 
@@ -478,41 +479,3 @@ def _note_batch(note: audit.AuditNote, result: BatchResult) -> None:
         f"{len(result.deleted)} deleted"
     )
     note.detail = f"{note.detail}: {summary}" if note.detail else summary
-
-
-def tree_order(records: Sequence[JobRecord]) -> list[tuple[JobRecord, int]]:
-    children: dict[int | None, list[JobRecord]] = {}
-    for rec in records:
-        children.setdefault(rec.parent_id, []).append(rec)
-    for sibs in children.values():
-        sibs.sort(key=lambda r: (r.job_order, r.id))
-    out: list[tuple[JobRecord, int]] = []
-    stack = [(r, 0) for r in reversed(children.get(None, []))]
-    while stack:
-        rec, depth = stack.pop()
-        out.append((rec, depth))
-        stack.extend((c, depth + 1) for c in reversed(children.get(rec.id, [])))
-    return out
-
-
-def job_view(rec: JobRecord, depth: int, state: str, started: Any) -> dict[str, Any]:
-    return {
-        "id": rec.id,
-        "name": rec.name,
-        "parent": rec.parent_id,
-        "depth": depth,
-        "kind": str(rec.kind),
-        "active": rec.active,
-        "state": state,
-        "started": started.isoformat() if started else None,
-        "last_ran": rec.last_ran.isoformat() if rec.last_ran else None,
-        "last_duration_ms": rec.last_duration_ms,
-        "exit_status": rec.exit_status,
-        "next_runs": rec.next_runs.isoformat() if rec.next_runs else None,
-        "timer": rec.timer,
-        "command": rec.command,
-        "on_error": str(rec.on_error),
-        "box_type": str(rec.box_type) if rec.kind is Kind.BOX else None,
-        "job_order": rec.job_order,
-        "version": rec.version,
-    }

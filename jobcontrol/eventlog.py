@@ -46,9 +46,9 @@ from blinker import Signal
 
 from jobcontrol import events
 from jobcontrol.dispatcher import Dispatcher
-from jobcontrol.engine import job_view
 from jobcontrol.errors import JobControlError
 from jobcontrol.tree import Node
+from jobcontrol.views import job_view
 
 log = logging.getLogger(__name__)
 

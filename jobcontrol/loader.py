@@ -12,10 +12,11 @@ from jobcontrol.definitions import (
     iter_defs,
     parse_definitions,
 )
-from jobcontrol.engine import Batch, BatchResult, Engine, JobChange, NewJob, tree_order
+from jobcontrol.engine import Batch, BatchResult, Engine, JobChange, NewJob
 from jobcontrol.errors import DefinitionError, JobError, UnknownJobError
 from jobcontrol.model import JobRecord, Kind
 from jobcontrol.store import queries
+from jobcontrol.views import tree_order
 
 
 def load_definitions(

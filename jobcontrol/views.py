@@ -1,0 +1,46 @@
+"""How jobs are shown: tree order and the per-job view ``ls --json`` and the API give."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jobcontrol.model import JobRecord, Kind
+
+
+def tree_order(records: Sequence[JobRecord]) -> list[tuple[JobRecord, int]]:
+    children: dict[int | None, list[JobRecord]] = {}
+    for rec in records:
+        children.setdefault(rec.parent_id, []).append(rec)
+    for sibs in children.values():
+        sibs.sort(key=lambda r: (r.job_order, r.id))
+    out: list[tuple[JobRecord, int]] = []
+    stack = [(r, 0) for r in reversed(children.get(None, []))]
+    while stack:
+        rec, depth = stack.pop()
+        out.append((rec, depth))
+        stack.extend((c, depth + 1) for c in reversed(children.get(rec.id, [])))
+    return out
+
+
+def job_view(rec: JobRecord, depth: int, state: str, started: Any) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "name": rec.name,
+        "parent": rec.parent_id,
+        "depth": depth,
+        "kind": str(rec.kind),
+        "active": rec.active,
+        "state": state,
+        "started": started.isoformat() if started else None,
+        "last_ran": rec.last_ran.isoformat() if rec.last_ran else None,
+        "last_duration_ms": rec.last_duration_ms,
+        "exit_status": rec.exit_status,
+        "next_runs": rec.next_runs.isoformat() if rec.next_runs else None,
+        "timer": rec.timer,
+        "command": rec.command,
+        "on_error": str(rec.on_error),
+        "box_type": str(rec.box_type) if rec.kind is Kind.BOX else None,
+        "job_order": rec.job_order,
+        "version": rec.version,
+    }
