@@ -73,6 +73,23 @@ def _parser() -> argparse.ArgumentParser:
         d.add_argument("--slots", type=int, default=8, help="task slots of the local executor")
         d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
         d.add_argument("--log-level", default="INFO")
+        d.add_argument(
+            "--listen", default="127.0.0.1", help="address of the admin API (default %(default)s)"
+        )
+        d.add_argument(
+            "--port",
+            type=int,
+            default=None,
+            help="its port (default $JOBCONTROL_PORT or 8640; 0 picks a free one)",
+        )
+        d.add_argument(
+            "--tls-cert",
+            type=Path,
+            default=None,
+            help="serve the API over TLS with this certificate",
+        )
+        d.add_argument("--tls-key", type=Path, default=None, help="... and this key")
+        d.add_argument("--no-api", action="store_true", help="run without the admin API")
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
@@ -285,6 +302,10 @@ def _daemon(args: argparse.Namespace) -> int:
     cmd = args.daemon_command
     if cmd in ("run", "start"):
         opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
+        opts.api, opts.host = not args.no_api, args.listen
+        opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
+        if args.port is not None:
+            opts.port = args.port
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -303,6 +324,10 @@ def _daemon(args: argparse.Namespace) -> int:
         argv += ["--log-level", opts.log_level] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
+        argv += ["--listen", opts.host, "--port", str(opts.port)]
+        argv += ["--no-api"] if args.no_api else []
+        if opts.tls_cert and opts.tls_key:
+            argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
         pid = start_detached(opts, argv)
         print(f"daemon started: pid {pid}, log {opts.log_file}")
         return 0
@@ -328,6 +353,8 @@ def _daemon(args: argparse.Namespace) -> int:
     finally:
         store.dispose()
     print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
+    url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
+    print(f"admin API: {url}/api/v1" if url else "admin API: off")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")
     for run in active:
         print(f"  run {run.id} {run.job_name} ({run.kind}, {run.state}) since {_when(run.started)}")

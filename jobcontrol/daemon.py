@@ -23,9 +23,9 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
@@ -34,9 +34,14 @@ from jobcontrol.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.store import Store, queries, redact
 
+if TYPE_CHECKING:
+    from jobcontrol.api.server import ApiServer
+    from jobcontrol.eventlog import EventLog
+
 log = logging.getLogger(__name__)
 
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
+DEFAULT_PORT = 8640
 
 
 def state_dir_default() -> Path:
@@ -51,6 +56,12 @@ class DaemonOptions:
     log_root: Path | None = None
     slots: int = 8
     log_level: str = "INFO"
+    api: bool = True
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=lambda: int(os.environ.get("JOBCONTROL_PORT", DEFAULT_PORT)))
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    config_dir: Path | None = None
 
     @property
     def tag(self) -> str:
@@ -63,6 +74,11 @@ class DaemonOptions:
     @property
     def log_file(self) -> Path:
         return self.state_dir / f"daemon-{self.tag}.log"
+
+    @property
+    def url_file(self) -> Path:
+        """Where a running daemon leaves its admin API's URL for clients to find."""
+        return self.state_dir / f"daemon-{self.tag}.url"
 
     @property
     def task_logs(self) -> Path:
@@ -217,6 +233,8 @@ class Daemon:
         self.lease = DatabaseLease(self.store)
         self.pid_file = PidFile(opts.pid_file)
         self.dispatcher: Dispatcher | None = None
+        self.api: ApiServer | None = None
+        self.eventlog: EventLog | None = None
         self.stop_requested = threading.Event()
 
     def start(self) -> Dispatcher:
@@ -227,15 +245,53 @@ class Daemon:
             config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
             self.dispatcher = Dispatcher(self.store, config)
             self.dispatcher.start()
+            if self.opts.api:
+                self._start_api(self.dispatcher)
         except BaseException:
-            self.pid_file.release()
-            self.lease.release()
+            self.stop()
             raise
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
         return self.dispatcher
 
+    def _start_api(self, dispatcher: Dispatcher) -> None:
+        from jobcontrol import __version__
+        from jobcontrol.api.deps import ApiContext
+        from jobcontrol.api.server import ApiServer
+        from jobcontrol.engine import Engine
+        from jobcontrol.eventlog import EventLog
+        from jobcontrol.users import default_config_dir, ensure_admin_token
+
+        token_file = ensure_admin_token(self.store, self.opts.config_dir or default_config_dir())
+        if token_file is not None:
+            log.warning("first start: created user 'admin'; its token is in %s", token_file)
+        self.eventlog = EventLog(dispatcher)
+        self.eventlog.start()
+        ctx = ApiContext(
+            store=self.store,
+            engine=Engine(self.store, dispatcher),
+            dispatcher=dispatcher,
+            eventlog=self.eventlog,
+            version=__version__,
+            started=dispatcher.clock.now(),
+            request_shutdown=lambda force: self.stop_requested.set(),
+        )
+        self.api = ApiServer(
+            ctx,
+            host=self.opts.host,
+            port=self.opts.port,
+            certfile=self.opts.tls_cert,
+            keyfile=self.opts.tls_key,
+        )
+        url = self.api.start()
+        self.opts.url_file.write_text(url + "\n")
+
     def stop(self) -> None:
         try:
+            if self.api is not None:
+                self.api.stop()
+                self.opts.url_file.unlink(missing_ok=True)
+            if self.eventlog is not None:
+                self.eventlog.stop()
             if self.dispatcher is not None:
                 self.dispatcher.stop(kill_running=True)
         finally:

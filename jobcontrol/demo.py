@@ -65,7 +65,7 @@ def run_demo(directory: Path | None, *, duration: float | None, slots: int, verb
     directory.mkdir(parents=True, exist_ok=True)
     configure_logging("DEBUG" if verbose else "WARNING")
     opts = DaemonOptions(
-        db_url=f"sqlite:///{directory / 'demo.db'}", state_dir=directory, slots=slots
+        db_url=f"sqlite:///{directory / 'demo.db'}", state_dir=directory, slots=slots, api=False
     )
     daemon = Daemon(opts)
     printer = _Printer()

@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from concurrent.futures import Future
+
 from jobcontrol import events
-from jobcontrol.model import DISPATCHER_USER, OnError, RunState, Trigger
+from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, RunState, Trigger
 from jobcontrol.runs import Frame, TreeRun, Tx
 from jobcontrol.store import queries
 from jobcontrol.timers import Clock, TimerService
@@ -40,12 +44,16 @@ class TimerMachine:
     frames: dict[int, Frame]
     armed: dict[int, Armed]
     stats: Any
+    config: Any
+    # While paused, ``armed`` still records every tree's due time but no timer is set.
+    _timers_paused: bool = False
 
     if TYPE_CHECKING:
 
         @property
         def tx(self) -> Tx: ...
         def post(self, event: Any) -> None: ...
+        def call(self, fn: Callable[[], Any]) -> Future[Any]: ...
         def _busy_job(self, node: Node) -> Node | None: ...
         def _start_run(self, node: Node, trigger: Trigger, immediate: bool, user: str) -> int: ...
         def _insert_run(
@@ -71,12 +79,89 @@ class TimerMachine:
 
     def _arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
         self.armed[top.id] = Armed(due, trigger)
+        self._schedule_event(top, due)
+        if self._timers_paused:
+            log.info("Timers paused: job %s recorded to run at %s", top.job.name, due)
+            return
         top_id = top.id
         log.info("Starting timer for job %s : runs at %s", top.job.name, due)
         self.timers.arm(
             ("tree", top_id), due, lambda: self.post((lambda: self._timer_fired(top_id, due), None))
         )
-        self._schedule_event(top, due)
+
+    # ------------------------------------------------------------ pause / resume
+
+    @property
+    def paused(self) -> bool:
+        """Whether timers are paused (trees stay scheduled, nothing fires)."""
+        return self._timers_paused
+
+    def pause_timers(self) -> int:
+        """Stop every timer from firing; runs in flight go on. Returns how many were armed."""
+
+        def handler() -> int:
+            if not self._timers_paused:
+                self._timers_paused = True
+                for top_id in self.armed:
+                    self.timers.cancel(("tree", top_id))
+                log.info("Timers paused (%d armed)", len(self.armed))
+            return len(self.armed)
+
+        return int(self.call(handler).result(self.config.edit_timeout))
+
+    def resume_timers(self) -> int:
+        """Re-evaluate and re-arm every scheduled tree; a time missed follows its misfire policy.
+
+        Returns how many timers are armed afterwards.
+        """
+
+        def handler() -> int:
+            if not self._timers_paused:
+                return len(self.armed)
+            self._timers_paused = False
+            now = self.clock.now()
+            for top_id, armed in list(self.armed.items()):
+                top = self.tree.get(top_id)
+                if top is None:
+                    continue
+                if armed.when <= now and top.job.misfire is Misfire.RUN_ONCE:
+                    # Missed while paused: a re-evaluation from now could lose it.
+                    self._arm(top, armed.when, armed.trigger)
+                else:
+                    self._restart_subtree_timer(top)
+            log.info("Timers resumed (%d armed)", len(self.armed))
+            return len(self.armed)
+
+        return int(self.call(handler).result(self.config.edit_timeout))
+
+    def status(self, next_timers: int = 5) -> dict[str, Any]:
+        """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
+
+        def handler() -> dict[str, Any]:
+            armed = sorted(
+                (a.when, self.tree.nodes[i].job.name) for i, a in self.armed.items()
+                if i in self.tree.nodes
+            )  # fmt: skip
+            runs = []
+            for tr in self.tree_runs.values():
+                frame = self.frames.get(tr.root_run_id) if tr.root_run_id is not None else None
+                runs.append(
+                    {
+                        "job": tr.root.job.name,
+                        "run_id": tr.root_run_id,
+                        "trigger": str(tr.trigger),
+                        "started": frame.started if frame is not None else None,
+                    }
+                )
+            return {
+                "paused": self._timers_paused,
+                "timers_armed": len(armed),
+                "next_timers": [{"job": name, "at": when} for when, name in armed[:next_timers]],
+                "runs_in_flight": sorted(runs, key=lambda r: r["run_id"] or 0),
+            }
+
+        result: dict[str, Any] = self.call(handler).result(self.config.edit_timeout)
+        return result
 
     def _disarm(self, top: Node) -> None:
         if self.armed.pop(top.id, None) is not None:
@@ -109,8 +194,8 @@ class TimerMachine:
     def _timer_fired(self, top_id: int, when: datetime) -> None:
         armed = self.armed.get(top_id)
         top = self.tree.get(top_id)
-        if armed is None or armed.when != when or top is None:
-            return  # cancelled or re-armed since
+        if armed is None or armed.when != when or top is None or self._timers_paused:
+            return  # cancelled or re-armed since, or fired just before a pause
         del self.armed[top_id]
         log.debug("Timer has fired for job %s", top.job.name)
         busy = self._busy_job(top)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.integration.helpers import JC
 from tests.pgserver import PostgresServer
 
 # Qt must never try to open a display: there is none on CI.
@@ -74,3 +76,26 @@ def db_url(request: pytest.FixtureRequest) -> str:
     fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
     url: str = request.getfixturevalue(fixture)
     return url
+
+
+MakeJC = Callable[..., JC]
+
+
+@pytest.fixture
+def make_jc(tmp_path: Path) -> Iterator[MakeJC]:
+    made: list[JC] = []
+
+    def make(url: str, *, start: bool = True, **config: Any) -> JC:
+        jc = JC(url, tmp_path, **config)
+        made.append(jc)
+        return jc.start() if start else jc
+
+    yield make
+    problems: list[str] = []
+    for jc in made:
+        leftovers = jc.close()
+        if leftovers:
+            problems.append(f"task processes outlived the dispatcher's stop: {leftovers}")
+        problems += [f"Job Control logged an error: {m}" for m in jc.errors.messages()]
+    if problems:
+        pytest.fail("\n".join(problems))

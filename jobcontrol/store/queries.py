@@ -462,3 +462,9 @@ def forget_log(conn: Connection, run_ids: Sequence[int]) -> None:
 
 def count_runs(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(run)).scalar_one())
+
+
+def count_queued(conn: Connection) -> int:
+    """Task runs waiting for a free slot (the queue depth)."""
+    stmt = select(func.count()).select_from(run).where(run.c.state == str(RunState.QUEUED))
+    return int(conn.execute(stmt).scalar_one())

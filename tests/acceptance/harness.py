@@ -54,6 +54,8 @@ def clean_env(base: Path, **extra: str) -> dict[str, str]:
         "XDG_STATE_HOME": str(xdg),
         "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1",
+        # Tests run many daemons side by side: each admin API on a free port.
+        "JOBCONTROL_PORT": "0",
     }
     if "TZ" in os.environ:
         env["TZ"] = os.environ["TZ"]

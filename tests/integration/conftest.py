@@ -9,35 +9,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
+from tests.conftest import MakeJC  # noqa: F401  (re-exported for the test modules)
 from tests.integration.helpers import JC
-
-MakeJC = Callable[..., JC]
-
-
-@pytest.fixture
-def make_jc(tmp_path: Path) -> Iterator[MakeJC]:
-    made: list[JC] = []
-
-    def make(url: str, *, start: bool = True, **config: Any) -> JC:
-        jc = JC(url, tmp_path, **config)
-        made.append(jc)
-        return jc.start() if start else jc
-
-    yield make
-    problems: list[str] = []
-    for jc in made:
-        leftovers = jc.close()
-        if leftovers:
-            problems.append(f"task processes outlived the dispatcher's stop: {leftovers}")
-        problems += [f"Job Control logged an error: {m}" for m in jc.errors.messages()]
-    if problems:
-        pytest.fail("\n".join(problems))
 
 
 @pytest.fixture

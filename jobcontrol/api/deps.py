@@ -1,0 +1,176 @@
+"""What every route shares: the daemon's context, bearer-token authentication, error answers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from http import HTTPStatus
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from jobcontrol import audit
+from jobcontrol.dispatcher import Dispatcher
+from jobcontrol.engine import Engine
+from jobcontrol.errors import (
+    AlreadyRunningError,
+    BusyError,
+    ConflictError,
+    DefinitionError,
+    DuplicateUserError,
+    JobControlError,
+    JobRunningError,
+    NotRunningError,
+    StoreError,
+    UnknownJobError,
+    UnknownUserError,
+    ValidationError,
+)
+from jobcontrol.eventlog import EventLog
+from jobcontrol.metrics import RunMetrics
+from jobcontrol.store import Store
+from jobcontrol.users import Action, User, authenticate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ApiContext:
+    """The daemon's parts the API serves; one per app."""
+
+    store: Store
+    engine: Engine
+    dispatcher: Dispatcher
+    eventlog: EventLog
+    version: str
+    started: datetime
+    # Asks the daemon to stop; ``force`` kills running jobs. Refusals are raised.
+    request_shutdown: Callable[[bool], None] = field(default=lambda force: None)
+    # Run counters for /metrics (started by whoever makes the context); None: not counted.
+    metrics: RunMetrics | None = None
+    # Seconds between keepalive comments on an idle event stream.
+    event_heartbeat: float = 15.0
+
+
+def get_context(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.ctx
+    return ctx
+
+
+Context = Annotated[ApiContext, Depends(get_context)]
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise HTTPException(
+            401,
+            "this request needs a bearer token (Authorization: Bearer <token>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HTTPException(
+            401,
+            "the Authorization header must be 'Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return token.strip()
+
+
+def require(action: Action) -> Callable[..., User]:
+    """A dependency: the authenticated user, who must be allowed ``action`` (401 / 403 otherwise)."""
+
+    def dependency(
+        request: Request, ctx: Context, authorization: Annotated[str | None, Header()] = None
+    ) -> User:
+        user = authenticate(ctx.store, _bearer(authorization))
+        if user is None:
+            raise HTTPException(
+                401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        if not user.can(action):
+            message = f"user {user.name!r} has role {user.role}, which may not {action}"
+            if action is not Action.READ:  # a refused change belongs in the audit trail
+                audit.record(
+                    ctx.store,
+                    user.name,
+                    f"{request.method} {request.url.path}",
+                    [],
+                    "refused",
+                    message,
+                )
+            raise HTTPException(403, message)
+        return user
+
+    return dependency
+
+
+# Most specific first: the first matching class decides the status.
+ERROR_STATUS: list[tuple[type[JobControlError], int]] = [
+    (UnknownJobError, 404),
+    (UnknownUserError, 404),
+    (ConflictError, 409),
+    (JobRunningError, 409),
+    (DuplicateUserError, 409),
+    (DefinitionError, 422),
+    (ValidationError, 422),
+    (BusyError, 503),
+    (NotRunningError, 503),
+    (AlreadyRunningError, 409),
+    (StoreError, 503),
+]
+
+
+def error_status(exc: JobControlError) -> int:
+    for cls, status in ERROR_STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 400
+
+
+def error_body(exc: JobControlError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": type(exc).__name__, "message": str(exc)}
+    for attr in ("job", "reason", "line"):
+        value = getattr(exc, attr, None)
+        if value is not None:
+            body[attr] = value
+    return body
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Engine refusals become 4xx (or 503) answers with the engine's message."""
+
+    async def on_refusal(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, JobControlError)
+        status = error_status(exc)
+        if status >= 500:
+            log.warning("request failed: %s", exc)
+        return JSONResponse(error_body(exc), status_code=status)
+
+    async def on_invalid(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        problems = [
+            f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
+            for err in exc.errors()
+        ]
+        body = {"error": "InvalidRequest", "message": "; ".join(problems), "detail": exc.errors()}
+        return JSONResponse(jsonable_encoder(body), status_code=422)
+
+    async def on_http(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        body = {
+            "error": HTTPStatus(exc.status_code).phrase.replace(" ", ""),
+            "message": str(exc.detail),
+            "detail": exc.detail,
+        }
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    app.add_exception_handler(JobControlError, on_refusal)
+    app.add_exception_handler(RequestValidationError, on_invalid)
+    app.add_exception_handler(StarletteHTTPException, on_http)

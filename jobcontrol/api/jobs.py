@@ -1,0 +1,223 @@
+"""The job routes: the tree, one job, create, batch modify, delete, run, kill, restart, history.
+
+Every change is one ``Engine`` call (one transaction, one dispatcher reaction)
+made in the authenticated user's name, so the audit trail and ``updated_by``
+carry it. Live state is read on the dispatcher's thread, never from the tree
+directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.responses import JSONResponse
+
+from jobcontrol.api.bodies import (
+    MAX_BODY_BYTES,
+    MAX_ID,
+    BoxTypeBody,
+    JobsBody,
+    ModifyBody,
+    NewJobBody,
+    OnErrorBody,
+)
+from jobcontrol.api.deps import ApiContext, Context, require
+from jobcontrol.api.runs import run_json
+from jobcontrol.dispatcher import Dispatcher
+from jobcontrol.engine import JobChange, JobRef
+from jobcontrol.errors import BusyError, UnknownJobError
+from jobcontrol.model import Kind
+from jobcontrol.tree import Node
+from jobcontrol.users import Action, User
+from jobcontrol.views import job_view
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"], max_body_size=MAX_BODY_BYTES)
+
+T = TypeVar("T")
+
+Viewer = Annotated[User, Depends(require(Action.READ))]
+Operator = Annotated[User, Depends(require(Action.RUN))]
+Activator = Annotated[User, Depends(require(Action.ACTIVATE))]
+Admin = Annotated[User, Depends(require(Action.MODIFY))]
+
+# ---------------------------------------------------------------- reading the live tree
+
+
+def on_dispatcher(ctx: ApiContext, read: Callable[[], T]) -> T:
+    """``read`` run on the dispatcher thread, between handlers (the tree is consistent there)."""
+    timeout = ctx.dispatcher.config.edit_timeout
+    try:
+        result: T = ctx.dispatcher.call(read).result(timeout)
+    except TimeoutError:
+        raise BusyError(f"the dispatcher did not answer within {timeout:g}s") from None
+    return result
+
+
+def find_node(dispatcher: Dispatcher, ref: JobRef) -> Node:
+    """The job ``ref`` names: an id, or a name; a name of digits only is an id unless a job has it."""
+    if isinstance(ref, int):
+        node = dispatcher.tree.get(ref)
+    else:
+        node = dispatcher.tree.by_name.get(ref)
+        if node is None and ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
+            node = dispatcher.tree.get(int(ref))
+    if node is None:
+        raise UnknownJobError(str(ref))
+    return node
+
+
+def resolve_job(ctx: ApiContext, ref: JobRef) -> int:
+    """The id of the job a path names (``/jobs/{job}``)."""
+    return on_dispatcher(ctx, lambda: find_node(ctx.dispatcher, ref).id)
+
+
+def _view(node: Node) -> dict[str, Any]:
+    return job_view(node.job, node.depth(), str(node.state), node.started)
+
+
+def job_detail(node: Node) -> dict[str, Any]:
+    """One job's stored fields and live state (its view, and what the view leaves out)."""
+    rec = node.job
+    return {
+        **_view(node),
+        "run_id": node.run_id,
+        "description": rec.description,
+        "queue": rec.queue,
+        "priority": rec.priority,
+        "timeout": rec.timeout_s,
+        "max_log_files": rec.max_log_files,
+        "misfire": str(rec.misfire),
+        "cwd": rec.cwd,
+        "env": dict(rec.env),
+        "last_updated": rec.last_updated.isoformat() if rec.last_updated else None,
+        "updated_by": rec.updated_by,
+    }
+
+
+def live_views(ctx: ApiContext, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """The views of these jobs (those still there), read in one go."""
+
+    def read() -> list[dict[str, Any]]:
+        nodes = (ctx.dispatcher.tree.get(i) for i in ids)
+        return [_view(n) for n in nodes if n is not None]
+
+    return on_dispatcher(ctx, read)
+
+
+def _modified(ctx: ApiContext, ids: list[int]) -> dict[str, Any]:
+    return {"modified": ids, "jobs": live_views(ctx, ids)}
+
+
+def _batch(ctx: ApiContext, user: User, jobs: Sequence[JobRef], **fields: Any) -> dict[str, Any]:
+    changes = [JobChange(job, dict(fields)) for job in jobs]
+    return _modified(ctx, ctx.engine.modify_jobs(changes, user=user.name))
+
+
+# ---------------------------------------------------------------- the tree and one job
+
+
+@router.get("/tree", summary="Every job with its live state, and the event it is consistent with")
+def get_tree(ctx: Context, _user: Viewer) -> JSONResponse:
+    seq, views = ctx.eventlog.snapshot()
+    # Built straight into JSON: the views are JSON-ready, and 10,000 of them must be quick.
+    return JSONResponse({"seq": seq, "jobs": views})
+
+
+@router.post("/jobs", status_code=201, summary="Create a box or a task")
+def create_job(
+    ctx: Context, body: NewJobBody, user: Annotated[User, Depends(require(Action.CREATE))]
+) -> dict[str, Any]:
+    fields = body.given()
+    for key in ("name", "kind", "parent"):
+        fields.pop(key, None)
+    rec = ctx.engine.create_job(
+        body.name, Kind(body.kind), parent=body.parent, user=user.name, **fields
+    )
+    return on_dispatcher(ctx, lambda: job_detail(find_node(ctx.dispatcher, rec.id)))
+
+
+@router.patch("/jobs", summary="Modify a batch of jobs in one transaction, all or nothing")
+def modify_jobs(ctx: Context, body: ModifyBody, user: Viewer) -> dict[str, Any]:
+    fields = {key for change in body.changes for key in change.fields.given()}
+    action = Action.for_fields(fields)
+    if not user.can(action):
+        raise HTTPException(
+            403,
+            f"user {user.name!r} has role {user.role}, which may not {action} "
+            f"(fields: {', '.join(sorted(fields))})",
+        )
+    changes = [JobChange(c.job, c.fields.given(), c.version) for c in body.changes]
+    return _modified(ctx, ctx.engine.modify_jobs(changes, user=user.name))
+
+
+@router.post("/jobs/delete", summary="Delete jobs with their sub-trees (parents first)")
+def delete_jobs(
+    ctx: Context, body: JobsBody, user: Annotated[User, Depends(require(Action.DELETE))]
+) -> dict[str, Any]:
+    return {"deleted": ctx.engine.delete_jobs(body.jobs, user=user.name)}
+
+
+@router.post("/jobs/activate", summary="Activate jobs (one batch)")
+def activate_jobs(ctx: Context, body: JobsBody, user: Activator) -> dict[str, Any]:
+    return _batch(ctx, user, body.jobs, active=True)
+
+
+@router.post("/jobs/deactivate", summary="Deactivate jobs (one batch)")
+def deactivate_jobs(ctx: Context, body: JobsBody, user: Activator) -> dict[str, Any]:
+    return _batch(ctx, user, body.jobs, active=False)
+
+
+@router.post("/jobs/on-error", summary="Set on_error of jobs (one batch)")
+def set_on_error(ctx: Context, body: OnErrorBody, user: Admin) -> dict[str, Any]:
+    return _batch(ctx, user, body.jobs, on_error=body.on_error)
+
+
+@router.post("/jobs/box-type", summary="Set box_type of boxes (one batch)")
+def set_box_type(ctx: Context, body: BoxTypeBody, user: Admin) -> dict[str, Any]:
+    return _batch(ctx, user, body.jobs, box_type=body.box_type)
+
+
+# The routes below name a job in the path: a name (URL-encoded; it may hold '/') or an id.
+# Those with a suffix come before GET /jobs/{job}, which would take the suffix as part of the name.
+
+
+@router.post("/jobs/{job:path}/run", status_code=202, summary="Run a job and its sub-tree now")
+def run_job(ctx: Context, job: str, user: Operator) -> dict[str, Any]:
+    return {"run_id": ctx.engine.run_now(resolve_job(ctx, job), user=user.name)}
+
+
+@router.post("/jobs/{job:path}/kill", summary="Kill the run the job is part of")
+def kill_job(
+    ctx: Context, job: str, user: Annotated[User, Depends(require(Action.KILL))]
+) -> dict[str, Any]:
+    return {"run_id": ctx.engine.kill(resolve_job(ctx, job), user=user.name)}
+
+
+@router.post("/jobs/{job:path}/restart", summary="Re-arm a top-level job's timer")
+def restart_job(
+    ctx: Context, job: str, user: Annotated[User, Depends(require(Action.RESTART))]
+) -> dict[str, Any]:
+    when = ctx.engine.restart(resolve_job(ctx, job), user=user.name)
+    return {"next_runs": when.isoformat() if when else None}
+
+
+@router.get("/jobs/{job:path}/runs", summary="A job's runs, newest first, paged by run id")
+def job_runs(
+    ctx: Context,
+    job: str,
+    _user: Viewer,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    before: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="the `next` of the previous page")
+    ] = None,
+) -> dict[str, Any]:
+    runs = ctx.engine.history(resolve_job(ctx, job), limit=limit, before_id=before)
+    more = len(runs) == limit
+    return {"runs": [run_json(r) for r in runs], "next": runs[-1].id if more else None}
+
+
+@router.get("/jobs/{job:path}", summary="One job's stored fields and live state")
+def get_job(ctx: Context, job: str, _user: Viewer) -> dict[str, Any]:
+    return on_dispatcher(ctx, lambda: job_detail(find_node(ctx.dispatcher, job)))

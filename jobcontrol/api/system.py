@@ -1,0 +1,182 @@
+"""The dispatcher as a whole: health, status, pause / resume, log level, shutdown, metrics."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict
+
+from jobcontrol import audit
+from jobcontrol.api.deps import ApiContext, Context, require
+from jobcontrol.metrics import CONTENT_TYPE, RunMetrics
+from jobcontrol.store import queries
+from jobcontrol.users import Action, User
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+LOGGER = "jobcontrol"  # the logger whose level setLogLevel (spec 11) changes
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class LogLevelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    level: LogLevel
+
+
+class ShutdownBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    force: bool = False
+
+
+# ---------------------------------------------------------------- health and status
+
+
+@router.get("/healthz", tags=["system"])
+def healthz(ctx: Context) -> JSONResponse:
+    """No authentication: 200 while the dispatcher runs, 503 otherwise."""
+    if ctx.dispatcher.running:
+        return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "stopped"}, status_code=503)
+
+
+@router.get("/api/v1/status", tags=["system"])
+def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, Any]:
+    """Tree state, timers armed (and the next few), paused, runs in flight, version, uptime."""
+    d = ctx.dispatcher
+    view = d.status()
+    now = datetime.now(UTC)
+    return {
+        "version": ctx.version,
+        "started": ctx.started.isoformat(),
+        "uptime_s": round((now - ctx.started).total_seconds(), 3),
+        "tree_state": str(d.protocol.state),
+        "paused": view["paused"],
+        "timers_armed": view["timers_armed"],
+        "next_timers": [{"job": t["job"], "at": t["at"].isoformat()} for t in view["next_timers"]],
+        "runs_in_flight": [
+            {**r, "started": r["started"].isoformat() if r["started"] else None}
+            for r in view["runs_in_flight"]
+        ],
+        "event_seq": ctx.eventlog.last_seq,
+    }
+
+
+# ---------------------------------------------------------------- timers
+
+
+@router.post("/api/v1/timers/pause", tags=["system"])
+def pause_timers(
+    ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))]
+) -> dict[str, Any]:
+    """Timers stop firing (trees stay scheduled); runs in flight go on."""
+    with audit.scope(ctx.store, user.name, "timers.pause") as note:
+        armed = ctx.dispatcher.pause_timers()
+        note.detail = f"{armed} timers held"
+    log.info("Timers paused by %s", user.name)
+    return {"paused": True, "timers_armed": armed}
+
+
+@router.post("/api/v1/timers/resume", tags=["system"])
+def resume_timers(
+    ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))]
+) -> dict[str, Any]:
+    """Re-arm every scheduled tree; a time missed while paused follows the tree's misfire."""
+    with audit.scope(ctx.store, user.name, "timers.resume") as note:
+        armed = ctx.dispatcher.resume_timers()
+        note.detail = f"{armed} timers armed"
+    log.info("Timers resumed by %s", user.name)
+    return {"paused": False, "timers_armed": armed}
+
+
+# ---------------------------------------------------------------- log level
+
+
+def _level() -> str:
+    return logging.getLevelName(logging.getLogger(LOGGER).getEffectiveLevel())
+
+
+@router.get("/api/v1/log-level", tags=["system"])
+def get_log_level(_user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, str]:
+    return {"level": _level()}
+
+
+@router.put("/api/v1/log-level", tags=["system"])
+def set_log_level(
+    body: LogLevelBody, ctx: Context, user: Annotated[User, Depends(require(Action.MODIFY))]
+) -> dict[str, str]:
+    """Spec 11 ``setLogLevel``: the level of the ``jobcontrol`` loggers."""
+    with audit.scope(ctx.store, user.name, "log.level") as note:
+        old = _level()
+        logging.getLogger(LOGGER).setLevel(body.level.value)
+        note.detail = f"log level {old} -> {body.level.value}"
+    log.warning("Log level set to %s by %s", body.level.value, user.name)
+    return {"level": _level()}
+
+
+# ---------------------------------------------------------------- shutdown
+
+
+@router.post("/api/v1/shutdown", status_code=202, tags=["system"])
+def shutdown(
+    body: ShutdownBody, ctx: Context, user: Annotated[User, Depends(require(Action.MODIFY))]
+) -> JSONResponse:
+    """Stop the daemon; refused (409) while jobs run unless ``force`` (which kills them)."""
+    running = ctx.dispatcher.busy_jobs()
+    if running and not body.force:
+        message = (
+            f"jobs are running: {', '.join(sorted(running))}; "
+            "wait for them, kill them, or shut down with force"
+        )
+        audit.record(ctx.store, user.name, "daemon.shutdown", running, "refused", message)
+        return JSONResponse(
+            {"error": "JobsRunning", "message": message, "jobs": sorted(running)},
+            status_code=409,
+        )
+    with audit.scope(ctx.store, user.name, "daemon.shutdown", running) as note:
+        note.detail = "forced, killing running jobs" if running else "graceful"
+        ctx.request_shutdown(body.force)
+    log.warning("Shutdown requested by %s (force=%s)", user.name, body.force)
+    return JSONResponse({"shutting_down": True, "force": body.force}, status_code=202)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
+    with ctx.store.read() as conn:
+        queued = queries.count_queued(conn)
+    return {
+        "jobcontrol_queue_depth": ("Task runs queued for a free slot.", queued),
+        "jobcontrol_timers_armed": ("Top-level trees scheduled.", len(ctx.dispatcher.armed)),
+        "jobcontrol_timers_paused": (
+            "1 while timers are paused.",
+            1 if ctx.dispatcher.paused else 0,
+        ),
+        "jobcontrol_tree_state_waits_total": (
+            "Edits that had to wait for the job tree.",
+            ctx.dispatcher.protocol.waits,
+        ),
+        "jobcontrol_events_seq": ("Sequence number of the last event.", ctx.eventlog.last_seq),
+    }
+
+
+@router.get("/metrics", response_class=PlainTextResponse, tags=["system"])
+def metrics(
+    ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]
+) -> PlainTextResponse:
+    """Prometheus text format 0.0.4."""
+    collector = ctx.metrics or RunMetrics(ctx.dispatcher)  # never started: zero counts
+    return PlainTextResponse(collector.render(_gauges(ctx)), media_type=CONTENT_TYPE)

@@ -1,0 +1,495 @@
+"""The job routes of the admin API over a real dispatcher: reading, editing, running, refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from jobcontrol.audit import list_entries
+from tests.api.conftest import Api
+from tests.integration.helpers import box, task
+
+pytestmark = pytest.mark.timeout(60)
+
+V1 = "/api/v1"
+
+
+def names(jobs: list[dict[str, Any]]) -> list[str]:
+    return [j["name"] for j in jobs]
+
+
+# ---------------------------------------------------------------- auth
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/tree"),
+        ("GET", "/jobs/Top"),
+        ("POST", "/jobs"),
+        ("PATCH", "/jobs"),
+        ("POST", "/jobs/delete"),
+        ("POST", "/jobs/activate"),
+        ("POST", "/jobs/Top/run"),
+        ("GET", "/jobs/Top/runs"),
+    ],
+)
+def test_every_route_needs_a_valid_token(api: Api, method: str, path: str) -> None:
+    api.jc.create(box("Top"))
+    before = api.jc.dump()
+    missing = api.client.request(method, V1 + path, json={})
+    assert missing.status_code == 401
+    assert "bearer token" in missing.json()["detail"]
+    bad = api.client.request(
+        method, V1 + path, json={}, headers={"Authorization": "Bearer jc_nope"}
+    )
+    assert bad.status_code == 401
+    assert bad.json()["detail"] == "unknown or revoked token"
+    assert api.jc.dump() == before
+
+
+def test_a_viewer_cannot_create_nor_an_operator_delete(api: Api) -> None:
+    api.jc.create(box("Top"))
+    before = api.jc.dump()
+    r = api.client.post(
+        f"{V1}/jobs", json={"name": "X", "kind": "box"}, headers=api.headers("viewer")
+    )
+    assert r.status_code == 403
+    assert "viewer" in r.json()["detail"]
+    r = api.client.post(
+        f"{V1}/jobs/delete", json={"jobs": ["Top"]}, headers=api.headers("operator")
+    )
+    assert r.status_code == 403
+    assert "operator" in r.json()["detail"]
+    assert api.jc.dump() == before
+
+
+# ---------------------------------------------------------------- reading
+
+
+def test_tree_lists_every_job_in_tree_order_with_live_state(api: Api) -> None:
+    api.jc.create(box("Top", timer="every 1h", active=True), task("t1", "true", "Top"))
+    r = api.client.get(f"{V1}/tree", headers=api.headers("viewer"))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["seq"] == api.ctx.eventlog.last_seq
+    assert names(body["jobs"]) == ["Top", "t1"]
+    top, t1 = body["jobs"]
+    assert (top["state"], top["depth"], top["timer"], top["active"]) == (
+        "idle",
+        0,
+        "every 1h",
+        True,
+    )
+    assert (t1["parent"], t1["depth"], t1["command"]) == (top["id"], 1, "true")
+    assert top["next_runs"] is not None
+
+
+def test_one_job_by_name_or_id_with_its_stored_fields(api: Api) -> None:
+    ids = api.jc.create(
+        box("Nightly/ETL jobs"),
+        task(
+            "load",
+            "echo hi",
+            "Nightly/ETL jobs",
+            description="loads",
+            queue="etl",
+            priority=5,
+            timeout="90s",
+            env={"A": "1"},
+        ),
+    )
+    by_name = api.client.get(
+        f"{V1}/jobs/{quote('Nightly/ETL jobs', safe='')}", headers=api.headers("viewer")
+    )
+    assert by_name.status_code == 200
+    assert by_name.json()["id"] == ids["Nightly/ETL jobs"]
+    assert by_name.json()["kind"] == "box"
+    load = api.client.get(f"{V1}/jobs/{ids['load']}", headers=api.headers("viewer")).json()
+    assert load["name"] == "load"
+    assert (load["description"], load["queue"], load["priority"]) == ("loads", "etl", 5)
+    assert (load["timeout"], load["env"], load["state"]) == (90.0, {"A": "1"}, "idle")
+    assert load["updated_by"] == "tester"
+    assert load["version"] == 1
+
+
+def test_a_path_of_digits_is_a_name_first_then_an_id(api: Api) -> None:
+    ids = api.jc.create(box("Top"), box("2024"))
+    h = api.headers("viewer")
+    named = api.client.get(f"{V1}/jobs/2024", headers=h).json()
+    assert named["id"] == ids["2024"]
+    by_id = api.client.get(f"{V1}/jobs/{ids['Top']}", headers=h).json()
+    assert by_id["name"] == "Top"
+
+
+def test_unknown_jobs_and_runs_are_404(api: Api) -> None:
+    h = api.headers("viewer")
+    for path in ("/jobs/nope", "/jobs/999", "/jobs/nope/runs"):
+        r = api.client.get(V1 + path, headers=h)
+        assert r.status_code == 404, path
+        assert "no such job" in r.json()["message"]
+    h = api.headers("operator")
+    assert api.client.post(f"{V1}/jobs/nope/run", headers=h).status_code == 404
+    r = api.client.post(f"{V1}/jobs/activate", json={"jobs": ["nope"]}, headers=h)
+    assert r.status_code == 404
+    assert r.json()["job"] == "nope"
+
+
+# ---------------------------------------------------------------- creating
+
+
+def test_admin_creates_a_box_and_a_task_under_it(api: Api) -> None:
+    h = api.headers("admin")
+    r = api.client.post(
+        f"{V1}/jobs",
+        json={"name": "Top", "kind": "box", "timer": "every 10m", "on_error": "abort"},
+        headers=h,
+    )
+    assert r.status_code == 201, r.text
+    top = r.json()
+    assert (top["name"], top["kind"], top["on_error"], top["version"]) == (
+        "Top",
+        "box",
+        "abort",
+        1,
+    )
+    r = api.client.post(
+        f"{V1}/jobs",
+        json={
+            "name": "t",
+            "kind": "task",
+            "parent": top["id"],
+            "command": "true",
+            "timeout": 30,
+            "env": {"X": "y"},
+        },
+        headers=h,
+    )
+    assert r.status_code == 201, r.text
+    assert (r.json()["parent"], r.json()["timeout"]) == (top["id"], 30.0)
+    stored = api.jc.job("t")
+    assert stored.parent_id == top["id"]
+    assert stored.updated_by == "admin-user"
+    api.jc.assert_tree_matches_db()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "A", "kind": "box", "colour": "red"}, "colour"),
+        ({"name": "A", "kind": "folder"}, "kind"),
+        ({"name": "A", "kind": "box", "active": "yes"}, "active"),
+        ({"name": "A", "kind": "box", "priority": "5"}, "priority"),
+        ({"name": "", "kind": "box"}, "name"),
+        ({"name": "A" * 129, "kind": "box"}, "name"),
+        ({"kind": "box"}, "name"),
+        ({"name": "A", "kind": "box", "description": "a\x00b"}, "description"),
+        ({"name": "A", "kind": "box", "parent": 2**63}, "parent"),
+    ],
+)
+def test_bad_create_bodies_are_422_naming_the_field(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
+    before = api.jc.dump()
+    r = api.client.post(f"{V1}/jobs", json=body, headers=api.headers("admin"))
+    assert r.status_code == 422
+    assert field in {str(part) for err in r.json()["detail"] for part in err["loc"]}
+    assert api.jc.dump() == before
+
+
+def test_an_invalid_schedule_is_refused_by_the_engine_naming_job_and_position(api: Api) -> None:
+    before = api.jc.dump()
+    r = api.client.post(
+        f"{V1}/jobs",
+        json={"name": "A", "kind": "box", "timer": "evry 10s"},
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 422
+    assert r.json()["job"] == "A"
+    assert "position 0" in r.json()["message"]
+    assert api.jc.dump() == before
+
+
+def test_malformed_json_and_oversize_bodies_are_refused(api: Api) -> None:
+    h = {**api.headers("admin"), "Content-Type": "application/json"}
+    r = api.client.post(f"{V1}/jobs", content=b'{"name": ', headers=h)
+    assert r.status_code == 422
+    huge = b'{"jobs": ["' + b"x" * (11 * 1024 * 1024) + b'"]}'
+    r = api.client.post(f"{V1}/jobs/delete", content=huge, headers=h)
+    assert r.status_code == 413
+
+
+# ---------------------------------------------------------------- batch modify
+
+
+def test_a_batch_modify_is_one_transaction_and_answers_the_new_views(api: Api) -> None:
+    ids = api.jc.create(box("Top"), task("a", "true", "Top"), task("b", "true", "Top"))
+    reactions = api.jc.dispatcher.stats.reactions
+    r = api.client.patch(
+        f"{V1}/jobs",
+        json={
+            "changes": [
+                {"job": "a", "version": 1, "fields": {"timer": "every 5m", "priority": 3}},
+                {"job": ids["b"], "version": None, "fields": {"description": "bee"}},
+                {"job": "Top", "fields": {"timer": "daily 22:56", "active": True}},
+            ]
+        },
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert sorted(body["modified"]) == sorted(ids.values())
+    assert {j["name"]: j["version"] for j in body["jobs"]} == {"a": 2, "b": 2, "Top": 2}
+    assert api.jc.dispatcher.stats.reactions == reactions + 1
+    assert api.jc.job("a").priority == 3
+    assert api.jc.job("b").description == "bee"
+    assert api.jc.job("Top").updated_by == "admin-user"
+    api.jc.assert_tree_matches_db()
+
+
+def test_a_stale_version_is_409_naming_the_job_and_nothing_is_written(api: Api) -> None:
+    api.jc.create(box("Top"), task("a", "true", "Top"))
+    api.jc.modify("a", description="moved on")  # version 2 now
+    before = api.jc.dump()
+    r = api.client.patch(
+        f"{V1}/jobs",
+        json={
+            "changes": [
+                {"job": "Top", "version": 1, "fields": {"description": "fine"}},
+                {"job": "a", "version": 1, "fields": {"description": "stale"}},
+            ]
+        },
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 409
+    assert r.json()["job"] == "a"
+    assert "version 2" in r.json()["message"]
+    assert api.jc.dump() == before
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"timer": "every 10 parsecs"},
+        {"colour": "red"},
+        {"active": "maybe"},
+        {"on_error": "explode"},
+        {"priority": 10_000_000},
+    ],
+)
+def test_a_bad_change_refuses_the_whole_batch(api: Api, fields: dict[str, Any]) -> None:
+    api.jc.create(box("Top"), task("a", "true", "Top"))
+    before = api.jc.dump()
+    r = api.client.patch(
+        f"{V1}/jobs",
+        json={
+            "changes": [
+                {"job": "Top", "fields": {"description": "fine"}},
+                {"job": "a", "fields": fields},
+            ]
+        },
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 422, r.text
+    if "detail" not in r.json():  # the engine's refusal names the job
+        assert r.json()["job"] == "a"
+    assert api.jc.dump() == before
+
+
+def test_an_operator_may_activate_through_patch_but_not_change_a_timer(api: Api) -> None:
+    api.jc.create(box("Top"))
+    h = api.headers("operator")
+    r = api.client.patch(
+        f"{V1}/jobs", json={"changes": [{"job": "Top", "fields": {"active": True}}]}, headers=h
+    )
+    assert r.status_code == 200, r.text
+    assert api.jc.job("Top").active is True
+    before = api.jc.dump()
+    r = api.client.patch(
+        f"{V1}/jobs",
+        json={"changes": [{"job": "Top", "fields": {"active": False, "timer": "every 1h"}}]},
+        headers=h,
+    )
+    assert r.status_code == 403
+    assert "timer" in r.json()["detail"]
+    assert api.jc.dump() == before
+
+
+def test_activating_200_jobs_is_one_batch_and_one_reaction(api: Api) -> None:
+    api.jc.create(box("Top"), *(task(f"t{i}", "true", "Top") for i in range(200)))
+    reactions = api.jc.dispatcher.stats.reactions
+    jobs = [f"t{i}" for i in range(200)]
+    r = api.client.post(f"{V1}/jobs/activate", json={"jobs": jobs}, headers=api.headers("operator"))
+    assert r.status_code == 200, r.text
+    assert len(r.json()["modified"]) == 200
+    assert all(j["active"] for j in r.json()["jobs"])
+    assert api.jc.dispatcher.stats.reactions == reactions + 1
+    r = api.client.post(
+        f"{V1}/jobs/deactivate", json={"jobs": jobs[:10]}, headers=api.headers("operator")
+    )
+    assert r.status_code == 200
+    assert [api.jc.job(n).active for n in ("t0", "t9", "t10")] == [False, False, True]
+    api.jc.assert_tree_matches_db()
+
+
+def test_on_error_and_box_type_are_admin_batches(api: Api) -> None:
+    api.jc.create(box("A"), box("B"), task("t", "true", "A"))
+    body = {"jobs": ["A", "B"], "on_error": "abort"}
+    assert (
+        api.client.post(f"{V1}/jobs/on-error", json=body, headers=api.headers("operator"))
+    ).status_code == 403
+    r = api.client.post(f"{V1}/jobs/on-error", json=body, headers=api.headers("admin"))
+    assert r.status_code == 200, r.text
+    assert {j["on_error"] for j in r.json()["jobs"]} == {"abort"}
+    r = api.client.post(
+        f"{V1}/jobs/box-type",
+        json={"jobs": ["A", "B"], "box_type": "timed"},
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 200
+    assert {j["box_type"] for j in r.json()["jobs"]} == {"timed"}
+    before = api.jc.dump()
+    r = api.client.post(
+        f"{V1}/jobs/box-type",
+        json={"jobs": ["A", "t"], "box_type": "sequence"},
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 422
+    assert r.json()["job"] == "t"
+    assert api.jc.dump() == before
+
+
+# ---------------------------------------------------------------- deleting
+
+
+def test_delete_takes_sub_trees_parents_first(api: Api) -> None:
+    ids = api.jc.create(box("Top"), box("Sub", "Top"), task("t", "true", "Sub"), box("Other"))
+    r = api.client.post(
+        f"{V1}/jobs/delete", json={"jobs": ["t", "Top"]}, headers=api.headers("admin")
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["deleted"] == [ids["Top"]]  # 't' went with it
+    tree = api.client.get(f"{V1}/tree", headers=api.headers("viewer")).json()
+    assert names(tree["jobs"]) == ["Other"]
+    api.jc.assert_tree_matches_db()
+
+
+# ---------------------------------------------------------------- running
+
+
+def test_run_kill_and_history(api: Api) -> None:
+    api.jc.create(box("Top"), task("sleeper", "sleep 1000", "Top", active=True))
+    h = api.headers("operator")
+    mark = api.jc.rec.mark()
+    r = api.client.post(f"{V1}/jobs/Top/run", headers=h)
+    assert r.status_code == 202, r.text
+    root = r.json()["run_id"]
+    task_run = api.jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "sleeper", since=mark
+    ).run["id"]
+    api.jc.wait_task_process(task_run)
+    live = api.client.get(f"{V1}/jobs/sleeper", headers=h).json()
+    assert (live["state"], live["run_id"]) == ("running", task_run)
+
+    busy = api.client.post(f"{V1}/jobs/Top/run", headers=h)
+    assert busy.status_code == 409
+    r = api.client.post(f"{V1}/jobs/sleeper/kill", headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["run_id"] == root
+    assert api.jc.rec.run_finished("Top", since=mark)["exit_status"] == 255
+
+    runs = api.client.get(f"{V1}/jobs/sleeper/runs", headers=api.headers("viewer")).json()
+    assert [(x["id"], x["state"], x["exit_status"]) for x in runs["runs"]] == [
+        (task_run, "killed", 255)
+    ]
+    assert runs["next"] is None
+    assert runs["runs"][0]["requested_by"] == "operator-user"
+
+
+def test_history_is_newest_first_and_paged(api: Api) -> None:
+    api.jc.create(task("quick", "true"))
+    run_ids = []
+    for _ in range(5):
+        mark = api.jc.rec.mark()
+        run_ids.append(api.jc.run_now("quick"))
+        api.jc.rec.run_finished("quick", since=mark)
+    h = api.headers("viewer")
+    page1 = api.client.get(f"{V1}/jobs/quick/runs?limit=2", headers=h).json()
+    assert [x["id"] for x in page1["runs"]] == run_ids[:-3:-1]
+    page2 = api.client.get(
+        f"{V1}/jobs/quick/runs", params={"limit": 2, "before": page1["next"]}, headers=h
+    ).json()
+    assert [x["id"] for x in page2["runs"]] == run_ids[2:0:-1]
+    page3 = api.client.get(
+        f"{V1}/jobs/quick/runs", params={"limit": 2, "before": page2["next"]}, headers=h
+    ).json()
+    assert [x["id"] for x in page3["runs"]] == [run_ids[0]]
+    assert page3["next"] is None
+    assert api.client.get(f"{V1}/jobs/quick/runs?limit=0", headers=h).status_code == 422
+
+
+def test_restart_is_top_level_only(api: Api) -> None:
+    api.jc.create(box("Top", timer="every 1h", active=True), task("t", "true", "Top"))
+    h = api.headers("operator")
+    r = api.client.post(f"{V1}/jobs/Top/restart", headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["next_runs"] == api.jc.job("Top").next_runs.isoformat()
+    r = api.client.post(f"{V1}/jobs/t/restart", headers=h)
+    assert r.status_code == 422
+    assert "not a top-level job" in r.json()["message"]
+
+
+def test_every_change_is_audited_under_the_users_name(api: Api) -> None:
+    api.jc.create(box("Top"))
+    api.client.post(f"{V1}/jobs/activate", json={"jobs": ["Top"]}, headers=api.headers("operator"))
+    api.client.post(f"{V1}/jobs/Top/run", headers=api.headers("operator"))
+    entries = list_entries(api.jc.store, limit=10, user="operator-user")
+    assert {e.operation for e in entries} >= {"jobs.modify", "job.run"}
+
+
+# ---------------------------------------------------------------- the document
+
+
+def test_the_openapi_document_lists_every_route(api: Api) -> None:
+    doc = api.client.get(f"{V1}/openapi.json").json()
+    expected = {
+        "/api/v1/tree": {"get"},
+        "/api/v1/jobs": {"post", "patch"},
+        "/api/v1/jobs/delete": {"post"},
+        "/api/v1/jobs/activate": {"post"},
+        "/api/v1/jobs/deactivate": {"post"},
+        "/api/v1/jobs/on-error": {"post"},
+        "/api/v1/jobs/box-type": {"post"},
+        "/api/v1/jobs/{job}": {"get"},
+        "/api/v1/jobs/{job}/run": {"post"},
+        "/api/v1/jobs/{job}/kill": {"post"},
+        "/api/v1/jobs/{job}/restart": {"post"},
+        "/api/v1/jobs/{job}/runs": {"get"},
+        "/api/v1/runs/{run_id}": {"get"},
+        "/api/v1/runs/{run_id}/log": {"get"},
+    }
+    for path, methods in expected.items():
+        assert path in doc["paths"], path
+        assert methods <= set(doc["paths"][path]), path
+
+
+def test_every_error_answer_has_one_shape_and_refused_changes_are_audited(api: Api) -> None:
+    answers = [
+        api.client.get("/api/v1/tree"),  # 401
+        api.client.post("/api/v1/jobs", headers=api.headers("viewer"), json={"name": "x"}),  # 403
+        api.client.get("/api/v1/jobs/nope", headers=api.headers("viewer")),  # 404
+        api.client.post(
+            "/api/v1/jobs", headers=api.headers(), json={"name": "x", "kind": "task", "bogus": 1}
+        ),  # 422
+    ]
+    assert [a.status_code for a in answers] == [401, 403, 404, 422]
+    for answer in answers:
+        body = answer.json()
+        assert body["error"]
+        assert body["message"]
+    assert "bogus" in answers[3].json()["message"]
+    refused = list_entries(api.jc.store, user="viewer-user")
+    assert [(e.operation, e.result) for e in refused] == [("POST /api/v1/jobs", "refused")]
+    assert "viewer" in refused[0].detail

@@ -1,0 +1,236 @@
+"""The dispatcher's routes: health, status, pause / resume, log level, shutdown, metrics."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from jobcontrol.audit import list_entries
+from tests.api.conftest import Api
+from tests.integration.helpers import T0, task
+
+pytestmark = pytest.mark.timeout(60)
+
+AT = T0.replace(hour=13, minute=0)
+
+
+# ---------------------------------------------------------------- health and status
+
+
+def test_healthz_needs_no_token_and_says_503_once_stopped(api: Api) -> None:
+    response = api.client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+    api.jc.dispatcher.stop(timeout=10)
+    response = api.client.get("/healthz")
+    assert response.status_code == 503
+
+
+def test_status_shows_timers_runs_and_state(api: Api) -> None:
+    gate = api.jc.gate()
+    api.jc.create(
+        task("nightly", "true", timer="daily 13:00", active=True),
+        task("slow", gate.command),
+    )
+    mark = api.jc.rec.mark()
+    run_id = api.jc.run_now("slow")
+    api.jc.rec.wait_for(lambda s: s.name == "run_started", since=mark)
+
+    body = api.client.get("/api/v1/status", headers=api.headers("viewer")).json()
+    assert body["version"] == "test"
+    assert body["tree_state"] == "idle"
+    assert body["paused"] is False
+    assert body["timers_armed"] == 1
+    assert body["next_timers"] == [{"job": "nightly", "at": AT.isoformat()}]
+    [running] = body["runs_in_flight"]
+    assert (running["job"], running["run_id"]) == ("slow", run_id)
+    assert running["started"] == T0.isoformat()
+    assert body["event_seq"] == api.ctx.eventlog.last_seq
+    assert body["uptime_s"] >= 0
+    gate.open()
+    api.jc.rec.run_finished("slow", since=mark)
+
+
+# ---------------------------------------------------------------- pause and resume
+
+
+def test_pause_stops_a_due_timer_and_resume_fires_it(api: Api) -> None:
+    api.jc.create(task("nightly", "true", timer="daily 13:00", active=True))
+    response = api.client.post("/api/v1/timers/pause", headers=api.headers("operator"))
+    assert response.status_code == 200
+    assert response.json() == {"paused": True, "timers_armed": 1}
+    status = api.client.get("/api/v1/status", headers=api.headers("viewer")).json()
+    assert status["paused"] is True
+    assert status["next_timers"] == [{"job": "nightly", "at": AT.isoformat()}]
+
+    mark = api.jc.rec.mark()
+    api.jc.advance(to=AT + timedelta(minutes=1))
+    assert api.jc.rec.started_jobs(since=mark) == []
+
+    response = api.client.post("/api/v1/timers/resume", headers=api.headers("operator"))
+    assert response.status_code == 200
+    assert response.json()["paused"] is False
+    api.jc.advance(0)
+    assert api.jc.rec.run_finished("nightly", since=mark)["trigger"] == "timer"
+
+    ops = [(e.user, e.operation, e.result) for e in list_entries(api.jc.store)]
+    assert ("operator-user", "timers.pause", "ok") in ops
+    assert ("operator-user", "timers.resume", "ok") in ops
+
+
+@pytest.mark.parametrize("path", ["/api/v1/timers/pause", "/api/v1/timers/resume"])
+def test_a_viewer_may_not_pause_or_resume(api: Api, path: str) -> None:
+    assert api.client.post(path).status_code == 401
+    response = api.client.post(path, headers=api.headers("viewer"))
+    assert response.status_code == 403
+    assert not api.jc.dispatcher.paused
+
+
+# ---------------------------------------------------------------- log level
+
+
+@pytest.fixture
+def restore_level() -> Iterator[None]:
+    logger = logging.getLogger("jobcontrol")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_level")
+def test_log_level_round_trip(api: Api) -> None:
+    response = api.client.put(
+        "/api/v1/log-level", json={"level": "DEBUG"}, headers=api.headers("admin")
+    )
+    assert response.status_code == 200
+    assert response.json() == {"level": "DEBUG"}
+    assert logging.getLogger("jobcontrol.dispatcher").isEnabledFor(logging.DEBUG)
+    got = api.client.get("/api/v1/log-level", headers=api.headers("viewer")).json()
+    assert got == {"level": "DEBUG"}
+
+    api.client.put("/api/v1/log-level", json={"level": "WARNING"}, headers=api.headers("admin"))
+    got = api.client.get("/api/v1/log-level", headers=api.headers("viewer")).json()
+    assert got == {"level": "WARNING"}
+    assert not logging.getLogger("jobcontrol.dispatcher").isEnabledFor(logging.INFO)
+
+
+@pytest.mark.usefixtures("restore_level")
+def test_log_level_refuses_unknown_levels_and_non_admins(api: Api) -> None:
+    before = logging.getLogger("jobcontrol").getEffectiveLevel()
+    response = api.client.put(
+        "/api/v1/log-level", json={"level": "CHATTY"}, headers=api.headers("admin")
+    )
+    assert response.status_code == 422
+    response = api.client.put(
+        "/api/v1/log-level", json={"level": "DEBUG"}, headers=api.headers("operator")
+    )
+    assert response.status_code == 403
+    assert logging.getLogger("jobcontrol").getEffectiveLevel() == before
+
+
+# ---------------------------------------------------------------- shutdown
+
+
+def test_shutdown_is_refused_while_a_job_runs_unless_forced(api: Api) -> None:
+    api.jc.create(task("forever", "sleep 1000"))
+    mark = api.jc.rec.mark()
+    api.jc.run_now("forever")
+    api.jc.rec.wait_for(lambda s: s.name == "run_started", since=mark)
+
+    response = api.client.post("/api/v1/shutdown", json={}, headers=api.headers("admin"))
+    assert response.status_code == 409
+    assert response.json()["jobs"] == ["forever"]
+    assert "forever" in response.json()["message"]
+    assert api.shutdown_requests == []
+
+    response = api.client.post(
+        "/api/v1/shutdown", json={"force": True}, headers=api.headers("admin")
+    )
+    assert response.status_code == 202
+    assert api.shutdown_requests == [True]
+    results = [(e.operation, e.result) for e in list_entries(api.jc.store)]
+    assert ("daemon.shutdown", "refused") in results
+    assert ("daemon.shutdown", "ok") in results
+
+
+def test_shutdown_when_idle_is_accepted_and_needs_an_admin(api: Api) -> None:
+    response = api.client.post("/api/v1/shutdown", json={}, headers=api.headers("operator"))
+    assert response.status_code == 403
+    assert api.shutdown_requests == []
+    response = api.client.post(
+        "/api/v1/shutdown", json={"force": False}, headers=api.headers("admin")
+    )
+    assert response.status_code == 202
+    assert api.shutdown_requests == [False]
+
+
+def test_shutdown_rejects_a_malformed_body(api: Api) -> None:
+    response = api.client.post(
+        "/api/v1/shutdown", json={"force": "later"}, headers=api.headers("admin")
+    )
+    assert response.status_code == 422
+    assert api.shutdown_requests == []
+
+
+# ---------------------------------------------------------------- metrics
+
+SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (\S+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample line, name{labels} -> value; fails on a line that is not well formed."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        samples[match[1] + (match[2] or "")] = float(match[3])
+    return samples
+
+
+def test_metrics_parse_and_count_runs(api: Api) -> None:
+    response = api.client.get("/metrics", headers=api.headers("viewer"))
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    before = parse_metrics(response.text)
+    assert before["jobcontrol_runs_started_total"] == 0
+    assert before['jobcontrol_run_duration_seconds_bucket{le="+Inf"}'] == 0
+    assert before["jobcontrol_queue_depth"] == 0
+    assert "# TYPE jobcontrol_run_duration_seconds histogram" in response.text
+
+    api.jc.create(task("ok", "true"), task("bad", "exit 3", timer="daily 13:00", active=True))
+    mark = api.jc.rec.mark()
+    api.jc.run_now("ok")
+    api.jc.run_now("bad")
+    api.jc.rec.run_finished("ok", since=mark)
+    api.jc.rec.run_finished("bad", since=mark)
+
+    after = parse_metrics(api.client.get("/metrics", headers=api.headers("viewer")).text)
+    assert after["jobcontrol_runs_started_total"] == 2
+    assert after['jobcontrol_runs_finished_total{state="succeeded"}'] == 1
+    assert after['jobcontrol_runs_finished_total{state="failed"}'] == 1
+    assert after['jobcontrol_run_duration_seconds_bucket{le="3600"}'] == 2
+    assert after["jobcontrol_run_duration_seconds_count"] == 2
+    assert after["jobcontrol_timers_armed"] == 1
+    assert after["jobcontrol_events_seq"] == api.ctx.eventlog.last_seq
+    assert "jobcontrol_tree_state_waits_total" in after
+
+
+def test_metrics_need_a_token(api: Api) -> None:
+    assert api.client.get("/metrics").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/api/v1/status"), ("GET", "/api/v1/log-level"), ("PUT", "/api/v1/log-level")],
+)
+def test_routes_need_a_valid_token(api: Api, method: str, path: str) -> None:
+    assert api.client.request(method, path).status_code == 401
+    bad = {"Authorization": "Bearer jc_nobody"}
+    assert api.client.request(method, path, headers=bad).status_code == 401
