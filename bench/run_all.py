@@ -23,7 +23,13 @@ sys.path.insert(0, str(HERE))
 
 import _common as c  # noqa: E402
 
-BENCHES = ["bench_sequence", "bench_timer_accuracy", "bench_startup", "bench_batch_edit"]
+BENCHES = [
+    "bench_sequence",
+    "bench_timer_accuracy",
+    "bench_startup",
+    "bench_batch_edit",
+    "bench_api",
+]
 
 # For the table: which figure is the engine's, which is its baseline, which ratio.
 SUMMARY: dict[str, list[tuple[str, str, str, str]]] = {
@@ -82,6 +88,26 @@ SUMMARY: dict[str, list[tuple[str, str, str, str]]] = {
             "active toggle: engine median",
             "active toggle: bare UPDATE median",
             "active toggle: engine / bare",
+        ),
+    ],
+    "bench_api": [
+        (
+            "API: GET /tree, 10,000 jobs",
+            "GET /tree, 10,000 jobs (median)",
+            "baseline: load_all_jobs",
+            "snapshot / bare load",
+        ),
+        (
+            "API: PATCH of 1,000 jobs",
+            "PATCH of 1,000 jobs (median)",
+            "baseline: bare UPDATE of 1,000 rows",
+            "batch / bare UPDATE",
+        ),
+        (
+            "API: event latency, 20 clients",
+            "event latency, 20 clients (median of 600)",
+            "baseline: GET /healthz round trip",
+            "event latency / HTTP round trip",
         ),
     ],
 }
