@@ -9,10 +9,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from jobcontrol import cli_online
+from jobcontrol import cli_output as out
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.store import Store, default_db_path, normalise_url, redact
 
@@ -32,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         "--state-dir", type=Path, default=None, help="pid file, daemon log and task logs"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    cli_online.add_global_options(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     db = sub.add_parser("db", help="the database schema").add_subparsers(
@@ -65,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     _access_parsers(sub)
+    cli_online.add_parsers(sub)
 
     daemon = sub.add_parser("daemon", help="run, start, stop the dispatcher daemon")
     dsub = daemon.add_subparsers(dest="daemon_command", required=True)
@@ -152,6 +155,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return run_demo(args.dir, duration=args.duration, slots=args.slots, verbose=args.verbose)
     if args.command == "daemon":
         return _daemon(args)
+    if args.command in cli_online.COMMANDS:
+        target = cli_online.find_daemon(args)
+        if target is not None or args.command in cli_online.DAEMON_ONLY:
+            return cli_online.run(args, target)
     store = Store(args.db)
     try:
         return _offline(args, store)
@@ -181,18 +188,18 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         return 0
     if args.command == "ls":
         jobs = engine.list_jobs()
-        print(json.dumps(jobs, indent=2) if args.json else _table_jobs(jobs))
+        print(json.dumps(jobs, indent=2) if args.json else out.table_jobs(jobs))
         return 0
     if args.command == "user":
         return _user(args, store)
     if args.command == "audit":
         return _audit(args, store)
     if args.command == "history":
-        runs = engine.history(args.job, limit=args.limit, before_id=args.before)
-        if args.json:
-            print(json.dumps([_run_json(r.as_dict()) for r in runs], indent=2))
-        else:
-            print(_table_runs(runs))
+        runs = [
+            out.run_json(r.as_dict())
+            for r in engine.history(args.job, limit=args.limit, before_id=args.before)
+        ]
+        print(json.dumps(runs, indent=2) if args.json else out.table_runs(runs))
         return 0
     raise AssertionError(args.command)
 
@@ -214,8 +221,10 @@ def _user(args: argparse.Namespace, store: Store) -> int:
         if args.json:
             print(json.dumps([u.as_dict() for u in found], indent=2))
         else:
-            rows = [[u.name, str(u.role), _when(u.created), _when(u.last_seen)] for u in found]
-            print(_table(["NAME", "ROLE", "CREATED", "LAST SEEN"], rows) if rows else "no users")
+            rows = [
+                [u.name, str(u.role), out.when(u.created), out.when(u.last_seen)] for u in found
+            ]
+            print(out.table(["NAME", "ROLE", "CREATED", "LAST SEEN"], rows) if rows else "no users")
         return 0
     if cmd == "remove":
         users.remove_user(store, args.name, by=by)
@@ -242,30 +251,19 @@ def _audit(args: argparse.Namespace, store: Store) -> int:
         print(json.dumps([e.as_dict() for e in entries], indent=2))
         return 0
     rows = [
-        [str(e.id), _when(e.at), e.user, e.operation, str(e.result), _names(e.jobs), e.detail]
+        [str(e.id), out.when(e.at), e.user, e.operation, str(e.result), out.names(e.jobs), e.detail]
         for e in entries
     ]
     headers = ["ID", "AT", "USER", "OPERATION", "RESULT", "JOBS", "DETAIL"]
-    print(_table(headers, rows) if rows else "no audit entries")
+    print(out.table(headers, rows) if rows else "no audit entries")
     return 0
-
-
-def _names(jobs: list[str], shown: int = 3) -> str:
-    more = f" (+{len(jobs) - shown} more)" if len(jobs) > shown else ""
-    return ", ".join(jobs[:shown]) + more
 
 
 def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     from jobcontrol.daemon import DatabaseLease
     from jobcontrol.loader import load_definitions
 
-    if args.file == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, source = Path(args.file).read_text(), args.file
-        except OSError as exc:
-            raise JobControlError(f"cannot read {args.file}: {exc.strerror}") from None
+    text, source = cli_online.read_source(args.file)
     # Hold the lease (shared: loads may overlap) for the whole load: a daemon starting
     # meanwhile would build its tree before the batch commits and never see the jobs.
     lease = DatabaseLease(store)
@@ -357,82 +355,7 @@ def _daemon(args: argparse.Namespace) -> int:
     print(f"admin API: {url}/api/v1" if url else "admin API: off")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")
     for run in active:
-        print(f"  run {run.id} {run.job_name} ({run.kind}, {run.state}) since {_when(run.started)}")
+        print(
+            f"  run {run.id} {run.job_name} ({run.kind}, {run.state}) since {out.when(run.started)}"
+        )
     return 0
-
-
-# ---------------------------------------------------------------- output
-
-
-def _when(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return str(value.astimezone().strftime("%d %b %Y %H:%M:%S"))  # Inq's JobTime format
-
-
-def _duration(ms: Any) -> str:
-    if ms is None:
-        return ""
-    return f"{ms / 1000:.1f}s" if ms < 60_000 else f"{ms // 60_000}m{(ms % 60_000) // 1000:02d}s"
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
-    ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
-def _table_jobs(jobs: list[dict[str, Any]]) -> str:
-    headers = [
-        "NAME",
-        "KIND",
-        "ACTIVE",
-        "STATE",
-        "LAST RAN",
-        "DURATION",
-        "EXIT",
-        "NEXT RUNS",
-        "TIMER",
-    ]
-    rows = [
-        [
-            "  " * j["depth"] + j["name"],
-            j["kind"] if j["kind"] == "task" else f"box/{j['box_type']}",
-            "yes" if j["active"] else "no",
-            j["state"],
-            _when(j["last_ran"]),
-            _duration(j["last_duration_ms"]),
-            str(j["exit_status"]) if j["last_ran"] else "",
-            _when(j["next_runs"]),
-            j["timer"] or "",
-        ]
-        for j in jobs
-    ]
-    return _table(headers, rows) if rows else "no jobs"
-
-
-def _run_json(run: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in run.items()}
-
-
-def _table_runs(runs: Sequence[Any]) -> str:
-    headers = ["RUN", "TRIGGER", "STATE", "EXIT", "STARTED", "DURATION", "BY", "REASON"]
-    rows = [
-        [
-            str(r.id),
-            str(r.trigger),
-            str(r.state),
-            "" if r.exit_status is None else str(r.exit_status),
-            _when(r.started or r.created),
-            _duration(r.duration_ms),
-            r.requested_by or "",
-            r.reason or "",
-        ]
-        for r in runs
-    ]
-    return _table(headers, rows) if rows else "no runs"

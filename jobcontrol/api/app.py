@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from jobcontrol.api import jobs, runs, stream, system
+from jobcontrol.api import definitions, jobs, runs, stream, system
 from jobcontrol.api.bodies import MAX_BODY_BYTES
 from jobcontrol.api.deps import ApiContext, install_error_handlers
 
@@ -21,6 +21,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.ctx = ctx
     install_error_handlers(app)
-    for module in (jobs, runs, system, stream):
+    for module in (jobs, runs, system, stream, definitions):
         app.include_router(module.router)
     return app

@@ -1,0 +1,410 @@
+"""The online commands of ``jobcontrol``: everything said to a running daemon over its admin API.
+
+The daemon is found by ``--url`` (or ``$JOBCONTROL_URL``), else by the URL
+file the daemon of ``--db`` left in the state directory while its pid file is
+live. The token is ``--token``, else ``$JOBCONTROL_TOKEN``, else the token file
+in the config directory (written by the daemon's first start). ``ls``,
+``history``, ``load`` and ``export`` fall back to the database when no daemon
+runs; the other commands need one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobcontrol import cli_output as out
+from jobcontrol.errors import JobControlError
+from jobcontrol.store import redact
+
+if TYPE_CHECKING:
+    from jobcontrol.client import Client
+
+# Commands that only exist online, and those that also work on the database alone.
+DAEMON_ONLY = frozenset(
+    "show run kill restart activate deactivate set rm logs status events pause resume".split()
+)
+COMMANDS = DAEMON_ONLY | {"ls", "history", "load", "export"}
+
+# `set` sends JSON of the type each field has; a value given empty clears a text field.
+_BOOL_FIELDS = {"active"}
+_INT_FIELDS = {"priority", "max_log_files", "job_order"}
+_CLEARABLE = {"description", "command", "timer", "cwd", "box_type", "timeout", "parent"}
+_TRUE, _FALSE = {"true", "yes", "y", "1", "on"}, {"false", "no", "n", "0", "off"}
+# The order `show` lists a job's fields in (the rest follow).
+SHOW_ORDER = (
+    "name id kind parent state started run_id active description command timer box_type "
+    "on_error queue priority timeout misfire max_log_files cwd env job_order last_ran "
+    "last_duration_ms exit_status next_runs version last_updated updated_by"
+).split()
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    source: str  # where the URL came from, for messages
+
+
+@dataclass(frozen=True)
+class Token:
+    value: str | None
+    source: str  # where it came from; never the token itself
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def add_global_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=None,
+        help="the daemon's admin API (env JOBCONTROL_URL; default: the URL the daemon "
+        "of --db left in the state dir)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="API token (env JOBCONTROL_TOKEN; default: the token file in the config dir)",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    def command(name: str, text: str, *, data: bool = True) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = sub.add_parser(name, help=f"{text} (needs the daemon)")
+        if data:
+            parser.add_argument("--json", action="store_true", help="JSON for scripts")
+        return parser
+
+    command("show", "every field and the live state of a job").add_argument("job")
+    command("run", "run a job and its sub-tree now").add_argument("job")
+    command("kill", "kill the run a job is part of").add_argument("job")
+    command("restart", "re-arm a top-level job's timer").add_argument("job")
+    command("activate", "activate jobs (one batch)").add_argument("jobs", nargs="+")
+    command("deactivate", "deactivate jobs (one batch)").add_argument("jobs", nargs="+")
+    edit = command("set", "change fields of a job in one batch (field=value; empty clears)")
+    edit.add_argument("job")
+    edit.add_argument("changes", nargs="+", metavar="field=value")
+    command("rm", "delete jobs with their sub-trees").add_argument("jobs", nargs="+")
+    logs = command("logs", "the log of a job's newest run (or of --run N)", data=False)
+    logs.add_argument("job")
+    logs.add_argument("--run", type=int, default=None, help="this run's log (a run id)")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
+    command("status", "the dispatcher: tree state, timers, runs in flight")
+    events = command(
+        "events", "the live event stream, one line per event, until Ctrl-C", data=False
+    )
+    events.add_argument("--after", type=int, default=None, help="start after this event's seq")
+    command("pause", "stop timers firing (runs in flight go on)")
+    command("resume", "re-arm the timers")
+
+
+# ---------------------------------------------------------------- finding the daemon
+
+
+def find_daemon(args: argparse.Namespace) -> Target | None:
+    """The daemon to talk to: ``--url``, ``$JOBCONTROL_URL``, or the live daemon of ``--db``."""
+    if args.url:
+        return Target(args.url, "--url")
+    if os.environ.get("JOBCONTROL_URL"):
+        return Target(os.environ["JOBCONTROL_URL"], "$JOBCONTROL_URL")
+    from jobcontrol.daemon import DaemonOptions, PidFile, state_dir_default
+
+    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
+    try:
+        url = opts.url_file.read_text().strip()
+    except OSError:
+        return None
+    if not url or PidFile.read_live(opts.pid_file) is None:
+        return None
+    return Target(url, f"the daemon's URL file {opts.url_file}")
+
+
+def _no_daemon(args: argparse.Namespace) -> str:
+    from jobcontrol.daemon import DaemonOptions, PidFile, state_dir_default
+
+    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
+    needs = f"`jobcontrol {args.command}` needs the daemon's admin API"
+    if PidFile.read_live(opts.pid_file) is not None:
+        return f"the daemon of {redact(args.db)} runs without its admin API (--no-api): {needs}"
+    return (
+        f"no daemon is running for {redact(args.db)} and no --url was given: {needs} "
+        "(start the daemon with `jobcontrol daemon start`)"
+    )
+
+
+def find_token(args: argparse.Namespace) -> Token:
+    if args.token:
+        return Token(args.token, "the token given with --token")
+    if os.environ.get("JOBCONTROL_TOKEN"):
+        return Token(os.environ["JOBCONTROL_TOKEN"], "the token in $JOBCONTROL_TOKEN")
+    from jobcontrol.users import TOKEN_FILE, default_config_dir, read_token_file
+
+    config = default_config_dir()
+    path = config / TOKEN_FILE
+    try:
+        value = read_token_file(config)
+    except OSError as exc:
+        raise JobControlError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if value is None:
+        return Token(None, f"no token: neither --token nor $JOBCONTROL_TOKEN, and no {path}")
+    return Token(value, f"the token file {path}")
+
+
+def read_source(file: str) -> tuple[str, str]:
+    """(text, source name) of a definition file; ``-`` is standard input."""
+    if file == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        return Path(file).read_text(), file
+    except OSError as exc:
+        raise JobControlError(f"cannot read {file}: {exc.strerror}") from None
+
+
+# ---------------------------------------------------------------- running a command
+
+
+def run(args: argparse.Namespace, target: Target | None) -> int:
+    """Run an online command against ``target``; refusals are raised as JobControlError."""
+    if target is None:
+        raise JobControlError(_no_daemon(args))
+    from jobcontrol.client import ApiError, Client, DaemonUnreachableError
+
+    token = find_token(args)
+    try:
+        with Client(target.url, token.value) as client:
+            return COMMAND_HANDLERS[args.command](client, args)
+    except ApiError as exc:
+        if exc.status in (401, 403):
+            used = f"using {token.source}" if token.value else token.source
+            raise JobControlError(f"{exc} (HTTP {exc.status}, {used})") from None
+        raise
+    except DaemonUnreachableError as exc:
+        raise JobControlError(f"{exc} (URL from {target.source})") from None
+
+
+def _emit(args: argparse.Namespace, data: Any, human: str) -> int:
+    print(json.dumps(data, indent=2) if getattr(args, "json", False) else human)
+    return 0
+
+
+def _ls(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.tree()["jobs"]
+    return _emit(args, jobs, out.table_jobs(jobs))
+
+
+def _show(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job)
+    shown = dict(job)
+    if job.get("parent") is not None:
+        shown["parent"] = client.job(job["parent"])["name"]
+    return _emit(args, job, out.fields(shown, SHOW_ORDER))
+
+
+def _run(client: Client, args: argparse.Namespace) -> int:
+    run_id = client.run_now(args.job)
+    return _emit(args, {"run_id": run_id}, f"started run {run_id} of {args.job}")
+
+
+def _kill(client: Client, args: argparse.Namespace) -> int:
+    run_id = client.kill(args.job)
+    return _emit(args, {"run_id": run_id}, f"killed run {run_id} ({args.job})")
+
+
+def _restart(client: Client, args: argparse.Namespace) -> int:
+    when = client.restart(args.job)
+    nxt = f"next run {out.when(when)}" if when else "no next run"
+    return _emit(args, {"next_runs": when}, f"re-armed {args.job}: {nxt}")
+
+
+def _activate(client: Client, args: argparse.Namespace) -> int:
+    active = args.command == "activate"
+    result = client.activate(args.jobs, active)
+    return _emit(args, result, f"{args.command}d: {', '.join(j['name'] for j in result['jobs'])}")
+
+
+def parse_changes(job: str, pairs: list[str]) -> dict[str, Any]:
+    """``field=value`` arguments as the JSON the API takes (each field in its own type)."""
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise JobControlError(f"job {job!r}: {pair!r} is not field=value")
+        fields[key] = _field_value(job, key, text)
+    return fields
+
+
+def _field_value(job: str, key: str, text: str) -> Any:
+    if key in _BOOL_FIELDS:
+        if text.strip().lower() not in _TRUE | _FALSE:
+            raise JobControlError(f"job {job!r}: {key} must be true or false, not {text!r}")
+        return text.strip().lower() in _TRUE
+    if key in _INT_FIELDS:
+        try:
+            return int(text)
+        except ValueError:
+            raise JobControlError(
+                f"job {job!r}: {key} must be a whole number, not {text!r}"
+            ) from None
+    if key == "env":
+        try:
+            return json.loads(text) if text.strip() else {}
+        except ValueError:
+            raise JobControlError(
+                f'job {job!r}: env must be a JSON object, like env=\'{{"A": "1"}}\''
+            ) from None
+    if key in _CLEARABLE and text == "":
+        return None
+    return text
+
+
+def _set(client: Client, args: argparse.Namespace) -> int:
+    fields = parse_changes(args.job, args.changes)
+    current = client.job(args.job)
+    # The version just read: a change made since by someone else is refused (409), not overwritten.
+    change = {"job": current["name"], "version": current["version"], "fields": fields}
+    from jobcontrol.client import ApiError
+
+    try:
+        result = client.modify([change])
+    except ApiError as exc:  # the request's shape, as the body's path names it: say the job
+        if exc.status != 422 or not str(exc).startswith("changes.0.fields."):
+            raise
+        problems = str(exc).replace("changes.0.fields.", "")
+        raise JobControlError(f"job {args.job!r}: {problems}") from None
+    new = next((j for j in result["jobs"] if j["id"] == current["id"]), None)
+    version = new["version"] if new else "?"
+    human = f"modified {args.job} (version {current['version']} -> {version})"
+    return _emit(args, result, human)
+
+
+def _rm(client: Client, args: argparse.Namespace) -> int:
+    deleted = client.delete(args.jobs)
+    return _emit(args, {"deleted": deleted}, f"deleted {len(deleted)} jobs")
+
+
+def _history(client: Client, args: argparse.Namespace) -> int:
+    runs = client.runs(args.job, limit=args.limit, before=args.before)["runs"]
+    return _emit(args, runs, out.table_runs(runs))
+
+
+def _logs(client: Client, args: argparse.Namespace) -> int:
+    if args.run is not None:
+        run = client.get_run(args.run)["run"]
+        if args.job not in (run["job_name"], str(run["job_id"])):
+            raise JobControlError(
+                f"run {args.run} is a run of {run['job_name']!r}, not {args.job!r}"
+            )
+    else:
+        runs = client.runs(args.job, limit=1)["runs"]
+        if not runs:
+            raise JobControlError(f"job {args.job!r} has not run yet")
+        run = runs[0]
+    if run["kind"] == "box":
+        if args.follow:
+            raise JobControlError(
+                f"{args.job} is a box: follow one of its tasks (jobcontrol logs TASK -f)"
+            )
+        return _box_logs(client, run)
+    chunks = client.follow_log(run["id"]) if args.follow else client.whole_log(run["id"])
+    for chunk in chunks:
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _box_logs(client: Client, run: dict[str, Any]) -> int:
+    """The logs of a box run's task runs, each under a header."""
+    from jobcontrol.client import ApiError
+
+    for child in client.get_run(run["id"])["children"]:
+        if child["kind"] != "task":
+            continue
+        print(f"==> {child['job_name']} (run {child['id']}, {child['state']}) <==", flush=True)
+        try:
+            for chunk in client.whole_log(child["id"]):
+                sys.stdout.buffer.write(chunk)
+        except ApiError as exc:
+            print(f"({exc})")
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _status(client: Client, args: argparse.Namespace) -> int:
+    s = client.status()
+    lines = [
+        f"daemon version {s['version']}, up {s['uptime_s']:.0f}s, tree state {s['tree_state']}",
+        f"timers: {'paused' if s['paused'] else 'running'}, {s['timers_armed']} armed",
+    ]
+    lines += [f"  {t['job']} at {out.when(t['at'])}" for t in s["next_timers"]]
+    lines.append(f"runs in flight: {len(s['runs_in_flight'])}")
+    lines += [
+        f"  run {r['run_id']} {r['job']} ({r['trigger']}) since {out.when(r['started'])}"
+        for r in s["runs_in_flight"]
+    ]
+    lines.append(f"last event: {s['event_seq']}")
+    return _emit(args, s, "\n".join(lines))
+
+
+def _events(client: Client, args: argparse.Namespace) -> int:
+    for event in client.events(args.after):
+        data = json.dumps(event.data, separators=(",", ":"), default=str)
+        print(f"{'-' if event.seq is None else event.seq} {event.type} {data}", flush=True)
+        if event.type == "resync":
+            raise JobControlError(
+                "the events asked for are no longer kept: take a fresh `jobcontrol ls` "
+                "and follow `jobcontrol events` from now"
+            )
+    return 0
+
+
+def _timers(client: Client, args: argparse.Namespace) -> int:
+    result = client.pause() if args.command == "pause" else client.resume()
+    verb = "held" if args.command == "pause" else "armed"
+    human = f"timers {args.command}d ({result['timers_armed']} {verb})"
+    return _emit(args, result, human)
+
+
+def _load(client: Client, args: argparse.Namespace) -> int:
+    text, source = read_source(args.file)
+    result = client.load(text, source, replace=args.replace)
+    print(
+        f"loaded {source}: {len(result['created'])} created, {len(result['modified'])} changed, "
+        f"{len(result['deleted'])} deleted"
+    )
+    return 0
+
+
+def _export(client: Client, args: argparse.Namespace) -> int:
+    text = client.export(args.job)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+COMMAND_HANDLERS = {
+    "ls": _ls,
+    "show": _show,
+    "run": _run,
+    "kill": _kill,
+    "restart": _restart,
+    "activate": _activate,
+    "deactivate": _activate,
+    "set": _set,
+    "rm": _rm,
+    "history": _history,
+    "logs": _logs,
+    "status": _status,
+    "events": _events,
+    "pause": _timers,
+    "resume": _timers,
+    "load": _load,
+    "export": _export,
+}

@@ -1,0 +1,118 @@
+"""The CLI's tables and formats, shared by its offline and online commands."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+
+def when(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return str(value.astimezone().strftime("%d %b %Y %H:%M:%S"))  # Inq's JobTime format
+
+
+def duration(ms: Any) -> str:
+    if ms is None:
+        return ""
+    return f"{ms / 1000:.1f}s" if ms < 60_000 else f"{ms // 60_000}m{(ms % 60_000) // 1000:02d}s"
+
+
+def names(jobs: Sequence[str], shown: int = 3) -> str:
+    more = f" (+{len(jobs) - shown} more)" if len(jobs) > shown else ""
+    return ", ".join(jobs[:shown]) + more
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def table_jobs(jobs: Sequence[Mapping[str, Any]]) -> str:
+    headers = [
+        "NAME",
+        "KIND",
+        "ACTIVE",
+        "STATE",
+        "LAST RAN",
+        "DURATION",
+        "EXIT",
+        "NEXT RUNS",
+        "TIMER",
+    ]
+    rows = [
+        [
+            "  " * j["depth"] + j["name"],
+            j["kind"] if j["kind"] == "task" else f"box/{j['box_type']}",
+            "yes" if j["active"] else "no",
+            j["state"],
+            when(j["last_ran"]),
+            duration(j["last_duration_ms"]),
+            str(j["exit_status"]) if j["last_ran"] else "",
+            when(j["next_runs"]),
+            j["timer"] or "",
+        ]
+        for j in jobs
+    ]
+    return table(headers, rows) if rows else "no jobs"
+
+
+def run_json(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A run (``RunRecord.as_dict()``) as JSON-ready values, as the API gives it."""
+    return {key: _jsonable(value) for key, value in run.items()}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Runs as ``run_json`` (or the API) gives them."""
+    headers = ["RUN", "TRIGGER", "STATE", "EXIT", "STARTED", "DURATION", "BY", "REASON"]
+    rows = [
+        [
+            str(r["id"]),
+            str(r["trigger"]),
+            str(r["state"]),
+            "" if r["exit_status"] is None else str(r["exit_status"]),
+            when(r["started"] or r["created"]),
+            duration(r["duration_ms"]),
+            r["requested_by"] or "",
+            r["reason"] or "",
+        ]
+        for r in runs
+    ]
+    return table(headers, rows) if rows else "no runs"
+
+
+def fields(values: Mapping[str, Any], order: Sequence[str] = ()) -> str:
+    """``key: value`` lines, aligned; ``order`` first, then the rest as given."""
+    keys = [k for k in order if k in values] + [k for k in values if k not in order]
+    width = max((len(k) for k in keys), default=0)
+    return "\n".join(f"{k + ':':<{width + 1}} {_show(k, values[k])}".rstrip() for k in keys)
+
+
+def _show(key: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.endswith("_ms"):
+        return duration(value)
+    if isinstance(value, str) and key in ("started", "last_ran", "next_runs", "last_updated"):
+        return when(value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)

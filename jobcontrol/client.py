@@ -1,0 +1,269 @@
+"""A small typed client of the admin API (``/api/v1``) over httpx, for the CLI and scripts.
+
+Every refusal is raised as :class:`ApiError` carrying the HTTP status and the
+server's own message; a daemon that cannot be reached is a
+:class:`DaemonUnreachableError`. Job names go in the path URL-encoded (they may
+hold ``/``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from jobcontrol.errors import JobControlError
+
+API_PREFIX = "/api/v1"
+DEFAULT_TIMEOUT = 30.0
+# Streams (a followed log, the event stream) wait for data without limit.
+STREAM_TIMEOUT = httpx.Timeout(DEFAULT_TIMEOUT, read=None)
+
+JobRef = int | str
+T = TypeVar("T")
+
+
+class ApiError(JobControlError):
+    """The daemon refused a request: ``status`` is the HTTP status, the message is the server's."""
+
+    def __init__(self, status: int, message: str, body: Mapping[str, Any] | None = None) -> None:
+        self.status = status
+        self.body = dict(body or {})
+        super().__init__(message)
+
+
+class DaemonUnreachableError(JobControlError):
+    """No answer from the daemon's URL (not running, wrong address, TLS mismatch)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One Server-Sent Event; ``seq`` is None for a ``resync`` (which carries no id)."""
+
+    seq: int | None
+    type: str
+    data: Any
+
+
+def base_url(url: str) -> str:
+    """The daemon's root URL, whether given with or without ``/api/v1``."""
+    url = url.strip().rstrip("/")
+    return url.removesuffix(API_PREFIX)
+
+
+def _job(job: JobRef) -> str:
+    return quote(str(job), safe="")
+
+
+class Client:
+    """The admin API of one daemon; use as a context manager (or call :meth:`close`)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = base_url(url)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise DaemonUnreachableError(f"cannot reach the daemon at {self.url}: {exc}") from exc
+        check(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _stream(
+        self, path: str, params: Mapping[str, Any], read: Callable[[httpx.Response], Iterator[T]]
+    ) -> Iterator[T]:
+        """What ``read`` makes of a streamed answer, as it arrives."""
+        try:
+            with self._http.stream("GET", path, params=params, timeout=STREAM_TIMEOUT) as response:
+                if response.is_error:
+                    response.read()
+                    check(response)
+                yield from read(response)
+        except httpx.TransportError as exc:
+            raise DaemonUnreachableError(f"lost the daemon at {self.url}: {exc}") from exc
+
+    # ------------------------------------------------------------ jobs
+
+    def tree(self) -> dict[str, Any]:
+        """``{"seq", "jobs"}``: every job's view in tree order, and the event it is consistent with."""
+        result: dict[str, Any] = self._json("GET", "/tree")
+        return result
+
+    def job(self, job: JobRef) -> dict[str, Any]:
+        """One job's stored fields and live state (``version`` included)."""
+        result: dict[str, Any] = self._json("GET", f"/jobs/{_job(job)}")
+        return result
+
+    def create_job(self, name: str, kind: str, **fields: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            "POST", "/jobs", json={"name": name, "kind": kind, **fields}
+        )
+        return result
+
+    def modify(self, changes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One batch: each change is ``{"job", "version", "fields"}``; all or nothing (409 on a stale version)."""
+        result: dict[str, Any] = self._json("PATCH", "/jobs", json={"changes": list(changes)})
+        return result
+
+    def delete(self, jobs: Sequence[JobRef]) -> list[int]:
+        deleted: list[int] = self._json("POST", "/jobs/delete", json={"jobs": list(jobs)})[
+            "deleted"
+        ]
+        return deleted
+
+    def activate(self, jobs: Sequence[JobRef], active: bool = True) -> dict[str, Any]:
+        path = "/jobs/activate" if active else "/jobs/deactivate"
+        result: dict[str, Any] = self._json("POST", path, json={"jobs": list(jobs)})
+        return result
+
+    def run_now(self, job: JobRef) -> int:
+        """The id of the run started."""
+        return int(self._json("POST", f"/jobs/{_job(job)}/run")["run_id"])
+
+    def kill(self, job: JobRef) -> int:
+        """The id of the run killed."""
+        return int(self._json("POST", f"/jobs/{_job(job)}/kill")["run_id"])
+
+    def restart(self, job: JobRef) -> str | None:
+        """When the re-armed timer fires next (ISO text), or None."""
+        when: str | None = self._json("POST", f"/jobs/{_job(job)}/restart")["next_runs"]
+        return when
+
+    # ------------------------------------------------------------ runs and logs
+
+    def runs(self, job: JobRef, *, limit: int = 50, before: int | None = None) -> dict[str, Any]:
+        """``{"runs", "next"}``: a page of the job's runs, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if before is not None:
+            params["before"] = before
+        result: dict[str, Any] = self._json("GET", f"/jobs/{_job(job)}/runs", params=params)
+        return result
+
+    def get_run(self, run_id: int) -> dict[str, Any]:
+        """``{"run", "children"}``."""
+        result: dict[str, Any] = self._json("GET", f"/runs/{run_id}")
+        return result
+
+    def log(self, run_id: int, *, offset: int = 0, length: int = 1 << 20) -> tuple[bytes, int]:
+        """(bytes of the log from ``offset``, the log's size)."""
+        response = self._request(
+            "GET", f"/runs/{run_id}/log", params={"offset": offset, "length": length}
+        )
+        return response.content, int(response.headers.get("X-Log-Size", "0"))
+
+    def whole_log(self, run_id: int) -> Iterator[bytes]:
+        """The log as it is now, in chunks."""
+        offset = 0
+        while True:
+            data, size = self.log(run_id, offset=offset)
+            if data:
+                yield data
+            offset += len(data)
+            if not data or offset >= size:
+                return
+
+    def follow_log(self, run_id: int, *, offset: int = 0) -> Iterator[bytes]:
+        """The log from ``offset`` as it grows, until the run ends."""
+        params = {"follow": "true", "offset": offset}
+        yield from self._stream(f"/runs/{run_id}/log", params, lambda r: r.iter_bytes())
+
+    # ------------------------------------------------------------ the dispatcher
+
+    def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/status")
+        return result
+
+    def pause(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", "/timers/pause")
+        return result
+
+    def resume(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", "/timers/resume")
+        return result
+
+    def events(self, after: int | None = None) -> Iterator[Event]:
+        """The event stream (from after ``after``, else live only) until the server ends it."""
+        params = {} if after is None else {"after": after}
+        yield from self._stream("/events", params, lambda r: parse_sse(r.iter_lines()))
+
+    # ------------------------------------------------------------ definitions
+
+    def load(self, text: str, source: str, *, replace: bool = False) -> dict[str, Any]:
+        """``{"created", "modified", "deleted"}`` of loading a whole file as one batch."""
+        body = {"text": text, "source": source, "replace": replace}
+        result: dict[str, Any] = self._json("POST", "/definitions", json=body)
+        return result
+
+    def export(self, job: str | None = None) -> str:
+        params = {} if job is None else {"job": job}
+        return self._request("GET", "/definitions", params=params).text
+
+
+def check(response: httpx.Response) -> None:
+    """Raise :class:`ApiError` with the server's message when ``response`` is a refusal."""
+    if not response.is_error:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        raise ApiError(response.status_code, body["message"], body)
+    text = response.text.strip() or response.reason_phrase
+    raise ApiError(response.status_code, f"HTTP {response.status_code}: {text[:500]}")
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
+    """Events of a Server-Sent Events text; comments (keepalives) are skipped."""
+    seq: int | None = None
+    kind, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                text = "\n".join(data)
+                try:
+                    value: Any = json.loads(text)
+                except ValueError:
+                    value = text
+                yield Event(seq, kind, value)
+            seq, kind, data = None, "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value_text = line.partition(":")
+        value_text = value_text.removeprefix(" ")
+        if name == "id":
+            seq = int(value_text) if value_text.isdigit() else None
+        elif name == "event":
+            kind = value_text
+        elif name == "data":
+            data.append(value_text)

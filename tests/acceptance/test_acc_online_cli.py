@@ -1,0 +1,220 @@
+"""The online CLI as a user meets it: the real daemon, driven by the real ``jobcontrol`` commands.
+
+The CLI finds the daemon (its URL file) and the admin token (the config dir) by
+itself. Most steps share one daemon: each command start costs ~0.5 s of CPU.
+Waits poll the API directly (cheaper than a CLI start) and are all bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+
+pytestmark = pytest.mark.timeout(180)
+
+TREE = """\
+jobs:
+  - name: Nightly
+    timer: daily 02:00
+    children:
+      - name: hello
+        command: echo hello from the online cli
+      - name: sleeper
+        command: sleep 1000
+  - name: lone
+    command: "true"
+"""
+WAIT = 30.0
+
+
+class Api:
+    """The daemon's API, read directly for cheap bounded waits (never to drive the test)."""
+
+    def __init__(self, jc: JobControl) -> None:
+        url = (jc.state_dir / next(p.name for p in jc.state_dir.glob("daemon-*.url"))).read_text()
+        token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+        self.http = httpx.Client(
+            base_url=url.strip() + "/api/v1",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+
+    def newest_run(self, job: str) -> dict[str, Any] | None:
+        runs: list[dict[str, Any]] = self.http.get(f"/jobs/{job}/runs").json()["runs"]
+        return runs[0] if runs else None
+
+    def finished(self, job: str) -> bool:
+        run = self.newest_run(job)
+        return run is not None and run["state"] not in ("queued", "running", "waiting")
+
+
+def fails_with(jc: JobControl, *args: str) -> str:
+    """Run a refused command: exit status 1, the message on stderr; returns the message."""
+    result = jc.fails(*args)
+    assert result.returncode == 1, describe(result)
+    assert result.stderr.startswith("jobcontrol: "), describe(result)
+    return result.stderr
+
+
+def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.ok("daemon", "start")
+    api = Api(jc)
+
+    # load: the whole file in ONE batch, through the daemon, in the token's user's name.
+    loaded = jc.ok("load", str(write(jc.base / "tree.yaml", TREE)))
+    assert "4 created" in loaded.stdout, describe(loaded)
+    loads = [e for e in jc.json("audit") if e["operation"] == "definitions.load"]
+    assert [(e["user"], e["result"]) for e in loads] == [("admin", "ok")]
+
+    # ls and show
+    listing = jc.json("ls")
+    assert [j["name"] for j in listing] == ["Nightly", "hello", "sleeper", "lone"]
+    table = jc.ok("ls").stdout
+    assert table.splitlines()[0].split()[:4] == ["NAME", "KIND", "ACTIVE", "STATE"]
+    assert "  hello" in table, table
+    before = jc.json("show", "hello")
+    assert (before["command"], before["state"]) == ("echo hello from the online cli", "idle")
+    shown = jc.ok("show", "hello").stdout
+    assert re.search(r"^parent: +Nightly$", shown, re.M), shown
+    assert re.search(r"^state: +idle$", shown, re.M), shown
+
+    # set: two fields in one batch, one version step.
+    edited = jc.ok("set", "hello", "description=says hello", "priority=5")
+    assert f"version {before['version']} -> {before['version'] + 1}" in edited.stdout
+    after = jc.json("show", "hello")
+    assert (after["description"], after["priority"]) == ("says hello", 5)
+    assert after["version"] == before["version"] + 1
+    assert after["updated_by"] == "admin"
+
+    # A refused edit: exit 1, the server's message, nothing written.
+    refused = fails_with(jc, "set", "lone", "timer=every fortnight")
+    assert "job 'lone'" in refused, refused
+    assert "invalid schedule 'every fortnight'" in refused, refused
+    assert jc.json("show", "lone")["timer"] is None
+
+    # activate / deactivate, one batch each
+    jc.ok("activate", "Nightly", "lone")
+    jc.ok("deactivate", "lone")
+    active = {j["name"]: j["active"] for j in jc.json("ls")}
+    assert (active["Nightly"], active["lone"], active["hello"]) == (True, False, False)
+
+    # run a task: history and its log
+    started = jc.ok("run", "hello")
+    run_id = int(re.search(r"started run (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
+    # -f follows the run from its start until it ends: the whole output, then exit 0.
+    followed = jc.ok("logs", "hello", "--run", str(run_id), "-f")
+    assert followed.stdout == "hello from the online cli\n", describe(followed)
+    assert api.finished("hello")
+    history = jc.json("history", "hello")
+    assert (history[0]["id"], history[0]["state"]) == (run_id, "succeeded")
+    assert "succeeded" in jc.ok("history", "hello", "--limit", "1").stdout
+    assert jc.ok("logs", "hello").stdout == "hello from the online cli\n"
+
+    # kill a long task: its run records 255
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT)
+    jc.ok("kill", "sleeper")
+    assert wait_until(lambda: api.finished("sleeper"), WAIT)
+    assert jc.json("history", "sleeper")[0]["exit_status"] == 255
+    jc.assert_no_task_processes(JOBCONTROL_JOB="sleeper")
+
+    # restart, pause / resume seen in status
+    assert "re-armed Nightly" in jc.ok("restart", "Nightly").stdout
+    jc.ok("pause")
+    assert jc.json("status")["paused"] is True
+    assert "timers: paused" in jc.ok("status").stdout
+    jc.ok("resume")
+    assert jc.json("status")["paused"] is False
+
+    # rm
+    assert jc.ok("rm", "lone").stdout.strip() == "deleted 1 jobs"
+    assert "lone" not in [j["name"] for j in jc.json("ls")]
+
+    # export through the daemon
+    exported = jc.ok("export", "Nightly").stdout
+    assert "says hello" in exported, exported
+    assert "lone" not in exported, exported
+
+    # events from the start: at least the edits above, as `seq type json` lines
+    _check_events(jc)
+
+    # A viewer may read but not run; the message says which token was used.
+    added = jc.ok("user", "add", "v", "--role", "viewer").stdout.splitlines()
+    viewer_token = added[1].strip()
+    assert json.loads(jc.ok("--token", viewer_token, "ls", "--json").stdout)
+    denied = fails_with(jc, "--token", viewer_token, "run", "hello")
+    assert "role viewer, which may not run" in denied, denied
+    assert "(HTTP 403, using the token given with --token)" in denied, denied
+    assert viewer_token not in denied
+    bogus = dict(jc.env, JOBCONTROL_TOKEN="jc_not_a_token")
+    unknown = jc.run("status", env=bogus)
+    assert unknown.returncode == 1, describe(unknown)
+    assert "(HTTP 401, using the token in $JOBCONTROL_TOKEN)" in unknown.stderr, describe(unknown)
+    assert "jc_not_a_token" not in unknown.stderr
+    assert api.newest_run("hello")["id"] == run_id  # type: ignore[index]
+
+    jc.ok("daemon", "stop")
+    # Without a daemon: reading falls back to the database, the rest says what is missing.
+    assert [j["name"] for j in jc.json("ls")] == ["Nightly", "hello", "sleeper"]
+    missing = fails_with(jc, "run", "hello")
+    assert "no daemon is running" in missing, missing
+    assert "no --url was given" in missing, missing
+
+
+def _check_events(jc: JobControl) -> None:
+    output = jc.base / "events.out"
+    child = jc.popen("events", "--after", "0", output=output, errors=jc.base / "events.err")
+
+    def lines() -> list[list[str]]:
+        return [line.split(" ", 2) for line in output.read_text().splitlines()]
+
+    def seen_deletion() -> bool:
+        return any(kind == "job.deleted" for _, kind, _ in lines())
+
+    try:
+        assert wait_until(seen_deletion, WAIT), output.read_text()
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, (jc.base / "events.err").read_text()
+    events = lines()
+    seqs = [int(seq) for seq, _, _ in events]
+    assert seqs == sorted(seqs)
+    assert seqs[0] >= 1
+    kinds = {kind for _, kind, _ in events}
+    assert {"job.created", "job.modified", "job.deleted", "run.started", "run.finished"} <= kinds
+    for _, _, data in events:
+        json.loads(data)
+
+
+def test_online_commands_without_a_daemon_say_so(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    for args in (["status"], ["pause"], ["show", "x"], ["events"]):
+        message = fails_with(jc, *args)
+        assert "no daemon is running" in message, message
+    # A --url where nothing listens: the URL and where it came from.
+    unreachable = fails_with(jc, "--url", "http://127.0.0.1:9", "status")
+    assert "cannot reach the daemon at http://127.0.0.1:9" in unreachable, unreachable
+    assert "--url" in unreachable
+    # A daemon without its admin API: reading works on the database; a load is still
+    # refused (it would write behind the daemon's back); the rest says why it cannot go on.
+    jc.ok("daemon", "start", "--no-api")
+    assert jc.json("ls") == []
+    load = fails_with(jc, "load", str(write(jc.base / "tree.yaml", TREE)))
+    assert "a daemon is running" in load, load
+    no_api = fails_with(jc, "status")
+    assert "runs without its admin API" in no_api, no_api
+    jc.ok("daemon", "stop")

@@ -1,0 +1,54 @@
+"""The API client without a server: URLs, the token, error messages, the SSE parser."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from jobcontrol.client import ApiError, Client, Event, base_url, parse_sse
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_the_base_url_is_taken_with_or_without_the_api_prefix() -> None:
+    assert base_url("http://h:1/api/v1/") == "http://h:1"
+    assert base_url(" http://h:1\n") == "http://h:1"
+
+
+def test_requests_carry_the_token_and_url_encoded_job_names() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(202, json={"run_id": 7})
+
+    with Client("http://h:1", "jc_x", transport=httpx.MockTransport(answer)) as client:
+        assert client.run_now("a/b c") == 7
+    assert seen[0].url.raw_path == b"/api/v1/jobs/a%2Fb%20c/run"
+    assert seen[0].headers["Authorization"] == "Bearer jc_x"
+
+
+def test_a_refusal_carries_the_servers_message_and_status() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/status"):
+            return httpx.Response(502, text="<html>bad gateway</html>")
+        return httpx.Response(409, json={"error": "ConflictError", "message": "job 'a': stale"})
+
+    with Client("http://h:1", None, transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(ApiError, match=r"^job 'a': stale$") as conflict:
+            client.modify([{"job": "a", "version": 1, "fields": {"priority": 2}}])
+        assert conflict.value.status == 409
+        with pytest.raises(ApiError, match="HTTP 502: <html>bad gateway"):
+            client.status()
+
+
+def test_server_sent_events_are_parsed_keepalives_skipped() -> None:
+    text = (
+        ": keepalive\n\n"
+        'id: 3\nevent: job.created\ndata: {"jobs": [1]}\n\n'
+        'event: resync\ndata: {"reason": "gap"}\n\n'
+    )
+    assert list(parse_sse(iter(text.splitlines()))) == [
+        Event(3, "job.created", {"jobs": [1]}),
+        Event(None, "resync", {"reason": "gap"}),
+    ]
