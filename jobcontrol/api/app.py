@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from typing import Annotated
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from jobcontrol.api import definitions, jobs, runs, stream, system
 from jobcontrol.api.bodies import MAX_BODY_BYTES
-from jobcontrol.api.deps import ApiContext, install_error_handlers
+from jobcontrol.api.deps import ApiContext, install_error_handlers, require
+from jobcontrol.users import Action, User
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -14,8 +18,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app = FastAPI(
         title="Job Control admin API",
         version=ctx.version,
-        openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        # Served below behind a token: every request but /healthz needs one.
+        openapi_url=None,
+        docs_url=None,
         redoc_url=None,
         max_body_size=MAX_BODY_BYTES,
     )
@@ -23,4 +28,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     install_error_handlers(app)
     for module in (jobs, runs, system, stream, definitions):
         app.include_router(module.router)
+
+    @app.get("/api/v1/openapi.json", include_in_schema=False)
+    def openapi_document(_user: Annotated[User, Depends(require(Action.READ))]) -> JSONResponse:
+        """The OpenAPI document of this API (a viewer token is enough)."""
+        return JSONResponse(app.openapi())
+
     return app

@@ -110,7 +110,7 @@ def api_schema(api: Api) -> Any:
     since = api.jc.rec.mark()
     api.jc.run_now("Top")
     api.jc.rec.run_finished("Top", since=since)
-    schema = schemathesis.openapi.from_asgi(OPENAPI, api.client.app)
+    schema = schemathesis.openapi.from_asgi(OPENAPI, api.client.app, headers=api.headers())
     for hook in (flatmap_path_parameters, flatmap_body, map_query):
         schema.hooks.register_hook_with_name(hook, hook.__name__)
     return schema

@@ -453,7 +453,8 @@ def test_every_change_is_audited_under_the_users_name(api: Api) -> None:
 
 
 def test_the_openapi_document_lists_every_route(api: Api) -> None:
-    doc = api.client.get(f"{V1}/openapi.json").json()
+    assert api.client.get(f"{V1}/openapi.json").status_code == 401  # only /healthz is open
+    doc = api.client.get(f"{V1}/openapi.json", headers=api.headers("viewer")).json()
     expected = {
         "/api/v1/tree": {"get"},
         "/api/v1/jobs": {"post", "patch"},
