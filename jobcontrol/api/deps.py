@@ -153,13 +153,16 @@ def install_error_handlers(app: FastAPI) -> None:
             log.warning("request failed: %s", exc)
         return JSONResponse(error_body(exc), status_code=status)
 
-    async def on_invalid(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         problems = [
             f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
             for err in exc.errors()
         ]
-        body = {"error": "InvalidRequest", "message": "; ".join(problems), "detail": exc.errors()}
+        message = "; ".join(problems)
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            _audit_invalid(request, message)
+        body = {"error": "InvalidRequest", "message": message, "detail": exc.errors()}
         return JSONResponse(jsonable_encoder(body), status_code=422)
 
     async def on_http(_request: Request, exc: Exception) -> JSONResponse:
@@ -174,3 +177,16 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(JobControlError, on_refusal)
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _audit_invalid(request: Request, message: str) -> None:
+    """A change refused as malformed is a refusal too: audit it when we know who asked."""
+    ctx: ApiContext = request.app.state.ctx
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return
+    user = authenticate(ctx.store, token.strip())
+    if user is not None:
+        operation = f"{request.method} {request.url.path}"
+        audit.record(ctx.store, user.name, operation, [], "refused", message)

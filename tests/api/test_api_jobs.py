@@ -494,3 +494,14 @@ def test_every_error_answer_has_one_shape_and_refused_changes_are_audited(api: A
     refused = list_entries(api.jc.store, user="viewer-user")
     assert [(e.operation, e.result) for e in refused] == [("POST /api/v1/jobs", "refused")]
     assert "viewer" in refused[0].detail
+
+
+def test_a_malformed_change_is_refused_and_audited_as_such(api: Api) -> None:
+    r = api.client.post(
+        "/api/v1/jobs", headers=api.headers(), json={"name": "x", "kind": "task", "colour": "red"}
+    )
+    assert r.status_code == 422
+    entries = list_entries(api.jc.store, user="admin-user")
+    assert [(e.operation, e.result) for e in entries] == [("POST /api/v1/jobs", "refused")]
+    assert "colour" in entries[0].detail
+    assert api.client.get("/api/v1/tree", headers=api.headers()).json()["jobs"] == []
