@@ -16,6 +16,7 @@ from jobcontrol import cli_online
 from jobcontrol import cli_output as out
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.store import Store, default_db_path, normalise_url, redact
+from jobcontrol.views import run_json
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         return _audit(args, store)
     if args.command == "history":
         runs = [
-            out.run_json(r.as_dict())
+            run_json(r.as_dict())
             for r in engine.history(args.job, limit=args.limit, before_id=args.before)
         ]
         print(json.dumps(runs, indent=2) if args.json else out.table_runs(runs))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -63,19 +62,6 @@ def table_jobs(jobs: Sequence[Mapping[str, Any]]) -> str:
         for j in jobs
     ]
     return table(headers, rows) if rows else "no jobs"
-
-
-def run_json(run: Mapping[str, Any]) -> dict[str, Any]:
-    """A run (``RunRecord.as_dict()``) as JSON-ready values, as the API gives it."""
-    return {key: _jsonable(value) for key, value in run.items()}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
 
 
 def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:

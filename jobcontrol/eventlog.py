@@ -31,7 +31,6 @@ views in place, so ``snapshot`` + ``since(seq)`` replayed equals a later snapsho
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 import threading
@@ -48,7 +47,7 @@ from jobcontrol import events
 from jobcontrol.dispatcher import Dispatcher
 from jobcontrol.errors import JobControlError
 from jobcontrol.tree import Node
-from jobcontrol.views import job_view
+from jobcontrol.views import job_view, jsonable
 
 log = logging.getLogger(__name__)
 
@@ -354,12 +353,12 @@ class EventLog:
         return {"jobs": [v for v in views if v is not None]}
 
     def _run_data(self, run: Mapping[str, Any]) -> dict[str, Any]:
-        return {"run": _jsonable(run), "job": self._node_view(run["job_id"])}
+        return {"run": jsonable(run), "job": self._node_view(run["job_id"])}
 
     def _schedule_data(self, job_id: int, name: str, next_runs: datetime | None) -> dict[str, Any]:
         top = self.dispatcher.tree.get(job_id)
         jobs = [_view(n, n.depth()) for n in top.walk()] if top is not None else []
-        return {"id": job_id, "name": name, "next_runs": _jsonable(next_runs), "jobs": jobs}
+        return {"id": job_id, "name": name, "next_runs": jsonable(next_runs), "jobs": jobs}
 
 
 def _deleted_data(job_ids: list[int]) -> dict[str, Any]:
@@ -373,7 +372,7 @@ def _state_data(
         "id": job_id,
         "name": name,
         "state": str(state),
-        "started": _jsonable(started),
+        "started": jsonable(started),
         "run_id": run_id,
     }
 
@@ -390,18 +389,6 @@ def _tree_order(dispatcher: Dispatcher) -> list[tuple[Node, int]]:
         out.append((node, depth))
         stack.extend((c, depth + 1) for c in reversed(node.children))
     return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------- the client side

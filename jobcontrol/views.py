@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from jobcontrol.model import JobRecord, Kind
@@ -44,3 +46,21 @@ def job_view(rec: JobRecord, depth: int, state: str, started: Any) -> dict[str, 
         "job_order": rec.job_order,
         "version": rec.version,
     }
+
+
+def jsonable(value: Any) -> Any:
+    """A value as JSON can carry it: ISO datetimes, enum values, nested mappings and lists."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def run_json(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A run (``RunRecord.as_dict()``) as the API and ``--json`` output give it."""
+    return {key: jsonable(value) for key, value in run.items()}

@@ -8,17 +8,16 @@ empty file), nor does a box run.
 from __future__ import annotations
 
 import asyncio
-import enum
 import os
 import stat
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.model import RunRecord
@@ -39,15 +38,7 @@ TEXT = "text/plain; charset=utf-8"
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
-    return {key: _jsonable(value) for key, value in run.as_dict().items()}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
+    return views.run_json(run.as_dict())
 
 
 def _get_run(ctx: ApiContext, run_id: int) -> RunRecord | None:
