@@ -155,6 +155,24 @@ def find_token(args: argparse.Namespace) -> Token:
     return Token(value, f"the token file {path}")
 
 
+def locate(
+    url: str | None = None,
+    token: str | None = None,
+    db: str | None = None,
+    state_dir: Path | None = None,
+) -> tuple[Target | None, Token]:
+    """The daemon and the token to use, found as the online CLI finds them (for other clients)."""
+    from jobcontrol.store import default_db_path
+
+    args = argparse.Namespace(
+        url=url,
+        token=token,
+        db=db or os.environ.get("JOBCONTROL_DB") or default_db_path(),
+        state_dir=state_dir,
+    )
+    return find_daemon(args), find_token(args)
+
+
 def read_source(file: str) -> tuple[str, str]:
     """(text, source name) of a definition file; ``-`` is standard input."""
     if file == "-":

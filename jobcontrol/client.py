@@ -9,6 +9,8 @@ hold ``/``).
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -47,6 +49,51 @@ class Event:
     seq: int | None
     type: str
     data: Any
+
+
+class StreamHandle:
+    """Lets another thread end a stream (the event stream, a followed log) at once.
+
+    Closing an httpx response does not wake a thread blocked reading it, so
+    :meth:`abort` shuts the connection's socket down, which does; the reading
+    thread's iteration then ends with :class:`DaemonUnreachableError` (or
+    simply ends), and ``aborted`` tells the two apart.
+    """
+
+    def __init__(self, on_open: Callable[[], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._response: httpx.Response | None = None
+        self._on_open = on_open
+        self.aborted = False
+
+    def opened(self) -> None:
+        """The server accepted the stream (called on the reading thread, before any data)."""
+        if self._on_open is not None:
+            self._on_open()
+
+    def attach(self, response: httpx.Response) -> None:
+        with self._lock:
+            self._response = response
+            aborted = self.aborted
+        if aborted:
+            self._shut(response)
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            response = self._response
+        if response is not None:
+            self._shut(response)
+
+    @staticmethod
+    def _shut(response: httpx.Response) -> None:
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
 
 
 def base_url(url: str) -> str:
@@ -99,14 +146,22 @@ class Client:
         return self._request(method, path, **kwargs).json()
 
     def _stream(
-        self, path: str, params: Mapping[str, Any], read: Callable[[httpx.Response], Iterator[T]]
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        read: Callable[[httpx.Response], Iterator[T]],
+        handle: StreamHandle | None = None,
     ) -> Iterator[T]:
         """What ``read`` makes of a streamed answer, as it arrives."""
         try:
             with self._http.stream("GET", path, params=params, timeout=STREAM_TIMEOUT) as response:
+                if handle is not None:
+                    handle.attach(response)
                 if response.is_error:
                     response.read()
                     check(response)
+                if handle is not None:
+                    handle.opened()
                 yield from read(response)
         except httpx.TransportError as exc:
             raise DaemonUnreachableError(f"lost the daemon at {self.url}: {exc}") from exc
@@ -143,6 +198,18 @@ class Client:
     def activate(self, jobs: Sequence[JobRef], active: bool = True) -> dict[str, Any]:
         path = "/jobs/activate" if active else "/jobs/deactivate"
         result: dict[str, Any] = self._json("POST", path, json={"jobs": list(jobs)})
+        return result
+
+    def set_on_error(self, jobs: Sequence[JobRef], on_error: str) -> dict[str, Any]:
+        """``on_error`` ("abort" | "continue") of these jobs, one batch."""
+        body = {"jobs": list(jobs), "on_error": on_error}
+        result: dict[str, Any] = self._json("POST", "/jobs/on-error", json=body)
+        return result
+
+    def set_box_type(self, jobs: Sequence[JobRef], box_type: str) -> dict[str, Any]:
+        """``box_type`` ("sequence" | "timed") of these boxes, one batch."""
+        body = {"jobs": list(jobs), "box_type": box_type}
+        result: dict[str, Any] = self._json("POST", "/jobs/box-type", json=body)
         return result
 
     def run_now(self, job: JobRef) -> int:
@@ -191,10 +258,12 @@ class Client:
             if not data or offset >= size:
                 return
 
-    def follow_log(self, run_id: int, *, offset: int = 0) -> Iterator[bytes]:
-        """The log from ``offset`` as it grows, until the run ends."""
+    def follow_log(
+        self, run_id: int, *, offset: int = 0, handle: StreamHandle | None = None
+    ) -> Iterator[bytes]:
+        """The log from ``offset`` as it grows, until the run ends (or ``handle`` aborts it)."""
         params = {"follow": "true", "offset": offset}
-        yield from self._stream(f"/runs/{run_id}/log", params, lambda r: r.iter_bytes())
+        yield from self._stream(f"/runs/{run_id}/log", params, lambda r: r.iter_bytes(), handle)
 
     # ------------------------------------------------------------ the dispatcher
 
@@ -210,10 +279,23 @@ class Client:
         result: dict[str, Any] = self._json("POST", "/timers/resume")
         return result
 
-    def events(self, after: int | None = None) -> Iterator[Event]:
+    def events(
+        self, after: int | None = None, *, handle: StreamHandle | None = None
+    ) -> Iterator[Event]:
         """The event stream (from after ``after``, else live only) until the server ends it."""
         params = {} if after is None else {"after": after}
-        yield from self._stream("/events", params, lambda r: parse_sse(r.iter_lines()))
+        yield from self._stream("/events", params, lambda r: parse_sse(r.iter_lines()), handle)
+
+    def log_level(self) -> str:
+        return str(self._json("GET", "/log-level")["level"])
+
+    def set_log_level(self, level: str) -> str:
+        return str(self._json("PUT", "/log-level", json={"level": level})["level"])
+
+    def shutdown(self, *, force: bool = False) -> dict[str, Any]:
+        """Stop the daemon; refused (409) while jobs run unless ``force``."""
+        result: dict[str, Any] = self._json("POST", "/shutdown", json={"force": force})
+        return result
 
     # ------------------------------------------------------------ definitions
 

@@ -321,6 +321,8 @@ class Engine:
         changed = {k for k, v in fields.items() if getattr(current, k) != v}
         if not changed:
             return None  # nothing changed: no event (spec 5.4)
+        if "job_order" in changed and "parent_id" not in changed:
+            self._check_reorder(struct, entry)
         values = {k: fields[k] for k in changed}
         values.update(last_updated=now, updated_by=user)
         if not queries.update_job(conn, entry.id, values, edit.version):
@@ -351,6 +353,14 @@ class Engine:
         if busy is not None:
             raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be moved")
         return new_parent
+
+    def _check_reorder(self, struct: _Structure, entry: _Entry) -> None:
+        """A running job, or a child of a running box, keeps its place until the run ends."""
+        busy = struct.running_in(entry.id)
+        if busy is None and entry.parent_id in struct.running:
+            busy = struct.by_id[entry.parent_id].name
+        if busy is not None:
+            raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be reordered")
 
     def _delete_one(
         self, conn: Connection, struct: _Structure, ref: JobRef, change: EditChange

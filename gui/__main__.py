@@ -1,0 +1,5 @@
+import sys
+
+from jobcontrol_admin.app import main
+
+sys.exit(main())

@@ -1,0 +1,109 @@
+"""The expression editor of a job's timer or command (spec 10.3).
+
+Titled ``<name> Edit Timer`` (or ``Edit Command``), 500×285: a read-only text
+area captioned "Expression Editor" that **Edit** makes editable, a "Status"
+line, **OK** and **Cancel**. OK with the text unchanged just closes; otherwise
+it sends the change (with the version the editor opened with) and closes when
+the daemon accepts it. A refusal (an invalid schedule with its position, a
+command the shell rejects, someone else's change) is shown in Status and the
+window stays open with the text as typed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobcontrol_admin.session import Session
+from PySide6.QtGui import QFont, QFontDatabase
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+LABELS = {"timer": "Timer", "command": "Command"}
+
+
+class ExpressionEditor(QDialog):
+    def __init__(
+        self, session: Session, view: dict[str, Any], field: str, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        if field not in LABELS:
+            raise ValueError(f"no expression editor for field {field!r}")
+        self.setObjectName("jc-expression-editor")
+        self.session = session
+        self.job_id = int(view["id"])
+        self.version = view.get("version")
+        self.field = field
+        self.original = view.get(field) or ""
+        self.sending = False
+        self.setWindowTitle(f"{view['name']} Edit {LABELS[field]}")
+        self.resize(500, 285)
+
+        self.text = QPlainTextEdit(self.original)
+        self.text.setObjectName("expression")
+        self.text.setReadOnly(True)
+        mono: QFont = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        self.text.setFont(mono)
+        self.status = QLineEdit()
+        self.status.setObjectName("status")
+        self.status.setReadOnly(True)
+        buttons = QDialogButtonBox()
+        self.edit_button = QPushButton("&Edit")
+        self.ok_button = buttons.addButton(QDialogButtonBox.StandardButton.Ok)
+        self.cancel_button = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        buttons.addButton(self.edit_button, QDialogButtonBox.ButtonRole.ActionRole)
+        self.edit_button.clicked.connect(self.start_editing)
+        self.ok_button.clicked.connect(self.accept)
+        self.cancel_button.clicked.connect(self.reject)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("Expression Editor"))
+        layout.addWidget(self.text, 1)
+        layout.addWidget(QLabel("Status"))
+        layout.addWidget(self.status)
+        layout.addWidget(buttons)
+
+    def start_editing(self) -> None:
+        self.text.setReadOnly(False)
+        self.text.setFocus()
+
+    def accept(self) -> None:
+        text = self.text.toPlainText()
+        if text == self.original:
+            super().accept()
+            return
+        if self.sending:
+            return
+        value: str | None = text if text.strip() else None
+        if self.field == "command" and value is None:
+            self.status.setText("a task needs a command")
+            return
+        change = {"job": self.job_id, "version": self.version, "fields": {self.field: value}}
+        self.sending = True
+        self.ok_button.setEnabled(False)
+        self.status.setText("saving…")
+        self.session.act(
+            f"Edit {LABELS[self.field]}",
+            lambda client: client.modify([change]),
+            done=self._saved,
+            failed=self._refused,
+        )
+
+    def _saved(self, _result: object) -> None:
+        self.sending = False
+        self.status.setText("saved")
+        super().accept()
+
+    def _refused(self, exc: Exception) -> None:
+        self.sending = False
+        self.ok_button.setEnabled(True)
+        self.status.setText(str(exc))
+        self.status.setCursorPosition(0)
+        self.status.setToolTip(str(exc))

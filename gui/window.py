@@ -1,0 +1,716 @@
+"""The main window "Job Control": the tree-table, its actions, the panels (spec 10).
+
+Everything the operator does goes to the daemon through the session (one
+batch for a multi-row action, spec 10.4) and the tree changes when the
+daemon's events come back, so what the window shows is what the daemon holds.
+Errors from the daemon are shown as dialogs with its message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jobcontrol_admin.expression import ExpressionEditor
+from jobcontrol_admin.feed import EventFeed
+from jobcontrol_admin.filtering import STATES, JobFilter
+from jobcontrol_admin.history import HistoryPanel
+from jobcontrol_admin.model import JobNode, JobTreeModel
+from jobcontrol_admin.properties import PropertiesPanel
+from jobcontrol_admin.session import Session
+from jobcontrol_admin.treeview import JobTreeView
+from PySide6.QtCore import QItemSelection, QModelIndex, Qt, Slot
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QMessageBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from jobcontrol.client import ApiError, Client, Event
+
+log = logging.getLogger(__name__)
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+TEMPLATES = {  # spec 10.5: new jobs are inactive, continue on error, timed boxes
+    "box": {"active": False, "on_error": "continue", "box_type": "timed"},
+    "task": {"active": False, "on_error": "continue", "command": "true"},
+}
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("jc-main")
+        self.setWindowTitle("Job Control")
+        self.resize(1200, 700)
+        self.session: Session | None = None
+        self.feed: EventFeed | None = None
+        self.properties: PropertiesPanel | None = None
+        self.history: HistoryPanel | None = None
+        self.editors: list[ExpressionEditor] = []
+        self.errors: list[QMessageBox] = []
+        self.connection_state = "disconnected"
+        self.paused = False
+        self._lost_since_live = False
+        self._after_create: Callable[[int], None] | None = None
+
+        self.model = JobTreeModel(self)
+        self.filter = JobFilter(self.model)
+        self.filter.setParent(self)
+        self.view = JobTreeView()
+        self.view.setModel(self.filter)
+        self.view.set_column_widths()
+        self.model.rename_requested.connect(self.rename)
+        self.model.move_requested.connect(self.move_jobs)
+        self.model.changed.connect(self.update_actions)
+        self.model.changed.connect(self._update_counts)
+        self.view.expression_requested.connect(self.edit_expression)
+        self.view.expanded.connect(lambda i: self._expanded(i, True))
+        self.view.collapsed.connect(lambda i: self._expanded(i, False))
+        self.view.selectionModel().selectionChanged.connect(self._selection_changed)
+
+        self._build_filter_bar()
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbar()
+        self._build_status_bar()
+        self.properties_dock = QDockWidget("Properties", self)
+        self.properties_dock.setObjectName("properties-dock")
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.properties_dock)
+        self.history_dock = QDockWidget("Runs and log", self)
+        self.history_dock.setObjectName("history-dock")
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.history_dock)
+        self.view_menu.addAction(self.properties_dock.toggleViewAction())
+        self.view_menu.addAction(self.history_dock.toggleViewAction())
+        self.update_actions()
+
+    # ------------------------------------------------------------ building
+
+    def _build_filter_bar(self) -> None:
+        self.filter_text = QLineEdit()
+        self.filter_text.setObjectName("filter-text")
+        self.filter_text.setPlaceholderText("Filter by name (Ctrl+F)")
+        self.filter_text.setClearButtonEnabled(True)
+        self.filter_state = QComboBox()
+        self.filter_state.setObjectName("filter-state")
+        self.filter_state.addItem("Any state", None)
+        for state in STATES:
+            self.filter_state.addItem(state.capitalize(), state)
+        self.filter_failed = QCheckBox("Failed only")
+        self.filter_failed.setObjectName("filter-failed")
+        for signal in (
+            self.filter_text.textChanged,
+            self.filter_state.currentIndexChanged,
+            self.filter_failed.toggled,
+        ):
+            signal.connect(self.apply_filter)
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addWidget(self.filter_text, 1)
+        bar.addWidget(self.filter_state)
+        bar.addWidget(self.filter_failed)
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 0)
+        layout.addLayout(bar)
+        layout.addWidget(self.view, 1)
+        self.setCentralWidget(central)
+
+    def _action(
+        self,
+        text: str,
+        slot: Callable[[], None],
+        shortcut: str | QKeySequence.StandardKey | None = None,
+        tip: str | None = None,
+    ) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        if tip:
+            action.setStatusTip(tip)
+            action.setToolTip(tip)
+        action.triggered.connect(lambda _checked=False: slot())
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        a = self._action
+        self.act_new_box = a("&Box", lambda: self.new_job("box", under_selection=True), "Ctrl+B")
+        self.act_new_task = a("&Task", lambda: self.new_job("task", under_selection=True), "Ctrl+T")
+        self.act_new_top_box = a("T/L B&ox", lambda: self.new_job("box"), "Ctrl+X")
+        self.act_new_top_task = a("T/L T&ask", lambda: self.new_job("task"), "Ctrl+L")
+        self.act_delete = a("&Delete", self.delete_selected, "Ctrl+D")
+        self.act_active = a(
+            "&Active", lambda: self.set_active(True), None, "Activate the selected jobs"
+        )
+        self.act_inactive = a(
+            "&Inactive", lambda: self.set_active(False), None, "Deactivate the selected jobs"
+        )
+        self.act_continue = a("&Continue on Error", lambda: self.set_on_error("continue"))
+        self.act_abort = a("A&bort on Error", lambda: self.set_on_error("abort"))
+        self.act_timed = a("Ti&med", lambda: self.set_box_type("timed"))
+        self.act_consecutive = a("C&onsecutive", lambda: self.set_box_type("sequence"))
+        self.act_restart = a("&Restart", self.restart_selected, "Ctrl+R")
+        self.act_run = a("Run &Now", self.run_selected, "Ctrl+N")
+        self.act_kill = a("&Kill", self.kill_selected, "Ctrl+K", "Kill")
+        self.act_edit_timer = a("Edit &Timer…", lambda: self._edit_current("timer"), "F4")
+        self.act_edit_command = a(
+            "Edit Co&mmand…", lambda: self._edit_current("command"), "Shift+F4"
+        )
+        self.act_rename = a("Re&name", self._rename_current, "F2")
+        self.act_close = a("&Close", lambda: None if self.close() else None, "Alt+F4")
+        self.act_connect = a("C&onnect…", self.open_connection_dialog)
+        self.act_find = a("&Find", self.filter_text.setFocus, QKeySequence.StandardKey.Find)
+        self.act_expand = a("&Expand All", self.view.expandAll, "Ctrl+E")
+        self.act_collapse = a("Co&llapse All", self.view.collapseAll, "Ctrl+Shift+E")
+        self.act_pause = a("&Pause Timers", self.pause_timers)
+        self.act_resume = a("&Resume Timers", self.resume_timers)
+        self.act_shutdown = a("&Shut Down Daemon…", self.shut_down)
+        self.act_refresh = a("Re&load", self.reload, QKeySequence.StandardKey.Refresh)
+        self.level_group = QActionGroup(self)
+        self.level_actions: dict[str, QAction] = {}
+        for level in LOG_LEVELS:
+            action = QAction(level.capitalize(), self, checkable=True)
+            action.triggered.connect(lambda _c=False, lv=level: self.set_log_level(lv))
+            self.level_group.addAction(action)
+            self.level_actions[level] = action
+        self.level_actions["INFO"].setChecked(True)  # spec 10.3: INFO until the daemon says
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        job = bar.addMenu("&Job")
+        new = job.addMenu("&New")
+        new.addActions(
+            [self.act_new_box, self.act_new_task, self.act_new_top_box, self.act_new_top_task]
+        )
+        job.addAction(self.act_delete)
+        job.addSeparator()
+        job.addActions([self.act_active, self.act_inactive])
+        job.addSeparator()
+        job.addActions([self.act_continue, self.act_abort, self.act_timed, self.act_consecutive])
+        job.addSeparator()
+        job.addActions([self.act_restart, self.act_run, self.act_kill])
+        job.addSeparator()
+        job.addActions([self.act_rename, self.act_edit_timer, self.act_edit_command])
+        job.addSeparator()
+        job.addAction(self.act_close)
+        self.view_menu = bar.addMenu("&View")
+        self.view_menu.addActions(
+            [self.act_find, self.act_expand, self.act_collapse, self.act_refresh]
+        )
+        self.view_menu.addSeparator()
+        system = bar.addMenu("&System")
+        system.addAction(self.act_connect)
+        system.addSeparator()
+        system.addActions([self.act_pause, self.act_resume])
+        levels = system.addMenu("&Log")
+        levels.addActions(list(self.level_actions.values()))
+        system.addSeparator()
+        system.addAction(self.act_shutdown)
+
+    def _build_toolbar(self) -> None:
+        bar = self.addToolBar("Job Control")
+        bar.setObjectName("toolbar")
+        bar.addActions([self.act_active, self.act_inactive])
+        bar.addSeparator()
+        bar.addActions([self.act_continue, self.act_abort])
+        bar.addSeparator()
+        bar.addActions([self.act_timed, self.act_consecutive])
+        bar.addSeparator()
+        bar.addActions([self.act_restart, self.act_run, self.act_kill])
+
+    def _build_status_bar(self) -> None:
+        self.connection_label = QLabel("Not connected")
+        self.connection_label.setObjectName("connection")
+        self.counts_label = QLabel("")
+        self.counts_label.setObjectName("counts")
+        self.paused_label = QLabel("")
+        self.paused_label.setObjectName("paused")
+        status = self.statusBar()
+        status.addWidget(self.connection_label, 1)
+        status.addPermanentWidget(self.paused_label)
+        status.addPermanentWidget(self.counts_label)
+
+    # ------------------------------------------------------------ connecting
+
+    def connect_to(self, session: Session, daemon_status: dict[str, Any] | None = None) -> None:
+        """Show this daemon (dropping the one shown before)."""
+        self.disconnect_daemon()
+        self.session = session
+        session.error.connect(self.show_error)
+        self.setWindowTitle(f"Job Control — {session.url}")
+        self.properties = PropertiesPanel(session, self.model)
+        self.properties_dock.setWidget(self.properties)
+        self.history = HistoryPanel(session)
+        self.history_dock.setWidget(self.history)
+        self.feed = EventFeed(session.new_client, self)
+        self.feed.snapshot.connect(self._snapshot)
+        self.feed.events.connect(self._events)
+        self.feed.connection.connect(self._connection)
+        self.feed.start()
+        if daemon_status is not None:
+            self._show_status(daemon_status)
+        else:
+            session.read("Status", lambda c: c.status(), self._show_status)
+        session.read("Log level", lambda c: c.log_level(), self._show_level, lambda _exc: None)
+        self.update_actions()
+
+    def disconnect_daemon(self) -> None:
+        if self.feed is not None:
+            self.feed.stop()
+            self.feed.deleteLater()
+            self.feed = None
+        for editor in list(self.editors):
+            editor.close()
+        for panel in (self.properties, self.history):
+            if panel is not None:
+                panel.shutdown()
+                panel.deleteLater()
+        self.properties = self.history = None
+        if self.session is not None:
+            self.session.close()
+            self.session.deleteLater()
+            self.session = None
+        self.connection_state = "disconnected"
+
+    def open_connection_dialog(self, found: Any = None) -> None:
+        from jobcontrol_admin.connection import ConnectionDialog, find
+
+        dialog = ConnectionDialog(found or find(), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+
+        def accepted() -> None:
+            if dialog.session is not None:
+                self.connect_to(dialog.session, dialog.daemon_status)
+
+        dialog.accepted.connect(accepted)
+        dialog.open()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.disconnect_daemon()
+        for box in list(self.errors):
+            box.close()
+        super().closeEvent(event)
+
+    # ------------------------------------------------------------ the feed
+
+    @Slot(int, list)
+    def _snapshot(self, seq: int, jobs: list[dict[str, Any]]) -> None:
+        selected = self.selected_ids()
+        current = self.current_id()
+        self.model.load(seq, jobs)
+        self.view.expandAll() if len(jobs) <= 500 else self.view.expandToDepth(0)
+        self.select_ids(selected, current)
+        self._selection_changed()
+
+    @Slot(list)
+    def _events(self, events: list[Event]) -> None:
+        self.model.apply(events)
+        if self.history is not None:
+            self.history.on_events(events)
+
+    @Slot(str, str)
+    def _connection(self, state: str, message: str) -> None:
+        url = self.session.url if self.session else ""
+        previous, self.connection_state = self.connection_state, state
+        if state == "live":
+            caught = " — reconnected and caught up" if self._lost_since_live else ""
+            self._lost_since_live = False
+            self.connection_label.setText(f"Live: {url}{caught}")
+            if previous != "live" and self.session is not None:
+                self.session.read(
+                    "Status", lambda c: c.status(), self._show_status, lambda _e: None
+                )
+        elif state == "lost":
+            self._lost_since_live = True
+            detail = f": {message}" if message else ""
+            self.connection_label.setText(f"Connection to {url} lost{detail} — reconnecting…")
+        elif state == "refused":
+            self.connection_label.setText(f"Refused by {url}: {message}")
+            self.show_error("Connection refused", message)
+        else:
+            self.connection_label.setText(f"Connecting to {url}…")
+        self.update_actions()
+
+    def _show_status(self, status: dict[str, Any]) -> None:
+        self.paused = bool(status.get("paused"))
+        self.paused_label.setText("Timers paused" if self.paused else "")
+        self.update_actions()
+
+    def _show_level(self, level: str) -> None:
+        action = self.level_actions.get(level.upper())
+        if action is not None:
+            action.setChecked(True)
+
+    def _update_counts(self) -> None:
+        running = sum(1 for n in self.model.nodes.values() if n.view.get("state") != "idle")
+        self.counts_label.setText(f"{len(self.model.nodes)} jobs, {running} running")
+
+    def reload(self) -> None:
+        if self.feed is not None:
+            self.feed.drop_connection()
+
+    # ------------------------------------------------------------ selection
+
+    def selected_nodes(self) -> list[JobNode]:
+        out: list[JobNode] = []
+        for index in self.view.selectionModel().selectedRows(0):
+            node = self.model.nodes.get(self.filter.job_id(index) or 0)
+            if node is not None:
+                out.append(node)
+        return out
+
+    def selected_ids(self) -> list[int]:
+        return [n.id for n in self.selected_nodes()]
+
+    def current_id(self) -> int | None:
+        index = self.view.currentIndex()
+        return self.filter.job_id(index) if index.isValid() else None
+
+    def proxy_index(self, job_id: int) -> QModelIndex:
+        return self.filter.mapFromSource(self.model.index_of(job_id))
+
+    def select_ids(self, ids: Sequence[int], current: int | None = None) -> None:
+        selection = QItemSelection()
+        for job_id in ids:
+            index = self.proxy_index(job_id)
+            if index.isValid():
+                selection.select(index, index.siblingAtColumn(self.model.columnCount() - 1))
+        flags = self.view.selectionModel().SelectionFlag
+        if current is not None and self.proxy_index(current).isValid():
+            self.view.selectionModel().setCurrentIndex(self.proxy_index(current), flags.NoUpdate)
+        self.view.selectionModel().select(selection, flags.ClearAndSelect)
+
+    def _selection_changed(self, *_args: object) -> None:
+        self.update_actions()
+        current = self.current_id()
+        nodes = self.selected_nodes()
+        shown = current if current in {n.id for n in nodes} else (nodes[0].id if nodes else None)
+        if self.properties is not None:
+            self.properties.show_job(shown)
+        if self.history is not None:
+            node = self.model.nodes.get(shown or 0)
+            self.history.show_job(shown, node.name if node else "")
+
+    def _expanded(self, proxy_index: QModelIndex, expanded: bool) -> None:
+        job_id = self.filter.job_id(proxy_index)
+        if job_id is not None:
+            self.model.set_expanded(job_id, expanded)
+
+    def update_actions(self) -> None:
+        """Spec 10.3's enabling rules, for the selection and the jobs' state now."""
+        nodes = self.selected_nodes()
+        online = self.session is not None and self.connection_state == "live"
+        single = nodes[0] if len(nodes) == 1 else None
+        any_box = any(n.is_box for n in nodes)
+        self.act_new_box.setEnabled(online and single is not None and single.is_box)
+        self.act_new_task.setEnabled(online and single is not None and single.is_box)
+        self.act_new_top_box.setEnabled(online)
+        self.act_new_top_task.setEnabled(online)
+        self.act_delete.setEnabled(online and bool(nodes))
+        self.act_active.setEnabled(online and any(not n.view.get("active") for n in nodes))
+        self.act_inactive.setEnabled(online and any(n.view.get("active") for n in nodes))
+        for action in (self.act_continue, self.act_abort, self.act_timed, self.act_consecutive):
+            action.setEnabled(online and any_box)
+        top = single is not None and single.view.get("parent") is None
+        self.act_restart.setEnabled(online and top)
+        self.act_run.setEnabled(online and single is not None)
+        self.act_kill.setEnabled(online and any(n.view.get("state") != "idle" for n in nodes))
+        self.act_edit_timer.setEnabled(online and single is not None)
+        self.act_edit_command.setEnabled(online and single is not None and not single.is_box)
+        self.act_rename.setEnabled(online and single is not None)
+        self.act_pause.setEnabled(online and not self.paused)
+        self.act_resume.setEnabled(online and self.paused)
+        self.act_shutdown.setEnabled(online)
+        for level in self.level_actions.values():
+            level.setEnabled(online)
+        if single is not None:
+            self.act_restart.setToolTip(f"Restart {single.name}")
+            self.act_run.setToolTip(f"Run {single.name}")
+        else:
+            self.act_restart.setToolTip("Restart")
+            self.act_run.setToolTip("Run Now")
+
+    # ------------------------------------------------------------ asking and telling
+
+    def confirm(self, text: str) -> bool:
+        """A yes/no question (the tests answer it by replacing this method)."""
+        answer = QMessageBox.question(self, "Job Control", text)
+        return answer == QMessageBox.StandardButton.Yes
+
+    @Slot(str, str)
+    def show_error(self, title: str, message: str) -> None:
+        """A warning dialog with the daemon's message (spec 10.3 ``generalError``), not modal."""
+        for box in self.errors:
+            if box.windowTitle() == title and box.text() == message:
+                box.raise_()
+                return
+        box = QMessageBox(
+            QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self
+        )
+        box.setObjectName("jc-error")
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.errors.append(box)
+        box.finished.connect(lambda _r: self.errors.remove(box) if box in self.errors else None)
+        box.open()
+
+    def say(self, text: str) -> None:
+        self.statusBar().showMessage(text, 8000)
+
+    def _act(
+        self, title: str, call: Callable[[Client], Any], done: Callable[[Any], None] | None = None
+    ) -> None:
+        if self.session is None:
+            self.show_error(title, "not connected to a daemon")
+            return
+        self.session.act(title, call, done)
+
+    # ------------------------------------------------------------ job actions
+
+    def new_job(self, kind: str, *, under_selection: bool = False) -> None:
+        """Spec 10.5's templates; the name is made unique, then edited in place."""
+        parent: int | None = None
+        if under_selection:
+            nodes = self.selected_nodes()
+            if len(nodes) != 1 or not nodes[0].is_box:
+                return
+            parent = nodes[0].id
+        base = "New Box" if kind == "box" else "New Task"
+        taken = {n.name for n in self.model.nodes.values()}
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base} {n}"
+        fields = dict(TEMPLATES[kind], parent=parent)
+
+        def created(job: dict[str, Any]) -> None:
+            self.say(f"Created {job['name']}")
+            self._reveal_when_shown(int(job["id"]), edit=True)
+
+        self._act(f"New {kind}", lambda c: c.create_job(name, kind, **fields), created)
+
+    def _reveal_when_shown(self, job_id: int, *, edit: bool = False) -> None:
+        """Select (and start renaming) a job once its event has put it in the tree."""
+
+        def reveal() -> bool:
+            index = self.proxy_index(job_id)
+            if not index.isValid():
+                return False
+            self.view.scrollTo(index)
+            self.view.setCurrentIndex(index)
+            self.select_ids([job_id], job_id)
+            if edit:
+                self.view.edit(index)
+            return True
+
+        if reveal():
+            return
+
+        def on_change() -> None:
+            if reveal():
+                self.model.changed.disconnect(on_change)
+
+        self.model.changed.connect(on_change)
+
+    def _top_most(self, nodes: list[JobNode]) -> list[JobNode]:
+        chosen = {n.id for n in nodes}
+        out = []
+        for node in nodes:
+            walker = node.parent
+            while walker is not None and walker.id not in chosen:
+                walker = walker.parent
+            if walker is None:
+                out.append(node)
+        return out
+
+    def delete_selected(self) -> None:
+        nodes = self._top_most(self.selected_nodes())
+        if not nodes:
+            return
+        # Remembered by id: others may change the tree while the question is open.
+        ids, names = [n.id for n in nodes], [n.name for n in nodes]
+        text = f"Delete {names[0]}" if len(nodes) == 1 else "Delete Selected Jobs"
+        if not self.confirm(text + "?"):
+            return
+        self._act(
+            "Delete", lambda c: c.delete(ids), lambda gone: self.say(f"Deleted {len(gone)} jobs")
+        )
+
+    def set_active(self, active: bool) -> None:
+        nodes = self.selected_nodes()
+        ids = [n.id for n in nodes if bool(n.view.get("active")) != active]
+        if not ids:
+            return
+        if not active:
+            text = f"Deactivate {nodes[0].name}" if len(nodes) == 1 else "Deactivate Selected Jobs"
+            if not self.confirm(text + "?"):
+                return
+        word = "Activate" if active else "Deactivate"
+        self._act(word, lambda c: c.activate(ids, active))
+
+    def set_on_error(self, value: str) -> None:
+        ids = [n.id for n in self.selected_nodes() if n.is_box]
+        if ids:
+            self._act("On error", lambda c: c.set_on_error(ids, value))
+
+    def set_box_type(self, value: str) -> None:
+        ids = [n.id for n in self.selected_nodes() if n.is_box]
+        if ids:
+            self._act("Box type", lambda c: c.set_box_type(ids, value))
+
+    def restart_selected(self) -> None:
+        nodes = self.selected_nodes()
+        if len(nodes) != 1 or nodes[0].view.get("parent") is not None:
+            return
+        node = nodes[0]
+
+        def restarted(when: str | None) -> None:
+            self.say(f"Restarted {node.name}" + (f"; next runs {when}" if when else ""))
+
+        self._act("Restart", lambda c: c.restart(node.id), restarted)
+
+    def run_selected(self) -> None:
+        nodes = self.selected_nodes()
+        if len(nodes) != 1:
+            return
+        node = nodes[0]
+        self._act(
+            "Run Now",
+            lambda c: c.run_now(node.id),
+            lambda run: self.say(f"Started run {run} of {node.name}"),
+        )
+
+    def kill_selected(self) -> None:
+        busy = [n for n in self._top_most(self.selected_nodes()) if n.view.get("state") != "idle"]
+        for node in busy:
+            self._kill(node)
+
+    def _kill(self, node: JobNode) -> None:
+        self._act(
+            "Kill",
+            lambda c: c.kill(node.id),
+            lambda run: self.say(f"Killed run {run} of {node.name}"),
+        )
+
+    @Slot(int, str)
+    def rename(self, job_id: int, name: str) -> None:
+        view = self.model.view(job_id)
+        if view is None:
+            return
+        change = {"job": job_id, "version": view.get("version"), "fields": {"name": name}}
+        self._act("Rename", lambda c: c.modify([change]))
+
+    def _rename_current(self) -> None:
+        index = self.view.currentIndex()
+        if index.isValid():
+            self.view.edit(index.siblingAtColumn(0))
+
+    @Slot(list, object, int)
+    def move_jobs(self, ids: list[int], parent_id: int | None, row: int) -> None:
+        """A drop: the jobs go under ``parent_id`` at ``row``; siblings renumbered, one batch."""
+        parent = (
+            self.model.nodes.get(parent_id or 0, self.model.root) if parent_id else self.model.root
+        )
+        moving = [self.model.nodes[i] for i in ids if i in self.model.nodes]
+        if not moving:
+            return
+        siblings = list(parent.children)
+        if row < 0 or row > len(siblings):
+            row = len(siblings)
+        before = sum(1 for n in siblings[:row] if n.id in ids)
+        rest = [n for n in siblings if n.id not in ids]
+        at = row - before
+        order = rest[:at] + moving + rest[at:]
+        changes = []
+        for position, node in enumerate(order):
+            fields: dict[str, Any] = {}
+            if node in moving and node.view.get("parent") != parent_id:
+                fields["parent"] = parent_id
+            if node.view.get("job_order") != position:
+                fields["job_order"] = position
+            if fields:
+                changes.append(
+                    {"job": node.id, "version": node.view.get("version"), "fields": fields}
+                )
+        if changes:
+            self._act("Move", lambda c: c.modify(changes))
+
+    # ------------------------------------------------------------ expressions
+
+    def _edit_current(self, field: str) -> None:
+        job_id = self.current_id()
+        if job_id is not None:
+            self.edit_expression(job_id, field)
+
+    @Slot(int, str)
+    def edit_expression(self, job_id: int, field: str) -> None:
+        view = self.model.view(job_id)
+        if view is None or self.session is None:
+            return
+        if field == "command" and view.get("kind") == "box":
+            return
+        for editor in self.editors:
+            if editor.job_id == job_id and editor.field == field:
+                editor.raise_()
+                editor.activateWindow()
+                return
+        editor = ExpressionEditor(self.session, view, field, self)
+        editor.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.editors.append(editor)
+        editor.finished.connect(
+            lambda _r: self.editors.remove(editor) if editor in self.editors else None
+        )
+        editor.show()
+
+    # ------------------------------------------------------------ the dispatcher
+
+    def pause_timers(self) -> None:
+        self._act("Pause timers", lambda c: c.pause(), lambda s: self._show_status(s))
+
+    def resume_timers(self) -> None:
+        self._act("Resume timers", lambda c: c.resume(), lambda s: self._show_status(s))
+
+    def set_log_level(self, level: str) -> None:
+        self._act("Log level", lambda c: c.set_log_level(level), self._show_level)
+
+    def shut_down(self) -> None:
+        if not self.confirm("Shut the daemon down?"):
+            return
+        if self.session is None:
+            return
+
+        def refused(exc: Exception) -> None:
+            if isinstance(exc, ApiError) and exc.status == 409:
+                if self.confirm(f"{exc}\n\nKill them and shut down?"):
+                    self._act(
+                        "Shut down",
+                        lambda c: c.shutdown(force=True),
+                        lambda _r: self.say("Daemon stopping"),
+                    )
+                return
+            self.show_error("Shut down", str(exc))
+
+        self.session.act(
+            "Shut down", lambda c: c.shutdown(), lambda _r: self.say("Daemon stopping"), refused
+        )
+
+    # ------------------------------------------------------------ filtering
+
+    def apply_filter(self) -> None:
+        self.filter.set_criteria(
+            self.filter_text.text(), self.filter_state.currentData(), self.filter_failed.isChecked()
+        )
+        if self.filter.active:
+            self.view.expandAll()
+        self.update_actions()

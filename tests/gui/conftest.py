@@ -1,0 +1,77 @@
+"""Fixtures of the GUI tier: a real daemon per test, and a check that nothing is left behind.
+
+``admin_daemon`` starts the real ``jobcontrol daemon`` (a subprocess, its API on
+a free port) on a fresh SQLite database and gives its URL and the admin token
+it wrote on first start. ``no_leaks`` (autouse) fails a test that leaves a
+thread running or a window open or undeleted after the test's own teardown.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QCoreApplication, QEvent
+from PySide6.QtWidgets import QApplication
+
+from tests.acceptance.harness import JobControl, describe
+
+WAIT_MS = 20_000  # the bound on every wait for the daemon to answer or a run to end
+
+
+@dataclass
+class AdminDaemon:
+    jc: JobControl
+    url: str
+    token: str
+
+    def load(self, path: Path) -> None:
+        self.jc.ok("load", str(path))
+
+
+@pytest.fixture
+def admin_daemon(sqlite_url: str, tmp_path: Path) -> Iterator[AdminDaemon]:
+    jc = JobControl(sqlite_url, tmp_path / "user")
+    try:
+        jc.upgraded()
+        jc.ok("daemon", "start")
+        status = jc.ok("daemon", "status")
+        match = re.search(r"admin API: (\S+)/api/v1", status.stdout)
+        assert match, describe(status)
+        token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+        yield AdminDaemon(jc, match.group(1), token)
+    finally:
+        problems = jc.cleanup()
+    assert not problems, "\n".join(problems)
+
+
+def _settle(app: QApplication) -> None:
+    for _ in range(3):
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        app.processEvents()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(qapp: QApplication) -> Iterator[None]:
+    """Set up before (so torn down after) qtbot: then every window the test made is closed."""
+    threads_before = set(threading.enumerate())
+    _settle(qapp)
+    widgets_before = set(map(id, QApplication.topLevelWidgets()))
+    yield
+    _settle(qapp)
+    deadline = time.monotonic() + 10
+    for thread in set(threading.enumerate()) - threads_before:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    extra = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+    assert not extra, f"threads left running: {[t.name for t in extra]}"
+    left = [
+        w
+        for w in QApplication.topLevelWidgets()
+        if id(w) not in widgets_before and (w.isVisible() or w.objectName().startswith("jc-"))
+    ]
+    assert not left, f"windows left behind: {[(type(w).__name__, w.objectName()) for w in left]}"

@@ -1,0 +1,482 @@
+"""The main window against a real daemon: build trees with the actions, run, kill, restart.
+
+Every test drives the window the way an operator does (its actions, their
+shortcuts, the tree's cells) and checks both what the window shows and what the
+daemon then holds, read back over the API with a separate client.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobcontrol_admin.expression import ExpressionEditor
+from jobcontrol_admin.model import COL
+from jobcontrol_admin.session import Session
+from jobcontrol_admin.window import MainWindow
+from PySide6.QtCore import QModelIndex, QPoint, Qt
+
+from jobcontrol.client import Client, Event
+from tests.acceptance.harness import JobControl, describe, write
+from tests.gui.conftest import WAIT_MS, AdminDaemon
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def client(admin_daemon: AdminDaemon) -> Iterator[Client]:
+    with Client(admin_daemon.url, admin_daemon.token) as c:
+        yield c
+
+
+def open_window(qtbot: Any, url: str, token: str) -> MainWindow:
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    window.connect_to(Session(url, token))
+    qtbot.waitUntil(lambda: window.connection_state == "live", timeout=WAIT_MS)
+    return window
+
+
+@pytest.fixture
+def window(qtbot: Any, admin_daemon: AdminDaemon) -> Iterator[MainWindow]:
+    w = open_window(qtbot, admin_daemon.url, admin_daemon.token)
+    yield w
+    w.close()
+
+
+def shown(window: MainWindow, name: str) -> dict[str, Any] | None:
+    node = window.model.find(name)
+    return node.view if node is not None else None
+
+
+def wait_shown(qtbot: Any, window: MainWindow, name: str, **fields: Any) -> dict[str, Any]:
+    def ok() -> bool:
+        view = shown(window, name)
+        return view is not None and all(view.get(k) == v for k, v in fields.items())
+
+    qtbot.waitUntil(ok, timeout=WAIT_MS)
+    view = shown(window, name)
+    assert view is not None
+    return view
+
+
+def select(window: MainWindow, *names: str) -> None:
+    ids = []
+    for name in names:
+        node = window.model.find(name)
+        assert node is not None, name
+        ids.append(node.id)
+    window.select_ids(ids, ids[0])
+    window.view.setCurrentIndex(window.proxy_index(ids[0]))
+    window.select_ids(ids, ids[0])
+
+
+def cell(window: MainWindow, name: str, column: str) -> str:
+    node = window.model.find(name)
+    assert node is not None, name
+    return str(window.model.index_of(node.id, COL[column]).data())
+
+
+def by_name(client: Client) -> dict[str, dict[str, Any]]:
+    return {j["name"]: j for j in client.tree()["jobs"]}
+
+
+def answer(window: MainWindow, monkeypatch: pytest.MonkeyPatch, reply: bool) -> list[str]:
+    asked: list[str] = []
+
+    def confirm(text: str) -> bool:
+        asked.append(text)
+        return reply
+
+    monkeypatch.setattr(window, "confirm", confirm)
+    return asked
+
+
+def error_texts(window: MainWindow) -> list[str]:
+    return [f"{b.windowTitle()}: {b.text()}" for b in window.errors if b.isVisible()]
+
+
+# ---------------------------------------------------------------- building trees
+
+
+def test_new_boxes_and_tasks_from_the_actions_follow_inqs_templates(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    assert window.act_new_top_box.shortcut().toString() == "Ctrl+X"
+    assert window.act_new_box.shortcut().toString() == "Ctrl+B"
+    assert not window.act_new_box.isEnabled()  # nothing selected: no box to put it under
+    window.act_new_top_box.trigger()
+    box = wait_shown(qtbot, window, "New Box")
+    # The new row is selected and its name open for editing in place.
+    qtbot.waitUntil(lambda: window.current_id() == box["id"], timeout=WAIT_MS)
+    assert window.view.state() == window.view.State.EditingState
+    window.view.closePersistentEditor(window.view.currentIndex())
+
+    # Renaming in place: the model asks, the daemon renames, the event renames the row.
+    window.model.setData(window.model.index_of(box["id"]), "Nightly")
+    wait_shown(qtbot, window, "Nightly")
+    select(window, "Nightly")
+    assert window.act_new_task.isEnabled()
+    assert window.act_new_box.isEnabled()
+    window.act_new_task.trigger()
+    wait_shown(qtbot, window, "New Task")
+    select(window, "Nightly")
+    window.act_new_task.trigger()
+    wait_shown(qtbot, window, "New Task 2")
+    window.act_new_top_task.trigger()
+    wait_shown(qtbot, window, "New Task 3", parent=None)
+
+    jobs = by_name(client)
+    assert jobs["Nightly"]["kind"] == "box"
+    assert (
+        jobs["Nightly"]["active"],
+        jobs["Nightly"]["on_error"],
+        jobs["Nightly"]["box_type"],
+    ) == (
+        False,
+        "continue",
+        "timed",
+    )
+    assert jobs["New Task"]["parent"] == jobs["Nightly"]["id"]
+    assert jobs["New Task 2"]["parent"] == jobs["Nightly"]["id"]
+    assert jobs["New Task"]["active"] is False
+    assert jobs["New Task 3"]["parent"] is None
+    # The window shows the same tree: each task under the box, in the daemon's order.
+    nightly = window.model.find("Nightly")
+    assert nightly is not None
+    assert [c.name for c in nightly.children] == ["New Task", "New Task 2"]
+
+
+def test_a_shortcut_creates_a_top_level_task(qtbot: Any, window: MainWindow) -> None:
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=WAIT_MS)
+    qtbot.keyClick(window.view, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
+    wait_shown(qtbot, window, "New Task", parent=None)
+
+
+def test_multi_selection_actions_are_one_batch_and_one_reaction(
+    qtbot: Any,
+    window: MainWindow,
+    client: Client,
+    admin_daemon: AdminDaemon,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines = ["jobs:", "  - name: Fleet", "    children:"]
+    lines += [f"      - name: t{i:03d}\n        command: 'true'" for i in range(200)]
+    admin_daemon.load(write(admin_daemon.jc.base / "fleet.yaml", "\n".join(lines) + "\n"))
+    qtbot.waitUntil(lambda: len(window.model.nodes) == 201, timeout=WAIT_MS)
+    batches: list[list[Event]] = []
+    assert window.feed is not None
+    window.feed.events.connect(batches.append)
+
+    window.view.expandAll()
+    select(window, *[f"t{i:03d}" for i in range(200)])
+    assert len(window.selected_ids()) == 200
+    assert window.act_active.isEnabled()
+    assert not window.act_inactive.isEnabled()
+    window.act_active.trigger()
+    qtbot.waitUntil(
+        lambda: all(window.model.find(f"t{i:03d}").view["active"] for i in range(200)),  # type: ignore[union-attr]
+        timeout=WAIT_MS,
+    )
+    modified = [e for b in batches for e in b if e.type == "job.modified"]
+    # One batch: a single event carries all 200 (one transaction, one dispatcher reaction).
+    assert [len(e.data["jobs"]) for e in modified] == [200]
+    assert all(j["active"] for j in client.tree()["jobs"] if j["name"] != "Fleet")
+    assert window.act_inactive.isEnabled()
+    assert not window.act_active.isEnabled()
+    audit = admin_daemon.jc.json("audit", "--json", "--limit", "5")
+    assert [a["operation"] for a in audit][:1] == ["jobs.modify"]
+    assert len(audit[0]["jobs"]) == 200
+
+    # Inactive asks first; saying no changes nothing.
+    asked = answer(window, monkeypatch, False)
+    window.act_inactive.trigger()
+    assert asked == ["Deactivate Selected Jobs?"]
+    assert all(j["active"] for j in client.tree()["jobs"] if j["name"] != "Fleet")
+
+    # On-error and box type act on the selected boxes only, again as one batch.
+    select(window, "Fleet", "t000")
+    window.act_abort.trigger()
+    wait_shown(qtbot, window, "Fleet", on_error="abort")
+    window.act_consecutive.trigger()
+    wait_shown(qtbot, window, "Fleet", box_type="sequence")
+    assert by_name(client)["t000"]["on_error"] == "continue"
+
+
+# ---------------------------------------------------------------- running, killing, restarting
+
+
+def test_run_now_kill_and_restart_show_in_place(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    box = client.create_job("Batch", "box", active=True, timer="every 1h", box_type="sequence")
+    client.create_job("sleeper", "task", parent=box["id"], active=True, command="sleep 60")
+    wait_shown(qtbot, window, "sleeper")
+    select(window, "Batch")
+    assert window.act_restart.isEnabled()
+    assert window.act_run.isEnabled()
+    assert not window.act_kill.isEnabled()
+    assert window.act_run.toolTip() == "Run Batch"
+
+    window.act_run.trigger()
+    wait_shown(qtbot, window, "sleeper", state="running")
+    assert cell(window, "sleeper", "state") == "Running"
+    assert cell(window, "sleeper", "started") != ""
+    qtbot.waitUntil(window.act_kill.isEnabled, timeout=WAIT_MS)  # Kill follows the live state
+
+    select(window, "sleeper")
+    window.act_kill.trigger()
+    wait_shown(qtbot, window, "sleeper", state="idle", exit_status=255)
+    assert cell(window, "sleeper", "exit_status") == "255"
+    assert cell(window, "sleeper", "last_ran") != ""
+    runs = client.runs("sleeper")["runs"]
+    assert runs[0]["exit_status"] == 255
+
+    select(window, "sleeper")
+    assert not window.act_restart.isEnabled()  # top-level jobs only
+    select(window, "Batch")
+    window.act_restart.trigger()
+    qtbot.waitUntil(
+        lambda: "Restarted Batch" in window.statusBar().currentMessage(), timeout=WAIT_MS
+    )
+    assert cell(window, "Batch", "next_runs") != ""
+    assert not error_texts(window)
+
+
+def test_delete_is_confirmed_and_takes_the_sub_tree(
+    qtbot: Any, window: MainWindow, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = client.create_job("Old", "box")
+    client.create_job("old task", "task", parent=box["id"], command="true")
+    client.create_job("keep", "task", command="true")
+    wait_shown(qtbot, window, "old task")
+    select(window, "Old")
+    asked = answer(window, monkeypatch, False)
+    window.act_delete.trigger()
+    assert asked == ["Delete Old?"]
+    assert set(by_name(client)) == {"Old", "old task", "keep"}
+
+    answer(window, monkeypatch, True)
+    select(window, "Old", "old task")  # the child goes with its box: asked once, one request
+    window.act_delete.trigger()
+    qtbot.waitUntil(lambda: window.model.find("Old") is None, timeout=WAIT_MS)
+    assert window.model.find("old task") is None
+    assert set(by_name(client)) == {"keep"}
+    assert not error_texts(window)
+
+
+# ---------------------------------------------------------------- editing
+
+
+def test_the_expression_editor_refuses_bad_text_with_the_daemons_message(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("report", "task", command="echo hi", timer="every 1h")
+    view = wait_shown(qtbot, window, "report")
+    window.edit_expression(view["id"], "timer")
+    editor = window.findChild(ExpressionEditor, "jc-expression-editor")
+    assert editor is not None
+    assert editor.isVisible()
+    assert editor.windowTitle() == "report Edit Timer"
+    assert editor.text.isReadOnly()
+    editor.edit_button.click()
+    assert not editor.text.isReadOnly()
+    editor.text.setPlainText("evry 10s")
+    editor.ok_button.click()
+    qtbot.waitUntil(lambda: "invalid schedule" in editor.status.text(), timeout=WAIT_MS)
+    assert "position 0" in editor.status.text()
+    assert editor.isVisible()
+    assert client.job("report")["timer"] == "every 1h"
+
+    editor.text.setPlainText("daily 22:56")
+    editor.ok_button.click()
+    qtbot.waitUntil(lambda: not editor.isVisible(), timeout=WAIT_MS)
+    wait_shown(qtbot, window, "report", timer="daily 22:56")
+    assert client.job("report")["timer"] == "daily 22:56"
+    assert not window.editors
+
+
+def test_the_magnifier_of_a_timer_cell_opens_the_editor(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("report", "task", command="echo hi", timer="every 1h")
+    view = wait_shown(qtbot, window, "report")
+    index = window.proxy_index(view["id"]).siblingAtColumn(COL["timer"])
+    window.view.scrollTo(index)
+    rect = window.view.visualRect(index)
+    # The magnifier is the rightmost icon-width of the cell.
+    qtbot.mouseClick(
+        window.view.viewport(),
+        Qt.MouseButton.LeftButton,
+        pos=QPoint(rect.right() - 5, rect.center().y()),
+    )
+    qtbot.waitUntil(lambda: bool(window.editors), timeout=WAIT_MS)
+    assert window.editors[0].field == "timer"
+    window.editors[0].reject()
+
+
+def test_errors_from_the_daemon_are_dialogs_with_its_message(
+    qtbot: Any, admin_daemon: AdminDaemon, client: Client
+) -> None:
+    made = admin_daemon.jc.ok("user", "add", "watcher", "--role", "viewer")
+    token = re.search(r"jc_\S+", made.stdout)
+    assert token, describe(made)
+    client.create_job("report", "task", command="echo hi")
+    window = open_window(qtbot, admin_daemon.url, token.group(0))
+    try:
+        wait_shown(qtbot, window, "report")
+        select(window, "report")
+        window.act_run.trigger()
+        qtbot.waitUntil(lambda: bool(error_texts(window)), timeout=WAIT_MS)
+        assert "watcher" in error_texts(window)[0]
+        assert "viewer" in error_texts(window)[0]
+        assert client.runs("report")["runs"] == []
+    finally:
+        window.close()
+
+
+# ---------------------------------------------------------------- moving, filtering
+
+
+def test_drag_and_drop_moves_and_reorders_and_running_jobs_stay(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    a = client.create_job("A", "box", box_type="sequence")
+    b = client.create_job("B", "box", box_type="sequence")
+    for name in ("a1", "a2", "a3"):
+        client.create_job(name, "task", parent=a["id"], command="true")
+    busy = client.create_job("busy", "task", parent=b["id"], command="sleep 60")
+    wait_shown(qtbot, window, "busy")
+    src = window.model
+
+    def drop(names: list[str], target: str, row: int) -> None:
+        ids = [src.find(n).id for n in names]  # type: ignore[union-attr]
+        data = src.mimeData([src.index_of(i) for i in ids])
+        parent = window.proxy_index(src.find(target).id)  # type: ignore[union-attr]
+        assert window.filter.dropMimeData(data, Qt.DropAction.MoveAction, row, 0, parent) is False
+
+    drop(["a3"], "A", 0)  # reorder: a3 first
+    qtbot.waitUntil(
+        lambda: [c.name for c in src.find("A").children] == ["a3", "a1", "a2"], timeout=WAIT_MS
+    )  # type: ignore[union-attr]
+    drop(["a1"], "B", 0)  # move into another box
+    wait_shown(qtbot, window, "a1", parent=b["id"])
+    assert client.job("a1")["parent"] == b["id"]
+
+    client.run_now("busy")
+    wait_shown(qtbot, window, "busy", state="running")
+    drop(["busy"], "A", 0)
+    qtbot.waitUntil(lambda: bool(error_texts(window)), timeout=WAIT_MS)
+    assert "running" in error_texts(window)[0]
+    assert client.job("busy")["parent"] == busy["parent"]
+    client.kill("busy")
+
+
+def test_the_filter_keeps_ancestors_and_finds_failures(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    top = client.create_job("Top", "box", box_type="sequence", active=True)
+    mid = client.create_job("Mid", "box", parent=top["id"], box_type="sequence", active=True)
+    client.create_job("needle", "task", parent=mid["id"], command="exit 3", active=True)
+    client.create_job("hay", "task", command="true")
+    wait_shown(qtbot, window, "needle")
+
+    def visible() -> set[str]:
+        names, stack = set(), [QModelIndex()]
+        while stack:
+            parent = stack.pop()
+            for row in range(window.filter.rowCount(parent)):
+                index = window.filter.index(row, 0, parent)
+                names.add(index.data())
+                stack.append(index)
+        return names
+
+    window.filter_text.setText("NEED")
+    assert visible() == {"Top", "Mid", "needle"}
+    window.filter_text.clear()
+    window.filter_failed.setChecked(True)
+    assert visible() == set()
+    client.run_now("Top")
+    wait_shown(qtbot, window, "needle", exit_status=3)
+    qtbot.waitUntil(lambda: visible() == {"Top", "Mid", "needle"}, timeout=WAIT_MS)
+    window.filter_failed.setChecked(False)
+    assert visible() == {"Top", "Mid", "needle", "hay"}
+
+
+# ---------------------------------------------------------------- the dispatcher and the connection
+
+
+def test_pause_resume_and_log_level(qtbot: Any, window: MainWindow, client: Client) -> None:
+    assert window.act_pause.isEnabled()
+    assert not window.act_resume.isEnabled()
+    window.act_pause.trigger()
+    qtbot.waitUntil(lambda: window.paused_label.text() == "Timers paused", timeout=WAIT_MS)
+    assert client.status()["paused"] is True
+    assert window.act_resume.isEnabled()
+    window.act_resume.trigger()
+    qtbot.waitUntil(lambda: window.paused_label.text() == "", timeout=WAIT_MS)
+    assert client.status()["paused"] is False
+    window.level_actions["DEBUG"].trigger()
+    qtbot.waitUntil(lambda: client.log_level() == "DEBUG", timeout=WAIT_MS)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_it_reconnects_after_the_daemon_restarts_and_catches_up(
+    qtbot: Any, sqlite_url: str, tmp_path: Path
+) -> None:
+    jc = JobControl(sqlite_url, tmp_path / "user")
+    port = str(_free_port())
+    try:
+        jc.upgraded()
+        jc.ok("daemon", "start", "--port", port)
+        token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+        url = f"http://127.0.0.1:{port}"
+        with Client(url, token) as c:
+            c.create_job("before", "task", command="true")
+        window = open_window(qtbot, url, token)
+        try:
+            wait_shown(qtbot, window, "before")
+            jc.ok("daemon", "stop")
+            qtbot.waitUntil(lambda: window.connection_state == "lost", timeout=WAIT_MS)
+            assert "lost" in window.connection_label.text()
+            # While the window is cut off, the tree changes (offline, straight on the database).
+            jc.ok(
+                "load",
+                str(write(jc.base / "more.yaml", "jobs:\n  - name: after\n    command: 'true'\n")),
+            )
+            jc.ok("daemon", "start", "--port", port)
+            qtbot.waitUntil(lambda: window.connection_state == "live", timeout=WAIT_MS)
+            wait_shown(qtbot, window, "after")
+            assert "reconnected and caught up" in window.connection_label.text()
+            assert window.model.find("before") is not None
+        finally:
+            window.close()
+    finally:
+        problems = jc.cleanup()
+    assert not problems, problems
+
+
+def test_the_entry_point_is_installed() -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "jobcontrol-admin"
+    assert exe.exists() or shutil.which("jobcontrol-admin"), "jobcontrol-admin is not installed"
+    done = subprocess.run(
+        [str(exe), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--url" in done.stdout
+    assert "--token" in done.stdout
