@@ -191,7 +191,7 @@ class Engine:
     def _apply_batch(self, batch: Batch, user: str) -> BatchResult:
         note = audit.current()
         creates = [(c, normalise_fields(c.name, c.fields)) for c in batch.creates]
-        changes = [(c, normalise_fields(str(c.job), c.fields)) for c in batch.changes]
+        changes = [(c, normalise_fields(self._job_name(c.job), c.fields)) for c in batch.changes]
         for c, _ in creates:
             check_name(c.name, c.name)
         result = BatchResult()

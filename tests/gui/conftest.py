@@ -3,7 +3,8 @@
 ``admin_daemon`` starts the real ``jobcontrol daemon`` (a subprocess, its API on
 a free port) on a fresh SQLite database and gives its URL and the admin token
 it wrote on first start. ``no_leaks`` (autouse) fails a test that leaves a
-thread running or a window open or undeleted after the test's own teardown.
+thread running, a window open or undeleted, or a timer running on the
+application after the test's own teardown (a window's timers go with it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QCoreApplication, QEvent
+from PySide6.QtCore import QCoreApplication, QEvent, QTimer
 from PySide6.QtWidgets import QApplication
 
 from tests.acceptance.harness import JobControl, describe
@@ -62,6 +63,7 @@ def no_leaks(qapp: QApplication) -> Iterator[None]:
     threads_before = set(threading.enumerate())
     _settle(qapp)
     widgets_before = set(map(id, QApplication.topLevelWidgets()))
+    timers_before = {id(t) for t in qapp.findChildren(QTimer) if t.isActive()}
     yield
     _settle(qapp)
     deadline = time.monotonic() + 10
@@ -74,4 +76,6 @@ def no_leaks(qapp: QApplication) -> Iterator[None]:
         for w in QApplication.topLevelWidgets()
         if id(w) not in widgets_before and (w.isVisible() or w.objectName().startswith("jc-"))
     ]
+    timers = [t for t in qapp.findChildren(QTimer) if t.isActive() and id(t) not in timers_before]
+    assert not timers, f"timers left running: {[t.objectName() for t in timers]}"
     assert not left, f"windows left behind: {[(type(w).__name__, w.objectName()) for w in left]}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from jobcontrol_admin.model import COL, JobIdRole, JobTreeModel
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
 
 from jobcontrol.client import Event
+from jobcontrol_admin.model import COL, JobIdRole, JobTreeModel
 
 
 def view(job_id: int, name: str, parent: int | None = None, **fields: Any) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PySide6.QtCore import QModelIndex, QPoint, Qt
+
+from jobcontrol.client import Client, Event
 from jobcontrol_admin.expression import ExpressionEditor
 from jobcontrol_admin.model import COL
 from jobcontrol_admin.session import Session
 from jobcontrol_admin.window import MainWindow
-from PySide6.QtCore import QModelIndex, QPoint, Qt
-
-from jobcontrol.client import Client, Event
 from tests.acceptance.harness import JobControl, describe, write
 from tests.gui.conftest import WAIT_MS, AdminDaemon
 
@@ -291,15 +291,15 @@ def test_the_expression_editor_refuses_bad_text_with_the_daemons_message(
     editor.ok_button.click()
     qtbot.waitUntil(lambda: "invalid schedule" in editor.status.text(), timeout=WAIT_MS)
     assert "position 0" in editor.status.text()
+    assert editor.status.text().startswith("job 'report': ")  # named, though sent by id
     assert editor.isVisible()
     assert client.job("report")["timer"] == "every 1h"
 
     editor.text.setPlainText("daily 22:56")
     editor.ok_button.click()
-    qtbot.waitUntil(lambda: not editor.isVisible(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not window.editors, timeout=WAIT_MS)  # closed (and deleted)
     wait_shown(qtbot, window, "report", timer="daily 22:56")
     assert client.job("report")["timer"] == "daily 22:56"
-    assert not window.editors
 
 
 def test_the_magnifier_of_a_timer_cell_opens_the_editor(

@@ -189,6 +189,13 @@ REFUSALS: dict[str, Refusal] = {
         ("job is running",),
         running=True,
     ),
+    "reorder a running job": Refusal(
+        lambda jc: change(jc, "o1", job_order=5),
+        JobRunningError,
+        "o1",
+        ("job is running", "reordered"),
+        running=True,
+    ),
     "re-parent the box of a running job": Refusal(
         lambda jc: change(jc, "Other", parent="A"),
         JobRunningError,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobcontrol_admin.session import Session
 from PySide6.QtGui import QFont, QFontDatabase
 from PySide6.QtWidgets import (
     QDialog,
@@ -25,6 +24,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from jobcontrol_admin.session import Session
 
 LABELS = {"timer": "Timer", "command": "Command"}
 

@@ -18,8 +18,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from jobcontrol_admin import icons
-from jobcontrol_admin.formats import format_duration, format_time, parse_time
 from PySide6.QtCore import (
     QAbstractItemModel,
     QMimeData,
@@ -32,6 +30,8 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QBrush, QColor, QFont
 
 from jobcontrol.client import Event
+from jobcontrol_admin import icons
+from jobcontrol_admin.formats import format_duration, format_time, parse_time
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,11 @@ import signal
 import sys
 from pathlib import Path
 
+from PySide6.QtWidgets import QApplication
+
 from jobcontrol_admin.connection import find
 from jobcontrol_admin.session import Session
 from jobcontrol_admin.window import MainWindow
-from PySide6.QtWidgets import QApplication
 
 
 def parser() -> argparse.ArgumentParser:

@@ -9,8 +9,6 @@ command.
 
 from __future__ import annotations
 
-from jobcontrol_admin import icons
-from jobcontrol_admin.model import COL, COLUMNS, JobIdRole, ViewRole
 from PySide6.QtCore import QEvent, QModelIndex, QPersistentModelIndex, QRect, Qt, Signal
 from PySide6.QtGui import QKeyEvent, QMouseEvent, QPainter
 from PySide6.QtWidgets import (
@@ -21,6 +19,9 @@ from PySide6.QtWidgets import (
     QTreeView,
     QWidget,
 )
+
+from jobcontrol_admin import icons
+from jobcontrol_admin.model import COL, COLUMNS, JobIdRole, ViewRole
 
 MAGNIFIER = 18  # the clickable width at the cell's right edge
 EXPRESSION_COLUMNS = {COL["timer"]: "timer", COL["command"]: "command"}

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobcontrol_admin.session import Session
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from jobcontrol.cli_online import locate
 from jobcontrol.errors import JobControlError
+from jobcontrol_admin.session import Session
 
 
 @dataclass

@@ -12,14 +12,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jobcontrol_admin.expression import ExpressionEditor
-from jobcontrol_admin.feed import EventFeed
-from jobcontrol_admin.filtering import STATES, JobFilter
-from jobcontrol_admin.history import HistoryPanel
-from jobcontrol_admin.model import JobNode, JobTreeModel
-from jobcontrol_admin.properties import PropertiesPanel
-from jobcontrol_admin.session import Session
-from jobcontrol_admin.treeview import JobTreeView
 from PySide6.QtCore import QItemSelection, QModelIndex, Qt, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
@@ -36,6 +28,14 @@ from PySide6.QtWidgets import (
 )
 
 from jobcontrol.client import ApiError, Client, Event
+from jobcontrol_admin.expression import ExpressionEditor
+from jobcontrol_admin.feed import EventFeed
+from jobcontrol_admin.filtering import STATES, JobFilter
+from jobcontrol_admin.history import HistoryPanel
+from jobcontrol_admin.model import JobNode, JobTreeModel
+from jobcontrol_admin.properties import PropertiesPanel
+from jobcontrol_admin.session import Session
+from jobcontrol_admin.treeview import JobTreeView
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from jobcontrol_admin.model import JobTreeModel
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
+
+from jobcontrol_admin.model import JobTreeModel
 
 STATES = ("idle", "running", "waiting")
 
