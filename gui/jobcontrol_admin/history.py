@@ -461,6 +461,10 @@ class HistoryPanel(QWidget):
                 return
             self._loading = False
             self._update_count()
+            if isinstance(exc, ApiError) and exc.status == 404:
+                # Deleted while the page was on its way: the tree drops it next.
+                self.count_label.setText(f"{self.job_name or job_id} no longer exists")
+                return
             self.session.error.emit(f"History of {self.job_name or job_id}", str(exc))
 
         self.session.read(f"History of {self.job_name or job_id}", call, done, failed)

@@ -5,13 +5,18 @@ jobs that have none last, then job order (then id, so the order is total).
 The model never changes a job on its own: an edit in place or a drop asks the
 window to send it (``rename_requested``, ``move_requested``), and the row
 changes when the daemon's event comes back. Events change rows in place
-(``dataChanged``), move them (``beginMoveRows``) when their place changes, and
-insert or remove them, so selections and expanded rows survive a live stream.
+(``dataChanged``) and insert or remove them; a job that changes box is moved
+(``beginMoveRows``). Rows whose place among their siblings changed (a new next
+run) are put in order once per batch of events, in one layout change for all
+the levels concerned: a view lays out its rows again after any change of
+order, and once per batch keeps a tree of 10,000 jobs responsive while
+hundreds of runs a second finish. Selections and expanded rows survive all of it.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -62,11 +67,17 @@ AnyIndex = QModelIndex | QPersistentModelIndex
 
 _FAR = datetime.max
 
+# Computed once: flags() is asked for every row at every layout of the view.
+_ROW = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+_NAME = _ROW | Qt.ItemFlag.ItemIsEditable | Qt.ItemFlag.ItemIsDragEnabled
+_BOX_NAME = _NAME | Qt.ItemFlag.ItemIsDropEnabled
+_ROOT = Qt.ItemFlag.ItemIsDropEnabled
+
 
 class JobNode:
     """One job: its latest view (the API's dict), its place, and its sort key."""
 
-    __slots__ = ("children", "id", "key", "next_runs", "parent", "row", "view")
+    __slots__ = ("children", "display", "id", "is_box", "key", "next_runs", "parent", "row", "view")
 
     def __init__(self, job_id: int, view: dict[str, Any] | None = None) -> None:
         self.id = job_id
@@ -74,6 +85,8 @@ class JobNode:
         self.parent: JobNode | None = None
         self.children: list[JobNode] = []
         self.row = 0
+        self.display: list[Any] | None = None  # each column's text, made when first painted
+        self.is_box = False
         self.next_runs: datetime | None = None
         self.key: tuple[bool, datetime, int, int] = (True, _FAR, 0, job_id)
         if view is not None:
@@ -81,14 +94,12 @@ class JobNode:
 
     def set_view(self, view: dict[str, Any]) -> None:
         self.view = view
+        self.display = None
+        self.is_box = view.get("kind") == "box"
         self.next_runs = parse_time(view.get("next_runs"))
         nr = self.next_runs
         naive = nr.astimezone().replace(tzinfo=None) if nr is not None else _FAR
         self.key = (nr is None, naive, int(view.get("job_order") or 0), self.id)
-
-    @property
-    def is_box(self) -> bool:
-        return self.view.get("kind") == "box"
 
     @property
     def name(self) -> str:
@@ -121,6 +132,7 @@ class JobTreeModel(QAbstractItemModel):
         self.expanded: set[int] = set()
         self.pending: set[int] = set()  # jobs with changes not applied yet (shown in italics)
         self.seq: int | None = None
+        self._unordered: dict[int, JobNode] = {}  # parents whose children may be out of order
 
     # ------------------------------------------------------------ reading
 
@@ -148,12 +160,14 @@ class JobTreeModel(QAbstractItemModel):
     # ------------------------------------------------------------ the Qt model
 
     def index(self, row: int, column: int, parent: AnyIndex = QModelIndex()) -> QModelIndex:  # noqa: B008
-        if column < 0 or column > LAST_COL or row < 0:
-            return QModelIndex()
-        if parent.isValid() and parent.column() != 0:
-            return QModelIndex()
-        p = self.node(parent)
-        if row >= len(p.children):
+        # Called for every row at every layout of a view: kept to the bone.
+        if parent.isValid():
+            if parent.column() != 0:
+                return QModelIndex()
+            p = self.nodes.get(parent.internalId(), self.root)
+        else:
+            p = self.root
+        if row < 0 or column < 0 or column > LAST_COL or row >= len(p.children):
             return QModelIndex()
         return self.createIndex(row, column, p.children[row].id)
 
@@ -167,9 +181,12 @@ class JobTreeModel(QAbstractItemModel):
         return self.createIndex(p.row, 0, p.id)
 
     def rowCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008, N802
-        if parent.isValid() and parent.column() != 0:
+        if not parent.isValid():
+            return len(self.root.children)
+        if parent.column() != 0:
             return 0
-        return len(self.node(parent).children)
+        node = self.nodes.get(parent.internalId())
+        return len(node.children) if node is not None else 0
 
     def columnCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008, N802
         return len(COLUMNS)
@@ -189,40 +206,38 @@ class JobTreeModel(QAbstractItemModel):
 
     def flags(self, index: AnyIndex) -> Qt.ItemFlag:
         if not index.isValid():
-            return Qt.ItemFlag.ItemIsDropEnabled
-        flags = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
-        if index.column() == 0:
-            flags |= Qt.ItemFlag.ItemIsEditable | Qt.ItemFlag.ItemIsDragEnabled
-            if self.node(index).is_box:
-                flags |= Qt.ItemFlag.ItemIsDropEnabled
-        return flags
+            return _ROOT
+        if index.column() != 0:
+            return _ROW
+        node = self.nodes.get(index.internalId())
+        return _BOX_NAME if node is not None and node.is_box else _NAME
 
     def data(self, index: AnyIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if not index.isValid():
+        # A view asks for about ten roles of every cell it paints: the others end here.
+        if role not in _ROLES or not index.isValid():
             return None
         node = self.nodes.get(index.internalId())
         if node is None:
             return None
         view, col = node.view, index.column()
-        key = COLUMNS[col][1]
         if role == Qt.ItemDataRole.DisplayRole:
-            return _display(view, key)
+            if node.display is None:
+                node.display = [_display(view, key) for _, key in COLUMNS]
+            return node.display[col]
+        key = COLUMNS[col][1]
         if role == Qt.ItemDataRole.EditRole:
             return node.name if col == 0 else _display(view, key)
         if role == Qt.ItemDataRole.DecorationRole:
             return self._decoration(node, key)
         if role == Qt.ItemDataRole.FontRole:
-            font = QFont()
-            font.setBold(bool(view.get("active")))
-            font.setItalic(node.id in self.pending)
-            return font
+            return _font(bool(view.get("active")), node.id in self.pending)
         if role == Qt.ItemDataRole.ToolTipRole:
             return _tooltip(node, key)
         if role == Qt.ItemDataRole.ForegroundRole:
             if key in ("exit_status", "name") and (view.get("exit_status") or 0) != 0:
-                return QBrush(QColor("#b00020"))
+                return _brush("#b00020")
             if key == "state" and view.get("state") != "idle":
-                return QBrush(QColor("#00639b"))
+                return _brush("#00639b")
             return None
         if role == JobIdRole:
             return node.id
@@ -348,11 +363,16 @@ class JobTreeModel(QAbstractItemModel):
             _renumber(node.children)
         self.expanded &= self.nodes.keys()
         self.pending &= self.nodes.keys()
+        self._unordered.clear()
         self.endResetModel()
         self.changed.emit()
 
-    def apply(self, events: Iterable[Event]) -> None:
-        """Apply events in order (the client side of ``jobcontrol.eventlog``'s contract)."""
+    def apply(self, events: Iterable[Event], *, order: bool = True) -> None:
+        """Apply events in order (the client side of ``jobcontrol.eventlog``'s contract).
+
+        With ``order=False`` rows whose place changed stay where they are until
+        ``put_in_order`` (the window paces it: each re-order lays the view out again).
+        """
         for event in events:
             data = event.data if isinstance(event.data, dict) else {}
             kind = event.type
@@ -370,6 +390,8 @@ class JobTreeModel(QAbstractItemModel):
                     self.remove(int(job_id))
             if event.seq is not None:
                 self.seq = event.seq
+        if order:
+            self.put_in_order()
         self.changed.emit()
 
     def _set_state(self, data: Mapping[str, Any]) -> None:
@@ -379,17 +401,18 @@ class JobTreeModel(QAbstractItemModel):
         view = dict(node.view)
         view.update(state=data.get("state"), started=data.get("started"))
         node.view = view  # neither changes the order
+        node.display = None
         self._row_changed(node.id)
 
     def upsert(self, raw: Mapping[str, Any]) -> None:
-        """A job's new view: insert it, or change it in place, moving it if its place changed."""
+        """A job's new view: insert it, or change it in place (its order is put right later)."""
         view = dict(raw)
         job_id = int(view["id"])
         node = self.nodes.get(job_id)
         parent = self.nodes.get(view.get("parent") or 0, self.root)
         if node is None:
             node = JobNode(job_id, view)
-            pos = bisect.bisect_left([c.key for c in parent.children], node.key)
+            pos = self._place(parent, node)
             self.beginInsertRows(self._index(parent), pos, pos)
             node.parent = parent
             parent.children.insert(pos, node)
@@ -399,21 +422,20 @@ class JobTreeModel(QAbstractItemModel):
             return
         if view == node.view:
             return
+        old_key = node.key
         node.set_view(view)
         old_parent = node.parent or self.root
-        siblings = parent.children
-        if old_parent is parent and _in_place(siblings, node.row, node.key):
+        if old_parent is parent:
+            if node.key != old_key and not _in_place(parent.children, node.row, node.key):
+                self._unordered[parent.id] = parent
             self._row_changed(job_id)
             return
-        # Its place among the new siblings, itself left out.
-        keys = [c.key for c in siblings if c is not node]
-        pos = bisect.bisect_left(keys, node.key)
+        # Another box: moved now, at its place there (rare: a drop, an edit).
+        pos = self._place(parent, node)
         src_row = node.row
-        dest = (pos if pos < src_row else pos + 1) if old_parent is parent else pos
-        ok = self.beginMoveRows(
-            self._index(old_parent), src_row, src_row, self._index(parent), dest
-        )
-        if not ok:  # cannot happen for a consistent tree; fall back to a reset
+        if not self.beginMoveRows(
+            self._index(old_parent), src_row, src_row, self._index(parent), pos
+        ):
             log.error("model move of job %s refused by Qt; reloading", job_id)
             self._rebuild()
             return
@@ -421,9 +443,47 @@ class JobTreeModel(QAbstractItemModel):
         _renumber(old_parent.children, src_row)
         parent.children.insert(pos, node)
         node.parent = parent
-        _renumber(parent.children, pos if old_parent is not parent else 0)
+        _renumber(parent.children, pos)
         self.endMoveRows()
         self._row_changed(job_id)
+
+    def _place(self, parent: JobNode, node: JobNode) -> int:
+        """Where ``node`` goes among ``parent``'s children (ordered, or about to be put in order)."""
+        if parent.id in self._unordered:
+            return len(parent.children)
+        return bisect.bisect_left([c.key for c in parent.children], node.key)
+
+    @property
+    def unordered(self) -> bool:
+        """Whether some level waits for ``put_in_order``."""
+        return bool(self._unordered)
+
+    def put_in_order(self) -> None:
+        """Sort the levels whose order an event changed: one layout change for all of them."""
+        moved: list[tuple[JobNode, list[JobNode]]] = []
+        for parent in self._unordered.values():
+            if parent is not self.root and parent.id not in self.nodes:
+                continue  # deleted meanwhile
+            ordered = sorted(parent.children, key=lambda n: n.key)
+            if any(a is not b for a, b in zip(ordered, parent.children, strict=True)):
+                moved.append((parent, ordered))
+        self._unordered.clear()
+        if not moved:
+            return
+        # (PySide emits the layout signals only without their optional parents and hint.)
+        self.layoutAboutToBeChanged.emit()
+        before = self.persistentIndexList()
+        for parent, ordered in moved:
+            parent.children = ordered
+            _renumber(ordered)
+        after = []
+        for index in before:
+            node = self.nodes.get(index.internalId())
+            after.append(
+                self.createIndex(node.row, index.column(), node.id) if node else QModelIndex()
+            )
+        self.changePersistentIndexList(before, after)
+        self.layoutChanged.emit()
 
     def remove(self, job_id: int) -> None:
         node = self.nodes.get(job_id)
@@ -459,6 +519,34 @@ class JobTreeModel(QAbstractItemModel):
     def _rebuild(self) -> None:
         views = [n.view for n in self.root.walk() if n is not self.root]
         self.load(self.seq or 0, views)
+
+
+_ROLES = frozenset(
+    {
+        Qt.ItemDataRole.DisplayRole,
+        Qt.ItemDataRole.EditRole,
+        Qt.ItemDataRole.DecorationRole,
+        Qt.ItemDataRole.FontRole,
+        Qt.ItemDataRole.ToolTipRole,
+        Qt.ItemDataRole.ForegroundRole,
+        JobIdRole,
+        ViewRole,
+        PendingRole,
+    }
+)
+
+
+@functools.cache
+def _font(bold: bool, italic: bool) -> QFont:
+    font = QFont()
+    font.setBold(bold)
+    font.setItalic(italic)
+    return font
+
+
+@functools.cache
+def _brush(color: str) -> QBrush:
+    return QBrush(QColor(color))
 
 
 def _in_place(siblings: list[JobNode], row: int, key: tuple[Any, ...]) -> bool:

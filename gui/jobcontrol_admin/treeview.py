@@ -99,11 +99,24 @@ class JobTreeView(QTreeView):
         self.delegate.clicked.connect(self.expression_requested)
 
     def set_column_widths(self) -> None:
-        widths = {"name": 220, "on_error": 22, "timer": 150, "command": 220, "job_order": 70}
+        """Wide enough for what each column shows, in the view's font."""
+        metrics = self.fontMetrics()
+        samples = {
+            "started": "00 May 0000 00:00:00",
+            "last_ran": "00 May 0000 00:00:00",
+            "next_runs": "00 May 0000 00:00:00",
+            "last_duration_ms": "00:00:00.000",
+            "exit_status": "Exit 000",
+            "state": "Job State",
+            "job_order": "JobOrder",
+        }
+        fixed = {"name": 260, "on_error": 24, "timer": 160, "command": 240}
         for i, (_, key) in enumerate(COLUMNS):
-            self.setColumnWidth(
-                i, widths.get(key, 140 if key in ("started", "last_ran", "next_runs") else 80)
-            )
+            if key in samples:
+                width = metrics.horizontalAdvance(samples[key]) + 24
+            else:
+                width = fixed.get(key, 80)
+            self.setColumnWidth(i, width)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         if event.key() == Qt.Key.Key_F4 and self.currentIndex().isValid():

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from PySide6.QtCore import QItemSelection, QModelIndex, Qt, Slot
+from PySide6.QtCore import QAbstractItemModel, QItemSelection, QModelIndex, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMainWindow,
     QMessageBox,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -32,7 +33,7 @@ from jobcontrol_admin.expression import ExpressionEditor
 from jobcontrol_admin.feed import EventFeed
 from jobcontrol_admin.filtering import STATES, JobFilter
 from jobcontrol_admin.history import HistoryPanel
-from jobcontrol_admin.model import JobNode, JobTreeModel
+from jobcontrol_admin.model import JobIdRole, JobNode, JobTreeModel
 from jobcontrol_admin.properties import PropertiesPanel
 from jobcontrol_admin.session import Session
 from jobcontrol_admin.treeview import JobTreeView
@@ -40,6 +41,11 @@ from jobcontrol_admin.treeview import JobTreeView
 log = logging.getLogger(__name__)
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+EVENT_INTERVAL_MS = 50
+# Rows that changed place are put in order at most this often: each re-order makes the
+# view lay out and paint every visible row again (50-100 ms on this machine).
+ORDER_INTERVAL_MS = 1000
+EXPAND_ALL_UP_TO = 500  # a first snapshot this big or smaller opens fully expanded
 TEMPLATES = {  # spec 10.5: new jobs are inactive, continue on error, timed boxes
     "box": {"active": False, "on_error": "continue", "box_type": "timed"},
     "task": {"active": False, "on_error": "continue", "command": "true"},
@@ -64,11 +70,25 @@ class MainWindow(QMainWindow):
         self._after_create: Callable[[int], None] | None = None
 
         self.model = JobTreeModel(self)
-        self.filter = JobFilter(self.model)
-        self.filter.setParent(self)
+        # The filter model sits between the tree and the view only while a filter is set:
+        # it re-maps rows on every change, which a 10,000-job live tree cannot afford.
+        self.filter: JobFilter | None = None
+        self._expanded_before_filter: set[int] = set()
         self.view = JobTreeView()
-        self.view.setModel(self.filter)
+        self.view.setModel(self.model)
         self.view.set_column_widths()
+        # Events are applied at once, then at most every EVENT_INTERVAL_MS while they pour in.
+        self._queued_events: list[Event] = []
+        self._event_timer = QTimer(self)
+        self._event_timer.setObjectName("event-pacer")
+        self._event_timer.setSingleShot(True)
+        self._event_timer.setInterval(EVENT_INTERVAL_MS)
+        self._event_timer.timeout.connect(self._apply_queued_events)
+        self._order_timer = QTimer(self)
+        self._order_timer.setObjectName("order-pacer")
+        self._order_timer.setSingleShot(True)
+        self._order_timer.setInterval(ORDER_INTERVAL_MS)
+        self._order_timer.timeout.connect(self._put_in_order)
         self.model.rename_requested.connect(self.rename)
         self.model.move_requested.connect(self.move_jobs)
         self.model.changed.connect(self.update_actions)
@@ -250,7 +270,10 @@ class MainWindow(QMainWindow):
         session.error.connect(self.show_error)
         self.setWindowTitle(f"Job Control — {session.url}")
         self.properties = PropertiesPanel(session, self.model)
-        self.properties_dock.setWidget(self.properties)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(self.properties)  # the form fits a small screen too
+        self.properties_dock.setWidget(scroll)
         self.history = HistoryPanel(session)
         self.history_dock.setWidget(self.history)
         self.feed = EventFeed(session.new_client, self)
@@ -266,6 +289,9 @@ class MainWindow(QMainWindow):
         self.update_actions()
 
     def disconnect_daemon(self) -> None:
+        self._event_timer.stop()
+        self._order_timer.stop()
+        self._queued_events.clear()
         if self.feed is not None:
             self.feed.stop()
             self.feed.deleteLater()
@@ -306,18 +332,39 @@ class MainWindow(QMainWindow):
 
     @Slot(int, list)
     def _snapshot(self, seq: int, jobs: list[dict[str, Any]]) -> None:
+        self._queued_events.clear()  # older than the snapshot
         selected = self.selected_ids()
         current = self.current_id()
+        first = self.model.seq is None
         self.model.load(seq, jobs)
-        self.view.expandAll() if len(jobs) <= 500 else self.view.expandToDepth(0)
+        if first and len(jobs) <= EXPAND_ALL_UP_TO:
+            self.view.expandAll()
+        else:
+            self._restore_expanded(self.model.expanded)
         self.select_ids(selected, current)
         self._selection_changed()
 
     @Slot(list)
     def _events(self, events: list[Event]) -> None:
-        self.model.apply(events)
+        self._queued_events.extend(events)
+        if not self._event_timer.isActive():
+            self._apply_queued_events()
+
+    def _apply_queued_events(self) -> None:
+        events, self._queued_events = self._queued_events, []
+        if not events:
+            return
+        self.model.apply(events, order=False)
         if self.history is not None:
             self.history.on_events(events)
+        self._event_timer.start()  # what comes meanwhile waits for the next round
+        if self.model.unordered and not self._order_timer.isActive():
+            self._put_in_order()
+
+    def _put_in_order(self) -> None:
+        if self.model.unordered:
+            self.model.put_in_order()
+            self._order_timer.start()
 
     @Slot(str, str)
     def _connection(self, state: str, message: str) -> None:
@@ -365,7 +412,7 @@ class MainWindow(QMainWindow):
     def selected_nodes(self) -> list[JobNode]:
         out: list[JobNode] = []
         for index in self.view.selectionModel().selectedRows(0):
-            node = self.model.nodes.get(self.filter.job_id(index) or 0)
+            node = self.model.nodes.get(job_id_of(index) or 0)
             if node is not None:
                 out.append(node)
         return out
@@ -374,21 +421,22 @@ class MainWindow(QMainWindow):
         return [n.id for n in self.selected_nodes()]
 
     def current_id(self) -> int | None:
-        index = self.view.currentIndex()
-        return self.filter.job_id(index) if index.isValid() else None
+        return job_id_of(self.view.currentIndex())
 
-    def proxy_index(self, job_id: int) -> QModelIndex:
-        return self.filter.mapFromSource(self.model.index_of(job_id))
+    def view_index(self, job_id: int) -> QModelIndex:
+        """The job's row in the view (through the filter while one is set)."""
+        index = self.model.index_of(job_id)
+        return self.filter.mapFromSource(index) if self.filter is not None else index
 
     def select_ids(self, ids: Sequence[int], current: int | None = None) -> None:
         selection = QItemSelection()
         for job_id in ids:
-            index = self.proxy_index(job_id)
+            index = self.view_index(job_id)
             if index.isValid():
                 selection.select(index, index.siblingAtColumn(self.model.columnCount() - 1))
         flags = self.view.selectionModel().SelectionFlag
-        if current is not None and self.proxy_index(current).isValid():
-            self.view.selectionModel().setCurrentIndex(self.proxy_index(current), flags.NoUpdate)
+        if current is not None and self.view_index(current).isValid():
+            self.view.selectionModel().setCurrentIndex(self.view_index(current), flags.NoUpdate)
         self.view.selectionModel().select(selection, flags.ClearAndSelect)
 
     def _selection_changed(self, *_args: object) -> None:
@@ -402,10 +450,16 @@ class MainWindow(QMainWindow):
             node = self.model.nodes.get(shown or 0)
             self.history.show_job(shown, node.name if node else "")
 
-    def _expanded(self, proxy_index: QModelIndex, expanded: bool) -> None:
-        job_id = self.filter.job_id(proxy_index)
+    def _expanded(self, index: QModelIndex, expanded: bool) -> None:
+        job_id = job_id_of(index)
         if job_id is not None:
             self.model.set_expanded(job_id, expanded)
+
+    def _restore_expanded(self, ids: set[int]) -> None:
+        for job_id in list(ids):
+            index = self.view_index(job_id)
+            if index.isValid():
+                self.view.setExpanded(index, True)
 
     def update_actions(self) -> None:
         """Spec 10.3's enabling rules, for the selection and the jobs' state now."""
@@ -504,7 +558,7 @@ class MainWindow(QMainWindow):
         """Select (and start renaming) a job once its event has put it in the tree."""
 
         def reveal() -> bool:
-            index = self.proxy_index(job_id)
+            index = self.view_index(job_id)
             if not index.isValid():
                 return False
             self.view.scrollTo(index)
@@ -708,9 +762,45 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ filtering
 
     def apply_filter(self) -> None:
-        self.filter.set_criteria(
-            self.filter_text.text(), self.filter_state.currentData(), self.filter_failed.isChecked()
+        """Show the matches and their ancestors, all expanded; no filter: the tree as it was."""
+        text, state, failed = (
+            self.filter_text.text(),
+            self.filter_state.currentData(),
+            self.filter_failed.isChecked(),
         )
-        if self.filter.active:
+        wanted = bool(text.strip() or state or failed)
+        selected, current = self.selected_ids(), self.current_id()
+        if wanted:
+            if self.filter is None:
+                self._expanded_before_filter = set(self.model.expanded)
+                self.filter = JobFilter(self.model)
+                self.filter.setParent(self)
+                self.filter.set_criteria(text, state, failed)
+                self._show_model(self.filter)
+            else:
+                self.filter.set_criteria(text, state, failed)
             self.view.expandAll()
+        elif self.filter is not None:
+            old, self.filter = self.filter, None
+            self._show_model(self.model)
+            old.deleteLater()
+            self.model.expanded = set()
+            self._restore_expanded(self._expanded_before_filter)
+        self.select_ids(selected, current)
         self.update_actions()
+
+    def _show_model(self, model: QAbstractItemModel) -> None:
+        header = self.view.header().saveState()
+        old_selection = self.view.selectionModel()
+        self.view.setModel(model)
+        old_selection.deleteLater()
+        self.view.header().restoreState(header)
+        self.view.selectionModel().selectionChanged.connect(self._selection_changed)
+
+
+def job_id_of(index: QModelIndex) -> int | None:
+    """The job of a row of the view, whichever model the view shows."""
+    if not index.isValid():
+        return None
+    value = index.siblingAtColumn(0).data(JobIdRole)
+    return int(value) if value is not None else None

@@ -86,7 +86,7 @@ def test_the_live_tree_passes_the_model_tester_and_is_usable_from_the_keyboard(
     # Down arrow moves the current row; F2 opens the name for editing in place.
     view = window.view
     view.setFocus()
-    view.setCurrentIndex(window.filter.index(0, 0))
+    view.setCurrentIndex(window.view.model().index(0, 0))
     first = window.current_id()
     qtbot.keyClick(view, Qt.Key.Key_Down)
     assert window.current_id() not in (None, first)

@@ -72,7 +72,7 @@ def select(window: MainWindow, *names: str) -> None:
         assert node is not None, name
         ids.append(node.id)
     window.select_ids(ids, ids[0])
-    window.view.setCurrentIndex(window.proxy_index(ids[0]))
+    window.view.setCurrentIndex(window.view_index(ids[0]))
     window.select_ids(ids, ids[0])
 
 
@@ -307,7 +307,7 @@ def test_the_magnifier_of_a_timer_cell_opens_the_editor(
 ) -> None:
     client.create_job("report", "task", command="echo hi", timer="every 1h")
     view = wait_shown(qtbot, window, "report")
-    index = window.proxy_index(view["id"]).siblingAtColumn(COL["timer"])
+    index = window.view_index(view["id"]).siblingAtColumn(COL["timer"])
     window.view.scrollTo(index)
     rect = window.view.visualRect(index)
     # The magnifier is the rightmost icon-width of the cell.
@@ -358,8 +358,8 @@ def test_drag_and_drop_moves_and_reorders_and_running_jobs_stay(
     def drop(names: list[str], target: str, row: int) -> None:
         ids = [src.find(n).id for n in names]  # type: ignore[union-attr]
         data = src.mimeData([src.index_of(i) for i in ids])
-        parent = window.proxy_index(src.find(target).id)  # type: ignore[union-attr]
-        assert window.filter.dropMimeData(data, Qt.DropAction.MoveAction, row, 0, parent) is False
+        parent = window.view_index(src.find(target).id)  # type: ignore[union-attr]
+        assert window.view.model().dropMimeData(data, Qt.DropAction.MoveAction, row, 0, parent) is False
 
     drop(["a3"], "A", 0)  # reorder: a3 first
     qtbot.waitUntil(
@@ -391,8 +391,8 @@ def test_the_filter_keeps_ancestors_and_finds_failures(
         names, stack = set(), [QModelIndex()]
         while stack:
             parent = stack.pop()
-            for row in range(window.filter.rowCount(parent)):
-                index = window.filter.index(row, 0, parent)
+            for row in range(window.view.model().rowCount(parent)):
+                index = window.view.model().index(row, 0, parent)
                 names.add(index.data())
                 stack.append(index)
         return names
