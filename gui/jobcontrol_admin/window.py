@@ -276,6 +276,13 @@ class MainWindow(QMainWindow):
         self.properties_dock.setWidget(scroll)
         self.history = HistoryPanel(session)
         self.history_dock.setWidget(self.history)
+        # The tree keeps most of the window: the panels take a third of each side.
+        self.resizeDocks(
+            [self.properties_dock], [max(360, self.width() // 3)], Qt.Orientation.Horizontal
+        )
+        self.resizeDocks(
+            [self.history_dock], [max(200, self.height() // 3)], Qt.Orientation.Vertical
+        )
         self.feed = EventFeed(session.new_client, self)
         self.feed.snapshot.connect(self._snapshot)
         self.feed.events.connect(self._events)
