@@ -458,6 +458,9 @@ class PropertiesPanel(QWidget):
         is_box = stored.get("kind") == "box"
         self.editors["command"].widget.setEnabled(not is_box)
         self.editors["box_type"].widget.setEnabled(is_box)
+        # Only a box's on-error setting matters (spec 2.1), and only a top-level job misfires.
+        self.editors["on_error"].widget.setEnabled(is_box)
+        self.editors["misfire"].widget.setEnabled(stored.get("parent") is None)
         self.zone.setEnabled(bool(self.editors["timer"].read()))
         self.kind.setText(str(stored.get("kind") or ""))
         self.last_updated.setText(format_time(parse_time(stored.get("last_updated"))))

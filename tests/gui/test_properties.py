@@ -207,6 +207,7 @@ def test_the_form_shows_every_field_of_a_job(ui: Ui) -> None:
     assert widget(panel, "command").isEnabled()
     assert widget(panel, "tz").isEnabled()
     assert not widget(panel, "box_type").isEnabled()
+    assert not widget(panel, "on_error").isEnabled()  # only a box's matters
     # Showing is not editing.
     assert panel.pending.count() == 0
     assert panel.pending_label.text() == "No pending changes"
@@ -220,6 +221,8 @@ def test_the_form_shows_every_field_of_a_job(ui: Ui) -> None:
     assert shown(panel, "command") == ""
     assert not widget(panel, "command").isEnabled()
     assert shown(panel, "on_error") == "abort"
+    assert widget(panel, "on_error").isEnabled()
+    assert widget(panel, "misfire").isEnabled()  # top level
     assert shown(panel, "max_log_files") == "default"
     assert shown(panel, "timeout") == ""
     assert shown(panel, "timer") == ""

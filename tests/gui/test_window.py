@@ -359,7 +359,10 @@ def test_drag_and_drop_moves_and_reorders_and_running_jobs_stay(
         ids = [src.find(n).id for n in names]  # type: ignore[union-attr]
         data = src.mimeData([src.index_of(i) for i in ids])
         parent = window.view_index(src.find(target).id)  # type: ignore[union-attr]
-        assert window.view.model().dropMimeData(data, Qt.DropAction.MoveAction, row, 0, parent) is False
+        assert (
+            window.view.model().dropMimeData(data, Qt.DropAction.MoveAction, row, 0, parent)
+            is False
+        )
 
     drop(["a3"], "A", 0)  # reorder: a3 first
     qtbot.waitUntil(
