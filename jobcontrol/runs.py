@@ -48,6 +48,7 @@ class TreeRun:
     immediate: bool
     requested_by: str
     root_run_id: int | None = None
+    fired_at: datetime | None = None  # the time of the timer that started it
     killed: bool = False
     current_task: Frame | None = None
     waiting_frame: Frame | None = None
@@ -122,9 +123,21 @@ class RunMachine:
         ) -> None: ...
         def _tree_done(self, tr: TreeRun, status: int) -> None: ...
 
-    def _start_run(self, node: Node, trigger: Trigger, immediate: bool, user: str) -> int:
+    def _start_run(
+        self,
+        node: Node,
+        trigger: Trigger,
+        immediate: bool,
+        user: str,
+        fired_at: datetime | None = None,
+    ) -> int:
         tr = TreeRun(
-            root=node, top=node.top(), trigger=trigger, immediate=immediate, requested_by=user
+            root=node,
+            top=node.top(),
+            trigger=trigger,
+            immediate=immediate,
+            requested_by=user,
+            fired_at=fired_at,
         )
         self.tree_runs[node.id] = tr
         result = self._enter(node, None, tr)

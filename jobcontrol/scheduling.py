@@ -55,7 +55,14 @@ class TimerMachine:
         def post(self, event: Any) -> None: ...
         def call(self, fn: Callable[[], Any]) -> Future[Any]: ...
         def _busy_job(self, node: Node) -> Node | None: ...
-        def _start_run(self, node: Node, trigger: Trigger, immediate: bool, user: str) -> int: ...
+        def _start_run(
+            self,
+            node: Node,
+            trigger: Trigger,
+            immediate: bool,
+            user: str,
+            fired_at: datetime | None = None,
+        ) -> int: ...
         def _insert_run(
             self,
             node: Node,
@@ -200,7 +207,9 @@ class TimerMachine:
         log.debug("Timer has fired for job %s", top.job.name)
         busy = self._busy_job(top)
         if busy is None:
-            self._start_run(top, armed.trigger, immediate=False, user=DISPATCHER_USER)
+            self._start_run(
+                top, armed.trigger, immediate=False, user=DISPATCHER_USER, fired_at=when
+            )
             return
         # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
         now = self.clock.now()
@@ -231,6 +240,10 @@ class TimerMachine:
         self.stats.reevaluations += 1
         ev = self._evaluator()
         due = ev.evaluate_tree(top)
+        if due is not None and tr.fired_at is not None and due <= tr.fired_at:
+            # The schedule did not move on: the job that supplies it did not run (an
+            # inactive box's child, spec 4.5). Its next occurrence, not at once again.
+            due = ev.skip_missed(top, due)
         self._write_evaluation(ev)
         if (
             top.job.active

@@ -151,6 +151,36 @@ def test_timer_firing_on_a_busy_tree_is_recorded_as_skipped_and_rearmed(jc: JC) 
 # ---------------------------------------------------------------- rescheduling
 
 
+def test_a_timer_inherited_from_inside_an_inactive_box_fires_once_per_occurrence(
+    jc: JC,
+) -> None:
+    """Spec 4.5: an inactive box still passes its first child's timer up, but the run
+    skips that box, so the child does not run and its schedule does not move on. The
+    tree must wait for the next occurrence, not fire again at once, for ever."""
+    jc.create(
+        box("Top", active=True),
+        box("Dormant", "Top", active=True),
+        task("ticker", "true", "Dormant", timer="every 30s", active=True),
+        task("work", "true", "Top", active=True),
+    )
+    mark = jc.rec.mark()
+    assert jc.advance(30) == 1  # ticker's first occurrence: everything runs
+    jc.rec.run_finished("Top", since=mark)
+    assert jc.armed_at("Top") == T0 + timedelta(seconds=60)
+    jc.modify("Dormant", active=False)
+
+    mark = jc.rec.mark()
+    assert jc.advance(30) == 1
+    jc.rec.run_finished("Top", since=mark)
+    jc.wait_quiet(fire_due_timers=True)
+    assert [r.state for r in jc.runs("Top")] == ["succeeded", "succeeded"]
+    assert [r.state for r in jc.runs("ticker")] == ["succeeded"]  # not since Dormant went
+    assert [r.state for r in jc.runs("work")] == ["succeeded", "succeeded"]
+    # Re-armed for ticker's next occurrence after now, as a periodic timer would be.
+    assert jc.armed_at("Top") == T0 + timedelta(seconds=90)
+    assert jc.job("Top").next_runs == T0 + timedelta(seconds=90)
+
+
 def test_failed_abort_tree_stays_unscheduled_until_restart(jc: JC) -> None:
     jc.create(
         box("Top", timer="every 10s", on_error="abort", active=True),
