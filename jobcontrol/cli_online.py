@@ -162,12 +162,13 @@ def locate(
     state_dir: Path | None = None,
 ) -> tuple[Target | None, Token]:
     """The daemon and the token to use, found as the online CLI finds them (for other clients)."""
-    from jobcontrol.store import default_db_path
+    from jobcontrol.store import default_db_path, normalise_url
 
     args = argparse.Namespace(
         url=url,
         token=token,
-        db=db or os.environ.get("JOBCONTROL_DB") or default_db_path(),
+        # As the CLI does: the daemon's files are named after the normalised URL.
+        db=normalise_url(db or os.environ.get("JOBCONTROL_DB") or default_db_path()),
         state_dir=state_dir,
     )
     return find_daemon(args), find_token(args)

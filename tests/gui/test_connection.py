@@ -24,7 +24,10 @@ def test_the_local_daemon_and_its_token_are_found_by_themselves(
     monkeypatch.delenv("JOBCONTROL_URL", raising=False)
     monkeypatch.delenv("JOBCONTROL_TOKEN", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(admin_daemon.jc.base / "home" / ".config"))
-    found = find(db=admin_daemon.jc.url, state_dir=admin_daemon.jc.state_dir)
+    # The database as a user names it: a plain path (the daemon's files go by its URL).
+    path = admin_daemon.jc.url.removeprefix("sqlite:///")
+    assert path != admin_daemon.jc.url
+    found = find(db=path, state_dir=admin_daemon.jc.state_dir)
     assert found.url is not None
     assert found.url.startswith(admin_daemon.url)
     assert "URL file" in found.url_source
