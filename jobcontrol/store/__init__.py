@@ -14,6 +14,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,11 +49,31 @@ def redact(url: str) -> str:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    _use_wal(cur)
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
     cur.close()
+
+
+def _use_wal(cur: sqlite3.Cursor) -> None:
+    """Switch the file to WAL (it stays so); wait while another process does the same.
+
+    Switching needs the file to itself, and SQLite answers a second process that
+    tries meanwhile with "database is locked" at once, busy timeout or not.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_MS / 1000
+    delay = 0.002
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 class Store:
