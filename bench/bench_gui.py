@@ -359,9 +359,8 @@ def check_model(window: MainWindow, expected: dict[int, dict[str, Any]]) -> tupl
     return wrong, disorder
 
 
-def idle(app: QApplication) -> dict[str, float]:
-    settle(app)
-    late, wall, cpu = Ticker().measure(STREAM_S)
+def lateness(late: list[float], wall: float, cpu: float) -> dict[str, float]:
+    """The figures of one ``Ticker.measure``."""
     return {
         "p50": c.percentile(late, 50),
         "p99": c.percentile(late, 99),
@@ -369,6 +368,11 @@ def idle(app: QApplication) -> dict[str, float]:
         "ticks": len(late),
         "cpu": cpu / wall,
     }
+
+
+def idle(app: QApplication) -> dict[str, float]:
+    settle(app)
+    return lateness(*Ticker().measure(STREAM_S))
 
 
 def streaming(
@@ -419,11 +423,7 @@ def streaming(
         feed.deleteLater()
         settle(app)
     return {
-        "p50": c.percentile(late, 50),
-        "p99": c.percentile(late, 99),
-        "max": max(late),
-        "ticks": len(late),
-        "cpu": cpu / wall,
+        **lateness(late, wall, cpu),
         "inside": inside["s"] / wall,
         "inside_max": inside["max"],
         "calls": inside["calls"],

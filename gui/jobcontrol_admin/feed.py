@@ -58,7 +58,6 @@ class EventFeed(QObject):
         self._wake.connect(self._drain)
         self.seq: int | None = None  # the last event read (thread side)
         self.daemon_started: str | None = None
-        self.reconnects = 0
 
     # ------------------------------------------------------------ life cycle
 
@@ -127,7 +126,6 @@ class EventFeed(QObject):
                     delay = self._retry[min(failures, len(self._retry)) - 1]
                     if self._stop.wait(delay):
                         break
-                self.reconnects += 1
         finally:
             client.close()
 

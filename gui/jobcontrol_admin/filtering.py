@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSortFilterProxyModel
 
 from jobcontrol_admin.model import JobTreeModel
 
@@ -60,7 +60,3 @@ class JobFilter(QSortFilterProxyModel):
         right: QModelIndex | QPersistentModelIndex,
     ) -> bool:
         return left.row() < right.row()  # the source's order is the daemon's: keep it
-
-    def job_id(self, index: QModelIndex | QPersistentModelIndex) -> int | None:
-        value = self.data(self.index(index.row(), 0, index.parent()), Qt.ItemDataRole.UserRole + 1)
-        return int(value) if value is not None else None

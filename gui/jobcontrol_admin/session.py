@@ -47,7 +47,6 @@ class Session(QObject):
     """The admin API of one daemon, for the GUI."""
 
     error = Signal(str, str)  # title, message: a failure no callback took
-    busy = Signal(int)  # calls in flight
 
     def __init__(
         self,
@@ -65,7 +64,6 @@ class Session(QObject):
         self._reads = ThreadPoolExecutor(2, thread_name_prefix="jc-admin-read")
         self._relay = _Relay()
         self._relay.outcome.connect(self._deliver)
-        self.in_flight = 0
         self.closed = False
 
     def new_client(self) -> Client:
@@ -96,8 +94,6 @@ class Session(QObject):
     ) -> None:
         if self.closed:
             return
-        self.in_flight += 1
-        self.busy.emit(self.in_flight)
         relay, client = self._relay, self.client
 
         def work() -> None:
@@ -111,8 +107,6 @@ class Session(QObject):
 
     @Slot(object)
     def _deliver(self, outcome: _Outcome) -> None:
-        self.in_flight -= 1
-        self.busy.emit(self.in_flight)
         if self.closed:
             return
         if outcome.ok:

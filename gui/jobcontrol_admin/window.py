@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from jobcontrol.client import ApiError, Client, Event
+from jobcontrol_admin.connection import ConnectionDialog, Found, find
 from jobcontrol_admin.expression import ExpressionEditor
 from jobcontrol_admin.feed import EventFeed
 from jobcontrol_admin.filtering import STATES, JobFilter
@@ -67,7 +68,6 @@ class MainWindow(QMainWindow):
         self.connection_state = "disconnected"
         self.paused = False
         self._lost_since_live = False
-        self._after_create: Callable[[int], None] | None = None
 
         self.model = JobTreeModel(self)
         # The filter model sits between the tree and the view only while a filter is set:
@@ -316,9 +316,7 @@ class MainWindow(QMainWindow):
             self.session = None
         self.connection_state = "disconnected"
 
-    def open_connection_dialog(self, found: Any = None) -> None:
-        from jobcontrol_admin.connection import ConnectionDialog, find
-
+    def open_connection_dialog(self, found: Found | None = None) -> None:
         dialog = ConnectionDialog(found or find(), self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
 
