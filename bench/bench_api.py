@@ -33,10 +33,11 @@ import _common as c
 import httpx
 from sqlalchemy import bindparam, update
 
-from jobcontrol import Dispatcher, DispatcherConfig, Engine, Store, __version__
+from jobcontrol import DispatcherConfig, Engine, Store, __version__
 from jobcontrol.api.deps import ApiContext
 from jobcontrol.api.server import ApiServer
 from jobcontrol.eventlog import EventLog
+from jobcontrol.runtime import Runtime
 from jobcontrol.store import queries
 from jobcontrol.store.schema import job
 from jobcontrol.users import Role, add_user
@@ -134,8 +135,9 @@ def latency(http: httpx.Client, url: str, token: str, name: str) -> tuple[float,
 def run(url: str, tmp: Path, store_name: str) -> c.Report:
     c.bulk_load(url, TREES)
     store = Store(url)
-    dispatcher = Dispatcher(store, DispatcherConfig(log_root=tmp / "logs"))
-    dispatcher.start()
+    runtime = Runtime(store, DispatcherConfig(log_root=tmp / "logs"))
+    dispatcher = runtime.dispatcher
+    runtime.start()
     log = EventLog(dispatcher)
     log.start()
     _, token = add_user(store, "bench", Role.ADMIN)
@@ -164,7 +166,7 @@ def run(url: str, tmp: Path, store_name: str) -> c.Report:
     finally:
         server.stop()
         log.stop()
-        dispatcher.stop(kill_running=True)
+        runtime.stop(kill_running=True)
         store.dispose()
     rep.add("GET /tree, 10,000 jobs (median)", snap * 1000, "ms")
     rep.add("baseline: load_all_jobs", snap_base * 1000, "ms")

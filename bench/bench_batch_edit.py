@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 from sqlalchemy import bindparam, select, update
 
-from jobcontrol import Dispatcher, DispatcherConfig, Engine, JobChange, Store
+from jobcontrol import DispatcherConfig, Engine, JobChange, Store
+from jobcontrol.runtime import Runtime
 from jobcontrol.store.schema import job
 
 TARGET_S = 0.5
@@ -61,9 +62,10 @@ def round_fields(kind: str, r: int, i: int) -> dict[str, Any]:
 
 def engine_rounds(url: str, logs: Path, names: list[str]) -> dict[str, list[float]]:
     store = Store(url)
-    dispatcher = Dispatcher(store, DispatcherConfig(log_root=logs))
+    runtime = Runtime(store, DispatcherConfig(log_root=logs))
+    dispatcher = runtime.dispatcher
     engine = Engine(store, dispatcher)
-    dispatcher.start()
+    runtime.start()
     times: dict[str, list[float]] = {}
     try:
         for kind in ("description + timer", "active toggle"):
@@ -80,7 +82,7 @@ def engine_rounds(url: str, logs: Path, names: list[str]) -> dict[str, list[floa
         if last.active is not (ROUNDS % 2 == 0) or dispatcher.tree.by_name[names[-1]].job != last:
             raise SystemExit("the dispatcher's tree does not match the database")
     finally:
-        dispatcher.stop(timeout=30)
+        runtime.stop(timeout=30)
         store.dispose()
     return times
 

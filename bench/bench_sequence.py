@@ -36,7 +36,6 @@ import _common as c
 
 from jobcontrol import (
     Batch,
-    Dispatcher,
     DispatcherConfig,
     Engine,
     JobChange,
@@ -45,6 +44,7 @@ from jobcontrol import (
     Store,
     events,
 )
+from jobcontrol.runtime import Runtime
 from jobcontrol.store import queries
 
 TARGET_RATIO = 1.5
@@ -63,9 +63,10 @@ def engine_run(url: str, logs: Path, n: int, firings: int = 2) -> list[dict[str,
     """Create the box and its tasks, then fire it ``firings`` times by its ``at`` timer."""
     store = Store(url)
     store.upgrade()
-    dispatcher = Dispatcher(store, DispatcherConfig(log_root=logs))
+    runtime = Runtime(store, DispatcherConfig(log_root=logs))
+    dispatcher = runtime.dispatcher
     engine = Engine(store, dispatcher)
-    dispatcher.start()
+    runtime.start()
     marks: dict[str, Any] = {}
     finished = threading.Event()
 
@@ -128,7 +129,7 @@ def engine_run(url: str, logs: Path, n: int, firings: int = 2) -> list[dict[str,
         events.schedule_changed.disconnect(on_schedule)
         events.run_started.disconnect(on_started)
         events.run_finished.disconnect(on_finished)
-        dispatcher.stop(timeout=30)
+        runtime.stop(timeout=30)
         store.dispose()
 
 

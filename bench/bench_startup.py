@@ -56,7 +56,8 @@ def child(mode: str, url: str, logs: str) -> dict[str, Any]:
     """One measurement in this (fresh) process."""
     t0 = time.perf_counter()
     import jobcontrol  # noqa: F401
-    from jobcontrol import Dispatcher, DispatcherConfig, Store
+    from jobcontrol import DispatcherConfig, Store
+    from jobcontrol.runtime import Runtime
     from jobcontrol.store import queries
 
     out: dict[str, Any] = {"import_s": time.perf_counter() - t0}
@@ -71,15 +72,16 @@ def child(mode: str, url: str, logs: str) -> dict[str, Any]:
         out["jobs"] = len(jobs)
         return out | _rss()
     t0 = time.perf_counter()
-    dispatcher = Dispatcher(store, DispatcherConfig(log_root=Path(logs)))
+    runtime = Runtime(store, DispatcherConfig(log_root=Path(logs)))
+    dispatcher = runtime.dispatcher
     out["construct_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dispatcher.start()
+    runtime.start()
     out["seconds"] = time.perf_counter() - t0
     out |= _rss()
     out["jobs"] = len(dispatcher.tree.nodes)
     out["armed"] = len(dispatcher.timers.armed())
-    dispatcher.stop(kill_running=True, timeout=10)
+    runtime.stop(kill_running=True, timeout=10)
     return out
 
 

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 from sqlalchemy import bindparam, select, update
 
-from jobcontrol import Batch, Dispatcher, DispatcherConfig, Engine, Kind, NewJob, Store, events
+from jobcontrol import Batch, DispatcherConfig, Engine, Kind, NewJob, Store, events
+from jobcontrol.runtime import Runtime
 from jobcontrol.store.schema import job, run
 
 TARGET_P99_MS = 10.0
@@ -100,9 +101,10 @@ def engine_latencies(url: str, logs: Path, n: int, spacing_ms: float) -> dict[st
             done.set()
 
     events.run_finished.connect(on_finished, weak=False)
-    dispatcher = Dispatcher(store, DispatcherConfig(log_root=logs))
+    runtime = Runtime(store, DispatcherConfig(log_root=logs))
+    dispatcher = runtime.dispatcher
     try:
-        dispatcher.start()
+        runtime.start()
         armed = {top_id: a.when for top_id, a in dispatcher.armed.items()}
         with store.read() as conn:
             next_runs = {r.id: r.next_runs for r in conn.execute(select(job.c.id, job.c.next_runs))}
@@ -122,7 +124,7 @@ def engine_latencies(url: str, logs: Path, n: int, spacing_ms: float) -> dict[st
             ).all()
     finally:
         events.run_finished.disconnect(on_finished)
-        dispatcher.stop(timeout=30)
+        runtime.stop(timeout=30)
         store.dispose()
     due_ns = {ids[name]: ns(due) for name, due in zip(names, dues, strict=False)}
     out: dict[str, list[float]] = {"created": [], "claimed": [], "process": []}

@@ -1,7 +1,7 @@
 """Job Control: a workload scheduler of job trees (a port of Inq's Job Control).
 
-The public surface: open a ``Store``, start a ``Dispatcher`` on it, and make
-every edit and request through an ``Engine``.
+The public surface: open a ``Store``, start a ``Runtime`` on it (the dispatcher
+and its embedded worker), and make every edit and request through an ``Engine``.
 """
 
 from __future__ import annotations

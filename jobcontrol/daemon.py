@@ -32,11 +32,13 @@ from sqlalchemy import text
 from jobcontrol import procs
 from jobcontrol.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, queries, redact
 
 if TYPE_CHECKING:
     from jobcontrol.api.server import ApiServer
     from jobcontrol.eventlog import EventLog
+    from jobcontrol.metrics import RunMetrics
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +234,11 @@ class Daemon:
         self.store = store or Store(opts.db_url)
         self.lease = DatabaseLease(self.store)
         self.pid_file = PidFile(opts.pid_file)
+        self.runtime: Runtime | None = None
         self.dispatcher: Dispatcher | None = None
         self.api: ApiServer | None = None
         self.eventlog: EventLog | None = None
+        self.metrics: RunMetrics | None = None
         self.stop_requested = threading.Event()
 
     def start(self) -> Dispatcher:
@@ -242,30 +246,37 @@ class Daemon:
         self.lease.acquire()
         try:
             self.pid_file.acquire()
+            from jobcontrol import __version__
+
             config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
-            self.dispatcher = Dispatcher(self.store, config)
-            self.dispatcher.start()
+            self.runtime = Runtime(self.store, config, version=__version__)
+            self.dispatcher = self.runtime.start()
             if self.opts.api:
-                self._start_api(self.dispatcher)
+                self._start_api(self.runtime)
         except BaseException:
             self.stop()
             raise
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
         return self.dispatcher
 
-    def _start_api(self, dispatcher: Dispatcher) -> None:
+    def _start_api(self, runtime: Runtime) -> None:
         from jobcontrol import __version__
         from jobcontrol.api.deps import ApiContext
         from jobcontrol.api.server import ApiServer
         from jobcontrol.engine import Engine
         from jobcontrol.eventlog import EventLog
+        from jobcontrol.metrics import RunMetrics
         from jobcontrol.users import default_config_dir, ensure_admin_token
+
+        dispatcher = runtime.dispatcher
 
         token_file = ensure_admin_token(self.store, self.opts.config_dir or default_config_dir())
         if token_file is not None:
             log.warning("first start: created user 'admin'; its token is in %s", token_file)
         self.eventlog = EventLog(dispatcher)
         self.eventlog.start()
+        self.metrics = RunMetrics(dispatcher)
+        self.metrics.start()
         ctx = ApiContext(
             store=self.store,
             engine=Engine(self.store, dispatcher),
@@ -274,6 +285,8 @@ class Daemon:
             version=__version__,
             started=dispatcher.clock.now(),
             request_shutdown=lambda force: self.stop_requested.set(),
+            metrics=self.metrics,
+            database=runtime.database,
         )
         self.api = ApiServer(
             ctx,
@@ -292,8 +305,10 @@ class Daemon:
                 self.opts.url_file.unlink(missing_ok=True)
             if self.eventlog is not None:
                 self.eventlog.stop()
-            if self.dispatcher is not None:
-                self.dispatcher.stop(kill_running=True)
+            if self.metrics is not None:
+                self.metrics.stop()
+            if self.runtime is not None:
+                self.runtime.stop(kill_running=True)
         finally:
             self.pid_file.release()
             self.lease.release()

@@ -5,13 +5,22 @@ protocol's dispatcher section and inside one database transaction; whatever
 must wait for the commit (waking the executor, signals) runs after it.
 Requests from other threads (run now, kill, restart) are events carrying a
 ``Future`` for the answer.
+
+It never calls a worker: it queues task runs and reads the ends workers record
+(woken by ``events.task_finished`` within the process, and by a back-up poll
+while runs are in flight). A transient database error inside a handler rolls
+the transaction back; the dispatcher then waits for the database with capped
+back-off and rebuilds what it holds in memory from the database, so no event's
+effect is lost and nothing half-applied stays in memory.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -19,15 +28,22 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events
-from jobcontrol.errors import JobError, JobRunningError, NotRunningError, UnknownJobError
-from jobcontrol.executor import LocalExecutor, TaskOutcome
+from jobcontrol import events, procs
+from jobcontrol.errors import (
+    JobError,
+    JobRunningError,
+    NotRunningError,
+    StoreUnavailable,
+    UnknownJobError,
+)
 from jobcontrol.model import (
     DISPATCHER_USER,
     RESCHEDULING_FIELDS,
     JobState,
+    RunRecord,
     Trigger,
 )
+from jobcontrol.outage import Outage
 from jobcontrol.recovery import recover_lost_runs
 from jobcontrol.runs import Frame, RunMachine, TreeRun, Tx
 from jobcontrol.scheduling import Armed, TimerMachine
@@ -47,6 +63,10 @@ class DispatcherConfig:
     kill_grace: float = 5.0
     edit_timeout: float = 30.0
     default_tz: tzinfo | None = None
+    # The back-up poll while runs are in flight: ends nobody announced, expired leases.
+    poll_interval: float = 2.0
+    # How long a worker's claim or heartbeat vouches for its runs.
+    lease: float = 30.0
 
 
 @dataclass
@@ -67,6 +87,7 @@ class Stats:
     events: int = 0
     reactions: int = 0
     reevaluations: int = 0
+    failures: int = 0  # handlers that raised something other than a database outage
 
 
 _STOP = object()
@@ -94,7 +115,11 @@ class Dispatcher(TimerMachine, RunMachine):
         self.armed: dict[int, Armed] = {}
         self.stats = Stats()
         self.instance_id = ""
-        self.executor: LocalExecutor
+        self.host = socket.gethostname()
+        self.outage = Outage("dispatcher")
+        # Leases are judged only once workers have had a lease's time to renew them.
+        self._leases_judged_after = time.monotonic() + config.lease
+        self._receivers: list[tuple[Any, Any]] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._idle_runs = threading.Condition()
@@ -117,19 +142,12 @@ class Dispatcher(TimerMachine, RunMachine):
         self.protocol.begin_startup()
         try:
             self.instance_id = self.store.instance_id()
-            recover_lost_runs(self.store, self.instance_id, self.clock, self.config.kill_grace)
-            self._build()
-            self.executor = LocalExecutor(
-                self.store,
-                clock=self.clock,
-                log_root=self.config.log_root,
-                instance_id=self.instance_id,
-                on_finished=self._on_task_finished,
-                slots=self.config.slots,
-                default_max_log_files=self.config.default_max_log_files,
-                kill_grace=self.config.kill_grace,
+            recover_lost_runs(
+                self.store, self.instance_id, self.clock, self.config.kill_grace, self.host
             )
-            self.executor.start()
+            self._build()
+            events.task_finished.connect(self._on_task_finished, sender=self.store, weak=False)
+            self._receivers.append((events.task_finished, self._on_task_finished))
             self.timers.start()
             self._thread = threading.Thread(target=self._loop, name="jc-dispatcher", daemon=True)
             self._thread.start()
@@ -144,18 +162,22 @@ class Dispatcher(TimerMachine, RunMachine):
             try:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
                 log.info("Job tree created")
-                ev = self._evaluator()
-                ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
-                dues = {top.id: ev.tree_due(top) for top in self.tree.roots}  # evaluated above
-                self._write_evaluation(ev)
-                log.info("Timers evaluated, starting any timers")
-                for top in self.tree.roots:
-                    due = dues[top.id]
-                    if top.job.active and due is not None:
-                        self._arm(top, due, Trigger.TIMER)
+                self._arm_idle_trees()
                 log.info("Root timers started")
             finally:
                 self._tx = None
+
+    def _arm_idle_trees(self) -> None:
+        """Evaluate every tree and arm the timer of each active one not running on a timer."""
+        ev = self._evaluator()
+        ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
+        dues = {top.id: ev.tree_due(top) for top in self.tree.roots}  # evaluated above
+        self._write_evaluation(ev)
+        timer_runs = {tr.top.id for tr in self.tree_runs.values() if not tr.immediate}
+        for top in self.tree.roots:
+            due = dues[top.id]
+            if top.job.active and due is not None and top.id not in timer_runs:
+                self._arm(top, due, Trigger.TIMER)
 
     def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
         """Stop timers, optionally kill what runs, wait for runs to end, stop the thread."""
@@ -170,7 +192,9 @@ class Dispatcher(TimerMachine, RunMachine):
         self._queue.put(_STOP)
         assert self._thread is not None
         self._thread.join(timeout)
-        self.executor.stop(timeout)
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
+        self._receivers.clear()
         self.protocol.stop()
         log.info("JobControl terminated.")
 
@@ -186,6 +210,9 @@ class Dispatcher(TimerMachine, RunMachine):
         """Run ``fn`` on the dispatcher thread inside a handler; its result or error via the future."""
         if not self.running:
             raise NotRunningError("Job Control is not running")
+        state = self.outage.state()
+        if state.down:
+            raise StoreUnavailable(f"the database does not answer: {state.error}")
         fut: Future[Any] = Future()
         self._queue.put((fn, fut))
         return fut
@@ -193,22 +220,114 @@ class Dispatcher(TimerMachine, RunMachine):
     def post_wait_elapsed(self, run_id: int) -> None:
         self._queue.put((lambda: self._wait_elapsed(run_id), None))
 
-    def _on_task_finished(self, outcome: TaskOutcome) -> None:
-        self._queue.put((lambda: self._task_done(outcome), None))
+    def _on_task_finished(self, _sender: object, run_id: int, **_: Any) -> None:
+        self._queue.put((lambda: self._task_done(run_id), None))
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                # Only while runs are in flight is there anything to poll for.
+                item = self._queue.get(
+                    timeout=self.config.poll_interval if self.tree_runs else None
+                )
+            except queue.Empty:
+                item = (self._poll, None)
             if item is _STOP:
                 return
             self.stats.events += 1
             try:
                 self._handle(item)
             except Exception:
+                # A bug, not the database: logged with its trace, counted for health.
+                self.stats.failures += 1
                 log.exception("dispatcher handler failed")
             with self._idle_runs:
                 if not self.tree_runs:
                     self._idle_runs.notify_all()
+
+    def _poll(self) -> None:
+        """The back-up poll: ends that were not announced, and leases that ran out."""
+        self._reconcile()
+        if time.monotonic() >= self._leases_judged_after:
+            self._settle_expired(self.host, self._collect)
+
+    def _collect(self, row: RunRecord) -> None:
+        """Kill what is left of a lost run on this host, off the dispatcher thread."""
+        marker = {"JOBCONTROL_RUN_ID": str(row.id), "JOBCONTROL_INSTANCE": self.instance_id}
+        threading.Thread(
+            target=procs.kill_tree,
+            args=(None,),
+            kwargs={"marker": marker, "grace": self.config.kill_grace},
+            name=f"jc-collect-{row.id}",
+            daemon=True,
+        ).start()
+
+    # ------------------------------------------------------------ outages
+
+    def _ride_out(self, exc: StoreUnavailable, pending: EditChange | None) -> None:
+        """The database went away mid-handler: wait for it, then rebuild from it."""
+        self.outage.failed(exc)
+        edits = [pending] if pending is not None else []
+        delay = 0.05
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            try:
+                with self.protocol.dispatcher_section() as another:
+                    if another is not None:
+                        edits.append(another)
+                    self._rebuild()
+                for edit in edits:
+                    if not edit.done.done():
+                        edit.done.set_result(None)  # committed before: the rebuild has it
+            except StoreUnavailable as again:
+                self.outage.failed(again)
+                continue
+            break
+        self.outage.recovered()
+        self._leases_judged_after = time.monotonic() + self.config.lease
+
+    def _rebuild(self) -> None:
+        """Everything held in memory, re-derived from the database (as after an outage)."""
+        before = {n.id: n.state for n in self.tree.nodes.values()}
+        for top_id in list(self.armed):
+            self.timers.cancel(("tree", top_id))
+        for run_id in list(self.frames):
+            self.timers.cancel(("wait", run_id))
+        self.armed.clear()
+        self.tree_runs.clear()
+        self.frames.clear()
+        with self.store.write() as conn:
+            self._tx = tx = Tx(conn)
+            try:
+                self.tree = JobTree.build(queries.load_all_jobs(conn))
+                steps = self._resume_tree_runs()
+                self._arm_idle_trees()
+                for step in steps:
+                    step()
+            finally:
+                self._tx = None
+        if tx.offers:
+            events.runs_queued.send(self.store, run_ids=tx.offers)
+        for after in tx.after_commit:
+            after()
+        jobs = [n.job for n in self.tree.nodes.values()]
+        events.jobs_evaluated.send(self, jobs=jobs)
+        for node in self.tree.nodes.values():
+            if before.get(node.id, JobState.IDLE) is not node.state and node.state is JobState.IDLE:
+                events.state_changed.send(
+                    self,
+                    job_id=node.id,
+                    name=node.job.name,
+                    state=node.state,
+                    started=None,
+                    run_id=None,
+                )
+        log.warning(
+            "dispatcher rebuilt from the database: %d jobs, %d tree runs in flight",
+            len(self.tree.nodes),
+            len(self.tree_runs),
+        )
 
     def _handle(self, item: Any) -> None:
         fn, fut = item if isinstance(item, tuple) else (None, None)
@@ -216,6 +335,13 @@ class Dispatcher(TimerMachine, RunMachine):
         try:
             with self.protocol.dispatcher_section() as pending:
                 result, error, tx = self._handle_in_tx(pending, fn)
+        except StoreUnavailable as exc:
+            # Rolled back. A request is refused now (its caller can try again); an
+            # edit is committed already, and the rebuild below reflects it.
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            self._ride_out(exc, pending)
+            return
         except BaseException as exc:
             # Whoever waits must hear about it rather than time out.
             for waiter in (fut, pending.done if pending is not None else None):
@@ -223,7 +349,7 @@ class Dispatcher(TimerMachine, RunMachine):
                     waiter.set_exception(exc)
             raise
         if tx.offers:
-            self.executor.offer(tx.offers)
+            events.runs_queued.send(self.store, run_ids=tx.offers)
         for after in tx.after_commit:
             try:
                 after()

@@ -77,6 +77,11 @@ class StoreError(JobControlError):
     """A database failure, wrapped."""
 
 
+class StoreUnavailable(StoreError):
+    """A transient database failure (connection lost, server restarting, database locked):
+    the same work can succeed once the database answers again."""
+
+
 class UserError(ValidationError):
     """A user-management request refused because of what it would do to a user."""
 

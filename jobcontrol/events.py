@@ -26,3 +26,10 @@ state_changed = _signals.signal("state-changed")
 run_started = _signals.signal("run-started")
 run_finished = _signals.signal("run-finished")
 schedule_changed = _signals.signal("schedule-changed")
+
+# Wake-ups across the run queue, within one process. Their sender is the ``Store``
+# both sides share, so a dispatcher and a worker of another database never hear
+# each other. They are hints: the back-up polls find the same work without them.
+runs_queued = _signals.signal("runs-queued")  # run_ids: task runs now claimable
+kill_requested = _signals.signal("kill-requested")  # run_id, reason
+task_finished = _signals.signal("task-finished")  # run_id: its end is committed

@@ -183,6 +183,8 @@ class RunRecord:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     max_log_files: int | None = None
+    lease_until: datetime | None = None
+    kill_requested: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

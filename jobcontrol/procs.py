@@ -114,6 +114,21 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot), or None if it is gone.
+
+    With the pid it names one process for good: a pid alone may have been reused.
+    """
+    data = _read_stat_bytes(pid)
+    if data is None:
+        return None
+    fields = _stat_fields(data)
+    try:
+        return int(fields[19])  # field 22 of stat(5), counted after the ")" of comm
+    except (IndexError, ValueError):
+        return None
+
+
 def find_marked(marker: Mapping[str, str]) -> list[int]:
     """Pids of live processes whose environment holds every ``KEY=VALUE`` pair of ``marker``.
 

@@ -1,50 +1,108 @@
-"""Crash recovery at start-up: what a dead daemon left running is lost, and nothing of it survives."""
+"""Crash recovery at start-up: settle what a dead dispatcher and its dead workers left.
+
+The rule is the lease rule: a task run held by a worker that provably still
+lives (its process, by pid and start time, on this host; or a lease still
+running for another host) is left to it. Every other active run is lost (255):
+its processes on this host are killed first, so nothing of a lost run keeps
+running, and a previous dispatcher's box runs end with it (they lived in its
+memory).
+"""
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from jobcontrol import procs
-from jobcontrol.model import ACTIVE_RUN_STATES, KILLED_STATUS, RunState
-from jobcontrol.store import Store, queries
+from jobcontrol.model import ACTIVE_RUN_STATES, KILLED_STATUS, Kind, RunRecord, RunState
+from jobcontrol.store import Store, queries, runqueue
 from jobcontrol.timers import Clock
 
 log = logging.getLogger("jobcontrol.dispatcher")
 
 
-def recover_lost_runs(store: Store, instance_id: str, clock: Clock, kill_grace: float) -> int:
-    """Mark every run left queued, running or waiting as lost (255) and kill its processes.
+def worker_alive(worker: dict[str, Any] | None, host: str, now: datetime) -> bool:
+    """Whether the worker can still vouch for its runs."""
+    if worker is None or worker.get("stopped") is not None:
+        return False
+    if worker["host"] == host:
+        start = procs.start_time(int(worker["pid"]))
+        return start is not None and (
+            worker.get("proc_start") is None or start == worker["proc_start"]
+        )
+    return False  # another host's worker: judged by its runs' leases instead
+
+
+def recover_lost_runs(
+    store: Store, instance_id: str, clock: Clock, kill_grace: float, host: str
+) -> int:
+    """Mark the runs nobody can finish any more as lost (255) and kill their processes.
 
     Called before the dispatcher starts anything, while it holds the database's
-    lease, so every process still carrying this database's marker belongs to a
-    previous daemon. Returns how many runs were lost.
+    lease. Returns how many runs were lost.
     """
+    now = clock.now()
     with store.read() as conn:
-        stale = queries.active_runs(conn)
+        active = queries.active_runs(conn)
+        workers = {r.worker for r in active if r.worker}
+        registry = {name: runqueue.get_worker(conn, name) for name in workers}
+    keep = {
+        r.id
+        for r in active
+        if r.kind is Kind.TASK
+        and r.state is RunState.RUNNING
+        and (
+            worker_alive(registry.get(r.worker or ""), host, now)
+            or (r.host != host and r.lease_until is not None and r.lease_until > now)
+        )
+    }
+    stale = [r for r in active if r.id not in keep]
     if not stale:
         return 0
-    report = procs.kill_tree(None, marker={"JOBCONTROL_INSTANCE": instance_id}, grace=kill_grace)
-    if report.termed or report.killed:
-        log.warning(
-            "killed %d leftover process(es) of lost runs",
-            len(set(report.termed) | set(report.killed)),
-        )
-    now = clock.now()
+    _kill_leftovers(stale, instance_id, kill_grace, whole_instance=not keep)
     with store.write() as conn:
         for run in stale:
-            values: dict[str, Any] = {
-                "state": RunState.LOST,
-                "exit_status": KILLED_STATUS,
-                "ended": now,
-                "reason": "lost: the daemon stopped while this run was active",
-            }
-            if run.started is not None:
-                values["duration_ms"] = int((now - run.started).total_seconds() * 1000)
-            if queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values) and run.job_id:
-                started = run.started or run.created or now
-                queries.write_job_result(
-                    conn, run.job_id, started, KILLED_STATUS, values.get("duration_ms", 0)
-                )
+            _settle(conn, run, now)
     log.warning("marked %d run(s) left active by a previous daemon as lost", len(stale))
+    if keep:
+        log.warning("left %d task run(s) to the live workers holding them", len(keep))
     return len(stale)
+
+
+def _kill_leftovers(
+    stale: list[RunRecord], instance_id: str, kill_grace: float, *, whole_instance: bool
+) -> None:
+    if whole_instance:  # nobody else runs anything of this database: one scan kills all
+        markers = [{"JOBCONTROL_INSTANCE": instance_id}]
+    else:
+        markers = [
+            {"JOBCONTROL_RUN_ID": str(r.id), "JOBCONTROL_INSTANCE": instance_id}
+            for r in stale
+            if r.kind is Kind.TASK
+        ]
+    killed: set[int] = set()
+    for marker in markers:
+        report = procs.kill_tree(None, marker=marker, grace=kill_grace)
+        killed |= set(report.termed) | set(report.killed)
+    if killed:
+        log.warning("killed %d leftover process(es) of lost runs", len(killed))
+
+
+def _settle(conn: Any, run: RunRecord, now: datetime) -> None:
+    values: dict[str, Any] = {
+        "state": RunState.LOST,
+        "exit_status": KILLED_STATUS,
+        "ended": now,
+        "reason": "lost: the daemon stopped while this run was active",
+        "lease_until": None,
+    }
+    if run.worker and run.kind is Kind.TASK and run.state is RunState.RUNNING:
+        values["reason"] = f"lost: its worker {run.worker} is gone"
+    if run.started is not None:
+        values["duration_ms"] = int((now - run.started).total_seconds() * 1000)
+    if queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values) and run.job_id:
+        started = run.started or run.created or now
+        queries.write_job_result(
+            conn, run.job_id, started, KILLED_STATUS, values.get("duration_ms", 0)
+        )

@@ -18,21 +18,22 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from jobcontrol import events
-from jobcontrol.executor import TaskOutcome, delete_logs, record_outcome
 from jobcontrol.model import (
+    ACTIVE_RUN_STATES,
+    DISPATCHER_USER,
     KILLED_STATUS,
     BoxType,
     JobState,
     Kind,
     OnError,
+    RunRecord,
     RunState,
     Trigger,
 )
-from jobcontrol.store import queries
-from jobcontrol.tree import Node, sort_key
+from jobcontrol.store import Store, queries, runqueue
+from jobcontrol.tree import JobTree, Node, sort_key
 
 if TYPE_CHECKING:
-    from jobcontrol.executor import LocalExecutor
     from jobcontrol.timers import Clock, TimerService
 
 log = logging.getLogger("jobcontrol.dispatcher")
@@ -96,7 +97,7 @@ class Tx:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.offers: list[int] = []  # task runs queued, announced to the executor after commit
+        self.offers: list[int] = []  # task runs queued, announced to workers after commit
         self.after_commit: list[Callable[[], object]] = []
 
     def after(self, fn: Callable[[], object]) -> None:
@@ -108,7 +109,8 @@ class RunMachine:
 
     clock: Clock
     timers: TimerService
-    executor: LocalExecutor
+    store: Store
+    tree: JobTree
     tree_runs: dict[int, TreeRun]
     frames: dict[int, Frame]
     default_max_log_files: int
@@ -330,21 +332,35 @@ class RunMachine:
             frame, result = parent, outcome
         self._tree_done(frame.tree_run, result)
 
-    def _task_done(self, outcome: TaskOutcome) -> None:
-        """The executor reports a task's end: record it with the reaction, in one transaction."""
-        stale_logs = record_outcome(self.tx.conn, outcome, self.default_max_log_files)
-        if stale_logs:
-            self.tx.after(lambda: delete_logs(stale_logs))
-        frame = self.frames.get(outcome.run_id)
+    def _task_done(self, run_id: int) -> None:
+        """A worker recorded a task's end (or a wake-up says so): react to what the row says."""
+        frame = self.frames.get(run_id)
         if frame is None:
-            log.warning("outcome for unknown task run %s ignored", outcome.run_id)
-            return
-        tr = frame.tree_run
-        tr.current_task = None
-        # The task's own outcome stands: the executor reports 255 when it killed the
+            return  # handled already (a wake-up and the back-up poll can both report it)
+        row = queries.get_run(self.tx.conn, run_id)
+        if row is None or row.state in ACTIVE_RUN_STATES:
+            return  # not ended yet
+        self._task_ended(frame, row)
+
+    def _task_ended(self, frame: Frame, row: RunRecord) -> None:
+        frame.tree_run.current_task = None
+        # The task's own outcome stands: the worker records 255 when it killed the
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
-        self._propagate(frame, self._finish(frame, outcome.exit_status))
+        status = KILLED_STATUS if row.exit_status is None else row.exit_status
+        self._propagate(frame, self._finish(frame, status))
+
+    def _reconcile(self) -> None:
+        """The back-up poll: task runs that ended without a wake-up reaching us."""
+        tasks = [tr.current_task for tr in self.tree_runs.values() if tr.current_task]
+        if not tasks:
+            return
+        rows = queries.get_runs(self.tx.conn, [f.run_id for f in tasks if f is not None])
+        for row in rows:
+            frame = self.frames.get(row.id)
+            if frame is not None and row.state not in ACTIVE_RUN_STATES:
+                log.debug("task run %s ended without a wake-up; reacting now", row.id)
+                self._task_ended(frame, row)
 
     def _kill_tree_run(self, tr: TreeRun, user: str) -> None:
         if tr.killed:
@@ -353,8 +369,7 @@ class RunMachine:
         log.debug("Killing run %s for %s", tr.root_run_id, tr.root.job.name)
         task = tr.current_task
         if task is not None:
-            run_id = task.run_id
-            self.tx.after(lambda: self.executor.kill(run_id, f"killed by {user}"))
+            self._kill_task(task, f"killed by {user}")
             return
         frame = tr.waiting_frame
         if frame is not None:
@@ -362,3 +377,186 @@ class RunMachine:
             frame.waiting = False
             tr.waiting_frame = None
             self._propagate(frame, self._finish(frame, KILLED_STATUS))
+
+    def _kill_task(self, task: Frame, reason: str) -> None:
+        """A queued task run is cancelled here; a running one is asked of its worker."""
+        conn, run_id = self.tx.conn, task.run_id
+        now = self.clock.now()
+        cancelled = queries.transition_run(
+            conn,
+            run_id,
+            [RunState.QUEUED],
+            {
+                "state": RunState.KILLED,
+                "exit_status": KILLED_STATUS,
+                "ended": now,
+                "duration_ms": 0,
+                "reason": reason,
+            },
+        )
+        if cancelled:
+            task.tree_run.current_task = None
+            self._propagate(task, self._finish(task, KILLED_STATUS))
+            return
+        if runqueue.request_kill(conn, run_id):
+            store = self.store
+            self.tx.after(lambda: events.kill_requested.send(store, run_id=run_id, reason=reason))
+            return
+        # It ended meanwhile: its end is on its way (wake-up or back-up poll).
+
+    # ------------------------------------------------------------ leases
+
+    def _settle_expired(self, local_host: str, kill: Callable[[RunRecord], None]) -> None:
+        """Runs whose worker stopped renewing its lease are lost; their trees go on."""
+        conn, now = self.tx.conn, self.clock.now()
+        for row in runqueue.expired_leases(conn, now):
+            reason = (
+                f"lost: worker {row.worker} stopped renewing its lease "
+                f"(expired {row.lease_until:%Y-%m-%d %H:%M:%S} UTC)"
+            )
+            if not self._settle_lost(row, reason, now):
+                continue
+            log.warning("task run %s (%s) %s", row.id, row.job_name, reason)
+            if row.host == local_host:
+                # Provably ours to collect: nothing of a lost run may keep running.
+                self.tx.after(lambda row=row: kill(row))  # type: ignore[misc]
+            frame = self.frames.get(row.id)
+            if frame is not None:
+                frame.tree_run.current_task = None
+                self._propagate(frame, self._finish(frame, KILLED_STATUS))
+
+    def _settle_lost(self, row: RunRecord, reason: str, now: datetime) -> bool:
+        values: dict[str, Any] = {
+            "state": RunState.LOST,
+            "exit_status": KILLED_STATUS,
+            "ended": now,
+            "reason": reason,
+            "lease_until": None,
+        }
+        if row.started is not None:
+            values["duration_ms"] = max(0, int((now - row.started).total_seconds() * 1000))
+        return queries.transition_run(self.tx.conn, row.id, [row.state], values)
+
+    # ------------------------------------------------------------ resuming from the database
+
+    def _resume_tree_runs(self) -> list[Callable[[], None]]:
+        """Rebuild every tree run in flight from its run rows (after an outage).
+
+        Returns the steps still to take (a child that ended meanwhile, a box to go
+        on with), to be run once every tree run is back in memory.
+        """
+        rows = queries.unfinished_tree_runs(self.tx.conn)
+        kids: dict[int, list[RunRecord]] = {}
+        for row in rows:
+            if row.parent_run_id is not None:
+                kids.setdefault(row.parent_run_id, []).append(row)
+        steps: list[Callable[[], None]] = []
+        for root in (r for r in rows if r.parent_run_id is None):
+            node = self.tree.get(root.job_id) if root.job_id is not None else None
+            if node is None:
+                self._settle_lost(root, "lost: its job no longer exists", self.clock.now())
+                continue
+            tr = TreeRun(
+                root=node,
+                top=node.top(),
+                trigger=root.trigger,
+                immediate=root.trigger is Trigger.MANUAL,
+                requested_by=root.requested_by or DISPATCHER_USER,
+                root_run_id=root.id,
+                fired_at=root.created,
+                killed=any(r.kill_requested for r in rows if r.root_run_id == root.id),
+            )
+            self.tree_runs[node.id] = tr
+            self._resume_frame(root, node, None, tr, kids, steps)
+        return steps
+
+    def _resume_frame(
+        self,
+        row: RunRecord,
+        node: Node,
+        parent: Frame | None,
+        tr: TreeRun,
+        kids: dict[int, list[RunRecord]],
+        steps: list[Callable[[], None]],
+    ) -> None:
+        frame = Frame(
+            node, row.id, parent, tr, started=row.started or row.created or self.clock.now()
+        )
+        self.frames[row.id] = frame
+        waiting = row.state is RunState.WAITING
+        self._set_job_state(
+            node, JobState.WAITING if waiting else JobState.RUNNING, frame.started, row.id
+        )
+        if node.job.kind is Kind.TASK:
+            tr.current_task = frame
+            if row.state is RunState.QUEUED:
+                self.tx.offers.append(row.id)  # announced again: the wake-up may be gone
+            elif row.state not in ACTIVE_RUN_STATES:
+                steps.append(lambda: self._task_ended(frame, row))
+            return
+        frame.children = sorted(node.children, key=sort_key)
+        done = kids.get(row.id, [])  # this box's child runs so far, oldest first
+        last = done[-1] if done else None
+        at = _child_index(frame, last.job_id) if last is not None else None
+        if last is not None and at is None:
+            # Its last child moved away since: nothing of this box is left to run.
+            self._fold(frame, done)
+            frame.index = len(frame.children)
+            steps.append(lambda: self._go_on(frame, self._advance(frame)))
+            return
+        if waiting:
+            # The box moved past every child it ran and waits for the next active one.
+            self._fold(frame, done)
+            frame.prev = frame.children[at] if at is not None else None
+            frame.index = 0 if at is None else at + 1
+            while frame.index < len(frame.children) and not frame.children[frame.index].job.active:
+                frame.index += 1
+            self._resume_wait(frame)
+            return
+        if last is None or at is None:
+            steps.append(lambda: self._go_on(frame, self._advance(frame)))
+            return
+        self._fold(frame, done[:-1])
+        frame.index = at
+        last_node = frame.children[at]
+        if len(done) > 1:
+            before = _child_index(frame, done[-2].job_id)
+            frame.prev = frame.children[before] if before is not None else None
+        if last.state in ACTIVE_RUN_STATES:
+            self._resume_frame(last, last_node, frame, tr, kids, steps)
+            return
+        status = last.exit_status or 0
+
+        def child_ended() -> None:
+            stop = self._after_child(frame, last_node, status)
+            self._go_on(frame, self._finish(frame) if stop else self._advance(frame))
+
+        steps.append(child_ended)
+
+    @staticmethod
+    def _fold(frame: Frame, ended: list[RunRecord]) -> None:
+        """A box's status so far: the first non-zero status of the children that ended."""
+        for kid in ended:
+            if kid.exit_status and not frame.exit_status:
+                frame.exit_status = kid.exit_status
+
+    def _resume_wait(self, frame: Frame) -> None:
+        frame.waiting = True
+        frame.tree_run.waiting_frame = frame
+        child = frame.children[frame.index] if frame.index < len(frame.children) else None
+        due = child.job.next_runs if child is not None else None
+        run_id = frame.run_id
+        self.timers.arm(
+            ("wait", run_id), due or self.clock.now(), lambda: self.post_wait_elapsed(run_id)
+        )
+
+    def _go_on(self, frame: Frame, result: int | None) -> None:
+        if result is not None:
+            self._propagate(frame, result)
+
+
+def _child_index(frame: Frame, job_id: int | None) -> int | None:
+    for i, child in enumerate(frame.children):
+        if child.id == job_id:
+            return i
+    return None

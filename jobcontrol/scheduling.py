@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
 from jobcontrol import events
+from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, RunState, Trigger
 from jobcontrol.runs import Frame, TreeRun, Tx
 from jobcontrol.store import queries
@@ -145,12 +146,12 @@ class TimerMachine:
         """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
 
         def handler() -> dict[str, Any]:
+            nodes = self.tree.nodes
             armed = sorted(
-                (a.when, self.tree.nodes[i].job.name) for i, a in self.armed.items()
-                if i in self.tree.nodes
-            )  # fmt: skip
+                (a.when, nodes[i].job.name) for i, a in list(self.armed.items()) if i in nodes
+            )
             runs = []
-            for tr in self.tree_runs.values():
+            for tr in list(self.tree_runs.values()):
                 frame = self.frames.get(tr.root_run_id) if tr.root_run_id is not None else None
                 runs.append(
                     {
@@ -167,7 +168,12 @@ class TimerMachine:
                 "runs_in_flight": sorted(runs, key=lambda r: r["run_id"] or 0),
             }
 
-        result: dict[str, Any] = self.call(handler).result(self.config.edit_timeout)
+        try:
+            result: dict[str, Any] = self.call(handler).result(self.config.edit_timeout)
+        except StoreUnavailable:
+            # The dispatcher thread waits for the database and changes nothing meanwhile;
+            # what it held before the outage is the best answer there is.
+            result = handler()
         return result
 
     def _disarm(self, top: Node) -> None:

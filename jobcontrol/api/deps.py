@@ -56,6 +56,20 @@ class ApiContext:
     metrics: RunMetrics | None = None
     # Seconds between keepalive comments on an idle event stream.
     event_heartbeat: float = 15.0
+    # Whether the database answers (``Runtime.database``); None: as the dispatcher sees it.
+    database: Callable[[], dict[str, Any]] | None = None
+
+    def database_state(self) -> dict[str, Any]:
+        if self.database is not None:
+            return self.database()
+        state = self.dispatcher.outage.state()
+        return {
+            "ok": not state.down,
+            "since": state.since,
+            "error": state.error,
+            "outages": state.outages,
+            "errors": state.failures,
+        }
 
 
 def get_context(request: Request) -> ApiContext:

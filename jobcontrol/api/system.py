@@ -46,10 +46,18 @@ class ShutdownBody(BaseModel):
 
 @router.get("/healthz", tags=["system"])
 def healthz(ctx: Context) -> JSONResponse:
-    """No authentication: 200 while the dispatcher runs, 503 otherwise."""
-    if ctx.dispatcher.running:
-        return JSONResponse({"status": "ok"})
-    return JSONResponse({"status": "stopped"}, status_code=503)
+    """No authentication: 200 while the dispatcher runs and the database answers, else 503."""
+    if not ctx.dispatcher.running:
+        return JSONResponse({"status": "stopped"}, status_code=503)
+    db = ctx.database_state()
+    if not db["ok"]:
+        body = {"status": "database unavailable", "reason": db["error"], "since": _iso(db["since"])}
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+def _iso(epoch: float | None) -> str | None:
+    return datetime.fromtimestamp(epoch, UTC).isoformat() if epoch is not None else None
 
 
 @router.get("/api/v1/status", tags=["system"])
@@ -58,7 +66,14 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
     d = ctx.dispatcher
     view = d.status()
     now = datetime.now(UTC)
+    db = ctx.database_state()
     return {
+        "database": {
+            "ok": db["ok"],
+            "since": _iso(db["since"]),
+            "error": db["error"],
+            "outages": db["outages"],
+        },
         "version": ctx.version,
         "started": ctx.started.isoformat(),
         "uptime_s": round((now - ctx.started).total_seconds(), 3),
@@ -156,8 +171,12 @@ def shutdown(
 
 
 def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
-    with ctx.store.read() as conn:
-        queued = queries.count_queued(conn)
+    db = ctx.database_state()
+    up = 1 if db["ok"] else 0
+    queued = -1  # unknown while the database is away
+    if db["ok"]:
+        with ctx.store.read() as conn:
+            queued = queries.count_queued(conn)
     return {
         "jobcontrol_queue_depth": ("Task runs queued for a free slot.", queued),
         "jobcontrol_timers_armed": ("Top-level trees scheduled.", len(ctx.dispatcher.armed)),
@@ -170,6 +189,16 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             ctx.dispatcher.protocol.waits,
         ),
         "jobcontrol_events_seq": ("Sequence number of the last event.", ctx.eventlog.last_seq),
+        "jobcontrol_database_up": ("1 while the database answers, 0 during an outage.", up),
+        "jobcontrol_database_outages_total": ("Database outages ridden out.", db["outages"]),
+        "jobcontrol_database_errors_total": (
+            "Database operations that failed on a transient error and were retried.",
+            db["errors"],
+        ),
+        "jobcontrol_dispatcher_failures_total": (
+            "Dispatcher handlers that failed on something other than the database (bugs).",
+            ctx.dispatcher.stats.failures,
+        ),
     }
 
 

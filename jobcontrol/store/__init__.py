@@ -10,6 +10,7 @@ milliseconds on the path from a timer to its task (bench/README.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -22,15 +23,33 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from jobcontrol.errors import StoreError
+from jobcontrol.errors import StoreError, StoreUnavailable
 from jobcontrol.store import schema
 
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_MS = 30_000
+
+# SQLite errors that pass: another process holds the lock, the disk is full or failing.
+_SQLITE_TRANSIENT = ("locked", "busy", "disk i/o", "disk is full", "unable to open")
+
+
+def wrap_error(exc: Exception) -> StoreError:
+    """A driver error as ``StoreUnavailable`` when retrying can succeed, else ``StoreError``."""
+    message = f"database error: {exc}"
+    if isinstance(exc, sqlite3.Error) or "sqlite" in type(getattr(exc, "orig", None)).__module__:
+        text_ = str(exc).lower()
+        if any(word in text_ for word in _SQLITE_TRANSIENT):
+            return StoreUnavailable(message)
+        return StoreError(message)
+    if isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        return StoreUnavailable(message)
+    return StoreError(message)
 
 
 def normalise_url(url_or_path: str) -> str:
@@ -113,7 +132,7 @@ class Store:
         """One write transaction: committed on success, rolled back on error."""
         lock = self._write_lock
         if lock is not None and not lock.acquire(timeout=SQLITE_BUSY_MS / 1000):
-            raise StoreError("database error: database is locked (by this process)")
+            raise StoreUnavailable("database error: database is locked (by this process)")
         try:
             yield from self._transaction("BEGIN IMMEDIATE")
         finally:
@@ -134,7 +153,7 @@ class Store:
                     with conn.begin():
                         yield conn
         except SQLAlchemyError as exc:
-            raise StoreError(f"database error: {exc}") from exc
+            raise wrap_error(exc) from exc
 
     def upgrade(self) -> None:
         """Create or migrate the schema to the newest revision (Alembic)."""
@@ -188,7 +207,7 @@ def _sqlite_txn(conn: Connection, begin: str) -> Iterator[Connection]:
     try:
         raw.execute(begin)
     except sqlite3.Error as exc:
-        raise StoreError(f"database error: {exc}") from exc
+        raise wrap_error(exc) from exc
     try:
         yield conn
     except BaseException:
@@ -197,7 +216,9 @@ def _sqlite_txn(conn: Connection, begin: str) -> Iterator[Connection]:
     try:
         raw.execute("COMMIT")
     except sqlite3.Error as exc:
-        raise StoreError(f"database error: {exc}") from exc
+        with contextlib.suppress(sqlite3.Error):  # a failed COMMIT may leave it open
+            raw.execute("ROLLBACK")
+        raise wrap_error(exc) from exc
 
 
 def alembic_config(url: str) -> Any:

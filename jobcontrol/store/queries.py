@@ -282,9 +282,9 @@ def write_job_result(
 _RUN_JSON = ("env",)
 
 
-def _run_from_row(row: Row[Any]) -> RunRecord:
+def run_from_row(row: Row[Any]) -> RunRecord:
     m = dict(row._mapping)
-    m.pop("kill_requested", None)
+    m["kill_requested"] = bool(m.get("kill_requested"))
     m["kind"] = Kind(m["kind"])
     m["trigger"] = Trigger(m["trigger"])
     m["state"] = RunState(m["state"])
@@ -309,7 +309,7 @@ _GET_RUN = select(run).where(run.c.id == bindparam("w_id"))
 
 def get_run(conn: Connection, run_id: int) -> RunRecord | None:
     row = conn.execute(_GET_RUN, {"w_id": run_id}).first()
-    return _run_from_row(row) if row else None
+    return run_from_row(row) if row else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -333,99 +333,28 @@ def transition_run(
     return conn.execute(_transition_stmt(tuple(sorted(values))), params).rowcount == 1
 
 
-@functools.lru_cache(maxsize=8)
-def _pick_stmt(by_queue: bool, skip_locked: bool) -> Select[Any]:
-    pick = select(run.c.id).where(run.c.state == str(RunState.QUEUED))
-    if by_queue:
-        pick = pick.where(run.c.queue.in_(bindparam("w_queues", expanding=True)))
-    pick = pick.order_by(run.c.priority.desc(), run.c.id).limit(1)
-    if skip_locked:
-        pick = pick.with_for_update(skip_locked=True)
-    return pick
+def get_runs(conn: Connection, run_ids: Sequence[int]) -> list[RunRecord]:
+    found: list[RunRecord] = []
+    ids = list(run_ids)
+    for start in range(0, len(ids), 500):
+        rows = conn.execute(select(run).where(run.c.id.in_(ids[start : start + 500])))
+        found.extend(run_from_row(r) for r in rows)
+    return found
 
 
-def claim_run(
-    conn: Connection,
-    *,
-    queues: Sequence[str] | None,
-    worker: str,
-    host: str,
-    now: datetime,
-    skip_locked: bool,
-) -> RunRecord | None:
-    """Take the most urgent queued task run, atomically.
-
-    On PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so
-    concurrent claimers never wait on each other; on SQLite the caller's
-    ``BEGIN IMMEDIATE`` serialises claimers.
-    """
-    pick = _pick_stmt(queues is not None, skip_locked)
-    params = {} if queues is None else {"w_queues": list(queues)}
-    run_id = conn.execute(pick, params).scalar_one_or_none()
-    if run_id is None:
-        return None
-    claimed = transition_run(
-        conn,
-        run_id,
-        [RunState.QUEUED],
-        {"state": RunState.RUNNING, "started": now, "worker": worker, "host": host},
-    )
-    return get_run(conn, run_id) if claimed else None
-
-
-_CLAIM_BY_ID = (
-    update(run)
-    .where(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
-    .values(
-        state=str(RunState.RUNNING),
-        started=bindparam("v_started"),
-        worker=bindparam("v_worker"),
-        host=bindparam("v_host"),
-    )
-    .returning(*run.c)
-)
-
-
-def claim_run_by_id(
-    conn: Connection, run_id: int, *, worker: str, host: str, now: datetime
-) -> RunRecord | None:
-    """Take one announced run, compare-and-set in one statement; None if someone else has it."""
-    row = conn.execute(
-        _CLAIM_BY_ID, {"w_id": run_id, "v_started": now, "v_worker": worker, "v_host": host}
-    ).first()
-    return _run_from_row(row) if row else None
-
-
-def any_queued(conn: Connection, queues: Sequence[str] | None) -> bool:
-    """Whether a claim could find work (a read: no lock is taken)."""
-    params = {} if queues is None else {"w_queues": list(queues)}
-    return conn.execute(_pick_stmt(queues is not None, False), params).first() is not None
-
-
-_SET_RUN_PID = (
-    update(run)
-    .where(run.c.id == bindparam("w_id"))
-    .values(pid=bindparam("v_pid"), log_path=bindparam("v_log"))
-)
-
-
-def set_run_pid(conn: Connection, run_id: int, pid: int, log_path: str | None) -> None:
-    conn.execute(_SET_RUN_PID, {"w_id": run_id, "v_pid": pid, "v_log": log_path})
-
-
-def request_kill(conn: Connection, run_id: int) -> None:
-    conn.execute(update(run).where(run.c.id == run_id).values(kill_requested=True))
-
-
-def kill_requested(conn: Connection, run_id: int) -> bool:
-    return bool(conn.execute(select(run.c.kill_requested).where(run.c.id == run_id)).scalar())
+def unfinished_tree_runs(conn: Connection) -> list[RunRecord]:
+    """Every run of every tree run whose root is still active, oldest first."""
+    active = [str(s) for s in ACTIVE_RUN_STATES]
+    roots = select(run.c.id).where(run.c.parent_run_id.is_(None), run.c.state.in_(active))
+    stmt = select(run).where(or_(run.c.id.in_(roots), run.c.root_run_id.in_(roots)))
+    return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
 
 
 def active_runs(conn: Connection) -> list[RunRecord]:
     rows = conn.execute(
         select(run).where(run.c.state.in_([str(s) for s in ACTIVE_RUN_STATES])).order_by(run.c.id)
     )
-    return [_run_from_row(r) for r in rows]
+    return [run_from_row(r) for r in rows]
 
 
 def job_history(
@@ -436,12 +365,12 @@ def job_history(
     if before_id is not None:
         stmt = stmt.where(run.c.id < before_id)
     stmt = stmt.order_by(run.c.id.desc()).limit(limit)
-    return [_run_from_row(r) for r in conn.execute(stmt)]
+    return [run_from_row(r) for r in conn.execute(stmt)]
 
 
 def runs_of_tree_run(conn: Connection, root_run_id: int) -> list[RunRecord]:
     stmt = select(run).where(or_(run.c.root_run_id == root_run_id, run.c.id == root_run_id))
-    return [_run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
+    return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
 
 
 def log_paths_to_prune(conn: Connection, job_id: int, keep: int) -> list[tuple[int, str]]:

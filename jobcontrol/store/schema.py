@@ -118,9 +118,30 @@ run = Table(
     Column("timeout_s", Float),
     Column("max_log_files", Integer),
     Column("kill_requested", Boolean, nullable=False, default=False),
+    # Until when the worker holding a running task run vouches for it (renewed by heartbeats).
+    Column("lease_until", UTCDateTime),
     Index("ix_run_job_history", "job_id", "id"),
     Index("ix_run_claim", "state", "queue", "priority", "id"),
     Index("ix_run_parent", "parent_run_id"),
+    Index("ix_run_worker", "worker", "state"),
+)
+
+# Every worker that ever joined: the embedded one of each daemon start, and remote ones.
+worker = Table(
+    "worker",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    # The process's start time (clock ticks since boot, /proc/PID/stat field 22): a pid
+    # alone could have been reused by now.
+    Column("proc_start", BigInteger),
+    Column("slots", Integer, nullable=False),
+    Column("queues", Text),  # JSON list of the queues served; null: every queue
+    Column("version", String(64), nullable=False),
+    Column("started", UTCDateTime, nullable=False),
+    Column("heartbeat", UTCDateTime, nullable=False),
+    Column("stopped", UTCDateTime),
 )
 
 meta = Table(

@@ -32,7 +32,6 @@ import sqlalchemy as sa
 
 from jobcontrol import (
     Batch,
-    Dispatcher,
     DispatcherConfig,
     Engine,
     JobChange,
@@ -45,6 +44,7 @@ from jobcontrol import (
 from jobcontrol import events as jc_events
 from jobcontrol.model import TreeState
 from jobcontrol.procs import find_marked, kill_tree
+from jobcontrol.runtime import Runtime
 from jobcontrol.store import queries, schema
 from jobcontrol.timers import ManualClock, ManualTimers
 from jobcontrol.tree import Node
@@ -254,7 +254,9 @@ class JC:
             edit_timeout=edit_timeout,
             default_tz=UTC,
         )
-        self.dispatcher = Dispatcher(self.store, self.config, clock=self.clock, timers=self.timers)
+        # Wired as the daemon wires them: the dispatcher and its embedded worker.
+        self.runtime = Runtime(self.store, self.config, clock=self.clock, timers=self.timers)
+        self.dispatcher = self.runtime.dispatcher
         self.engine = Engine(self.store, self.dispatcher)
         self.rec = Recorder(self.dispatcher)
         self._gates: list[Gate] = []
@@ -265,13 +267,13 @@ class JC:
     def start(self) -> JC:
         logging.getLogger("jobcontrol").addHandler(self.errors)
         self.rec.connect()
-        self.dispatcher.start()
+        self.runtime.start()
         return self
 
     def close(self) -> list[int]:
         """Stop everything; returns pids of this store's task processes that had to be killed."""
         try:
-            self.dispatcher.stop(kill_running=True, timeout=WAIT * 3)
+            self.runtime.stop(kill_running=True, timeout=WAIT * 3)
         finally:
             self.rec.disconnect()
             logging.getLogger("jobcontrol").removeHandler(self.errors)

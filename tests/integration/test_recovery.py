@@ -32,7 +32,8 @@ CRASHING_DAEMON = """\
 import sys, threading
 from datetime import UTC
 from pathlib import Path
-from jobcontrol import Dispatcher, DispatcherConfig, Engine, Store
+from jobcontrol import DispatcherConfig, Engine, Store
+from jobcontrol.runtime import Runtime
 from jobcontrol.timers import ManualClock, ManualTimers
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import T0
@@ -41,8 +42,7 @@ url, log_root, job = sys.argv[1:4]
 store = Store(url)
 clock = ManualClock(T0)
 config = DispatcherConfig(log_root=Path(log_root), default_tz=UTC)
-dispatcher = Dispatcher(store, config, clock=clock, timers=ManualTimers(clock))
-dispatcher.start()
+dispatcher = Runtime(store, config, clock=clock, timers=ManualTimers(clock)).start()
 print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)
 threading.Event().wait()
 """

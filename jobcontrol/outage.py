@@ -1,0 +1,63 @@
+"""Whether the database answers, as one part of the process sees it.
+
+A part that meets a transient database error calls ``failed``; the first one
+is logged (once, not once per retry), and ``recovered`` logs the way back with
+how long it lasted. ``/healthz``, ``/status`` and ``/metrics`` read the state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutageState:
+    down: bool
+    since: float | None  # time.time() of the first failure of the current outage
+    error: str | None
+    outages: int  # how many outages began (a counter)
+    failures: int  # how many operations failed on a transient error (a counter)
+
+
+class Outage:
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._error: str | None = None
+        self._outages = 0
+        self._failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._failures += 1
+            self._error = str(exc)
+            if self._since is not None:
+                return
+            self._since = time.time()
+            self._outages += 1
+        log.error("%s: the database does not answer; retrying until it does: %s", self.who, exc)
+
+    def recovered(self) -> None:
+        with self._lock:
+            if self._since is None:
+                return
+            lasted = time.time() - self._since
+            self._since, self._error = None, None
+        log.warning("%s: the database answers again after %.1fs", self.who, lasted)
+
+    @property
+    def down(self) -> bool:
+        with self._lock:
+            return self._since is not None
+
+    def state(self) -> OutageState:
+        with self._lock:
+            return OutageState(
+                self._since is not None, self._since, self._error, self._outages, self._failures
+            )

@@ -1,0 +1,331 @@
+"""The run queue: the one seam between the dispatcher and any worker (DESIGN "Components").
+
+A worker only ever calls these methods; each is one short transaction of its
+own. The dispatcher queues task runs and reads finished ones inside its own
+transactions (``queries``), and settles the runs of workers whose lease ran out
+(``expired_leases`` / ``settle_lost``).
+
+Every state write is compare-and-set: a claim takes a run only while it is
+``queued``; a finish, a pid or a lease renewal touches a run only while it is
+``running`` *and held by the worker that says so*, so a worker that comes back
+after its runs were settled can change nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Select, and_, bindparam, func, select, update
+
+from jobcontrol.model import RunRecord, RunState
+from jobcontrol.store import Store, queries
+from jobcontrol.store.schema import run, worker
+
+DEFAULT_LEASE = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker says of itself when it joins (the registry row)."""
+
+    name: str
+    host: str
+    pid: int
+    slots: int
+    version: str
+    started: datetime
+    queues: list[str] | None = None  # None: every queue
+    proc_start: int | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a heartbeat tells the worker: runs to kill, and runs no longer its own."""
+
+    kill: list[int] = field(default_factory=list)
+    settled: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The result of ``finish``: whether the outcome was recorded, and logs to prune."""
+
+    recorded: bool
+    stale_logs: list[str] = field(default_factory=list)
+
+
+_CLAIM_BY_ID = (
+    update(run)
+    .where(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
+    .values(
+        state=str(RunState.RUNNING),
+        started=bindparam("v_started"),
+        worker=bindparam("v_worker"),
+        host=bindparam("v_host"),
+        lease_until=bindparam("v_lease"),
+    )
+    .returning(*run.c)
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _pick_stmt(by_queue: bool, skip_locked: bool) -> Select[Any]:
+    pick = select(run.c.id).where(run.c.state == str(RunState.QUEUED))
+    if by_queue:
+        pick = pick.where(run.c.queue.in_(bindparam("w_queues", expanding=True)))
+    pick = pick.order_by(run.c.priority.desc(), run.c.id).limit(bindparam("w_limit"))
+    if skip_locked:
+        pick = pick.with_for_update(skip_locked=True)
+    return pick
+
+
+_HELD = and_(run.c.worker == bindparam("w_worker"), run.c.state == str(RunState.RUNNING))
+_RECORD_PID = (
+    update(run)
+    .where(run.c.id == bindparam("w_id"), _HELD)
+    .values(pid=bindparam("v_pid"), log_path=bindparam("v_log"))
+)
+_RENEW = update(run).where(_HELD).values(lease_until=bindparam("v_lease"))
+_BEAT = update(worker).where(worker.c.name == bindparam("w_worker"))
+
+
+class RunQueue:
+    """The run-queue operations of one store, each its own transaction."""
+
+    def __init__(self, store: Store, lease: timedelta = DEFAULT_LEASE) -> None:
+        self.store = store
+        self.lease = lease
+
+    # ---------------------------------------------------------- the registry
+
+    def register(self, info: WorkerInfo, now: datetime) -> None:
+        """Join (or re-join under the same name): the row says who, where, how big, since when."""
+        values = {
+            "host": info.host,
+            "pid": info.pid,
+            "proc_start": info.proc_start,
+            "slots": info.slots,
+            "queues": json.dumps(info.queues) if info.queues is not None else None,
+            "version": info.version,
+            "started": info.started,
+            "heartbeat": now,
+            "stopped": None,
+        }
+        with self.store.write() as conn:
+            updated = conn.execute(
+                update(worker).where(worker.c.name == info.name).values(values)
+            ).rowcount
+            if not updated:
+                conn.execute(worker.insert().values(name=info.name, **values))
+
+    def deregister(self, name: str, now: datetime) -> None:
+        with self.store.write() as conn:
+            conn.execute(update(worker).where(worker.c.name == name).values(stopped=now))
+
+    def heartbeat(self, name: str, now: datetime) -> Heartbeat:
+        """Say the worker lives, renew the lease of every run it holds, and hear of kills."""
+        with self.store.write() as conn:
+            conn.execute(_BEAT.values(heartbeat=now), {"w_worker": name})
+            conn.execute(_RENEW, {"w_worker": name, "v_lease": now + self.lease})
+            rows = conn.execute(
+                select(run.c.id).where(
+                    run.c.worker == name,
+                    run.c.state == str(RunState.RUNNING),
+                    run.c.kill_requested.is_(True),
+                )
+            )
+            return Heartbeat(kill=[r.id for r in rows])
+
+    def holds(self, name: str, run_ids: Sequence[int]) -> list[int]:
+        """Which of ``run_ids`` are still running under this worker (the others were settled)."""
+        if not run_ids:
+            return []
+        with self.store.read() as conn:
+            rows = conn.execute(
+                select(run.c.id).where(run.c.id.in_(list(run_ids)), _HELD), {"w_worker": name}
+            )
+            return [r.id for r in rows]
+
+    # ---------------------------------------------------------- claiming
+
+    def claim(
+        self,
+        name: str,
+        host: str,
+        now: datetime,
+        *,
+        run_id: int | None = None,
+        queues: Sequence[str] | None = None,
+        limit: int = 1,
+    ) -> list[RunRecord]:
+        """Take up to ``limit`` queued runs (most urgent first), or the one named, atomically.
+
+        ``limit`` is the caller's free slots: never more is returned. On PostgreSQL the
+        candidates are locked ``FOR UPDATE SKIP LOCKED``, so claimers never wait on each
+        other; on SQLite ``BEGIN IMMEDIATE`` serialises them.
+        """
+        if limit < 1:
+            return []
+        params = {"v_started": now, "v_worker": name, "v_host": host, "v_lease": now + self.lease}
+        with self.store.write() as conn:
+            if run_id is not None:
+                row = conn.execute(_CLAIM_BY_ID, {"w_id": run_id, **params}).first()
+                return [queries.run_from_row(row)] if row else []
+            pick = _pick_stmt(queues is not None, not self.store.is_sqlite)
+            pick_params: dict[str, Any] = {"w_limit": limit}
+            if queues is not None:
+                pick_params["w_queues"] = list(queues)
+            ids: list[int] = list(conn.execute(pick, pick_params).scalars())
+            claimed = []
+            for candidate in ids:
+                row = conn.execute(_CLAIM_BY_ID, {"w_id": candidate, **params}).first()
+                if row is not None:
+                    claimed.append(queries.run_from_row(row))
+            return claimed
+
+    def any_queued(self, queues: Sequence[str] | None = None) -> bool:
+        """Whether a claim could find work (a read: no write lock is taken)."""
+        params: dict[str, Any] = {"w_limit": 1}
+        if queues is not None:
+            params["w_queues"] = list(queues)
+        with self.store.read() as conn:
+            return conn.execute(_pick_stmt(queues is not None, False), params).first() is not None
+
+    # ---------------------------------------------------------- a run's life
+
+    def record_pid(self, run_id: int, name: str, pid: int, log_path: str | None) -> bool:
+        with self.store.write() as conn:
+            params = {"w_id": run_id, "w_worker": name, "v_pid": pid, "v_log": log_path}
+            return conn.execute(_RECORD_PID, params).rowcount == 1
+
+    def finish(
+        self, run_id: int, name: str, values: dict[str, Any], default_max_log_files: int
+    ) -> Finished:
+        """Record a task run's outcome, compare-and-set from running under this worker.
+
+        ``values`` are the run row's final columns. Returns whether it was recorded
+        (False: the run was settled meanwhile, e.g. its lease ran out) and the log
+        files past the job's ``max_log_files`` to delete once committed.
+        """
+        with self.store.write() as conn:
+            if not finish_run(conn, run_id, name, values):
+                return Finished(False)
+            return Finished(True, prune_logs(conn, run_id, values, default_max_log_files))
+
+    def kill_requested(self, run_id: int) -> bool:
+        with self.store.read() as conn:
+            value = conn.execute(select(run.c.kill_requested).where(run.c.id == run_id)).scalar()
+            return bool(value)
+
+
+# ------------------------------------------------------------------ statements
+
+
+def finish_run(conn: Connection, run_id: int, name: str, values: dict[str, Any]) -> bool:
+    params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
+    params.update(w_id=run_id, w_worker=name)
+    return conn.execute(_finish_stmt(tuple(sorted(values))), params).rowcount == 1
+
+
+@functools.lru_cache(maxsize=16)
+def _finish_stmt(columns: tuple[str, ...]) -> Any:
+    return (
+        update(run)
+        .where(run.c.id == bindparam("w_id"), _HELD)
+        .values({col: bindparam(f"v_{col}") for col in columns})
+    )
+
+
+def prune_logs(
+    conn: Connection, run_id: int, values: dict[str, Any], default_max_log_files: int
+) -> list[str]:
+    """Forget the logs of the run's job past its ``max_log_files``; their paths, to delete."""
+    if values.get("log_path") is None:
+        return []
+    row = conn.execute(select(run.c.job_id, run.c.max_log_files).where(run.c.id == run_id)).first()
+    if row is None or row.job_id is None:
+        return []
+    keep = row.max_log_files or default_max_log_files
+    stale = queries.log_paths_to_prune(conn, row.job_id, keep)
+    queries.forget_log(conn, [rid for rid, _ in stale])
+    return [path for _, path in stale]
+
+
+def expired_leases(conn: Connection, now: datetime) -> list[RunRecord]:
+    """Running task runs whose worker stopped vouching for them."""
+    rows = conn.execute(
+        select(run)
+        .where(
+            run.c.state == str(RunState.RUNNING),
+            run.c.lease_until.is_not(None),
+            run.c.lease_until < now,
+        )
+        .order_by(run.c.id)
+    )
+    return [queries.run_from_row(r) for r in rows]
+
+
+def request_kill(conn: Connection, run_id: int) -> bool:
+    """Ask the worker holding a running task run to kill it; False if it is not running."""
+    stmt = (
+        update(run)
+        .where(run.c.id == run_id, run.c.state == str(RunState.RUNNING))
+        .values(kill_requested=True)
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
+def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
+    """Every registered worker with its slot use and the runs it holds, live ones first."""
+    held: dict[str, list[dict[str, Any]]] = {}
+    rows = conn.execute(
+        select(run.c.id, run.c.job_name, run.c.worker, run.c.started, run.c.pid, run.c.lease_until)
+        .where(run.c.state == str(RunState.RUNNING), run.c.worker.is_not(None))
+        .order_by(run.c.id)
+    )
+    for r in rows:
+        held.setdefault(r.worker, []).append(
+            {
+                "run_id": r.id,
+                "job": r.job_name,
+                "since": r.started,
+                "pid": r.pid,
+                "lease_until": r.lease_until,
+            }
+        )
+    out = []
+    for w in conn.execute(select(worker).order_by(worker.c.stopped.is_not(None), worker.c.name)):
+        runs = held.get(w.name, [])
+        out.append(
+            {
+                "name": w.name,
+                "host": w.host,
+                "pid": w.pid,
+                "slots": w.slots,
+                "used": len(runs),
+                "free": max(0, w.slots - len(runs)),
+                "queues": json.loads(w.queues) if w.queues else None,
+                "version": w.version,
+                "started": w.started,
+                "heartbeat": w.heartbeat,
+                "heartbeat_age_s": round((now - w.heartbeat).total_seconds(), 3),
+                "stopped": w.stopped,
+                "runs": runs,
+            }
+        )
+    return out
+
+
+def get_worker(conn: Connection, name: str) -> dict[str, Any] | None:
+    row = conn.execute(select(worker).where(worker.c.name == name)).first()
+    return dict(row._mapping) if row else None
+
+
+def count_running(conn: Connection) -> int:
+    stmt = select(func.count()).select_from(run).where(run.c.state == str(RunState.RUNNING))
+    return int(conn.execute(stmt).scalar_one())

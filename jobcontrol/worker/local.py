@@ -1,0 +1,504 @@
+"""A worker: claims task runs from the run queue, runs their processes, records their ends.
+
+It talks to nothing but the store's run-queue interface (``RunQueue``): claim
+(compare-and-set, one run per free slot), record the pid, heartbeat (renews the
+lease of every run it holds and hears of kill requests), finish (compare-and-set
+from running under this worker, in its own transaction). The outcome is never
+held only in memory for longer than the database is away: a finish that meets
+an outage is retried until the database answers.
+
+Wake-ups are hints, never the only way work is found: ``runs_queued`` and
+``kill_requested`` signals from the same process (the embedded worker of the
+daemon), and the back-up poll and heartbeat for everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as signals
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jobcontrol import events, procs
+from jobcontrol.errors import StoreUnavailable
+from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
+from jobcontrol.outage import Outage
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+from jobcontrol.timers import Clock
+
+log = logging.getLogger(__name__)
+
+# A task still running after this long gets its pid recorded at once; a shorter
+# one records it with its outcome, saving a write on the path between tasks.
+PID_RECORD_DELAY = 0.05
+RETRY_FIRST, RETRY_MAX = 0.05, 2.0
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """How a task run ended, as its run row will say."""
+
+    exit_status: int
+    state: RunState
+    signal: int | None
+    reason: str | None
+
+
+@dataclass
+class _Active:
+    run: RunRecord
+    proc: subprocess.Popen[bytes] | None = None
+    kill_reason: str | None = None
+    pid: int | None = None
+    finishing: bool = False
+
+
+class Worker:
+    """A pool of ``slots`` threads, each running one task run at a time."""
+
+    def __init__(
+        self,
+        runqueue: RunQueue,
+        *,
+        clock: Clock,
+        log_root: Path,
+        instance_id: str,
+        name: str | None = None,
+        slots: int = 8,
+        queues: list[str] | None = None,
+        default_max_log_files: int = 5,
+        kill_grace: float = 5.0,
+        poll_interval: float = 2.0,
+        heartbeat_interval: float | None = None,
+        version: str = "",
+    ) -> None:
+        self.runqueue = runqueue
+        self.store = runqueue.store
+        self.clock = clock
+        self.log_root = log_root
+        self.instance_id = instance_id
+        self.host = socket.gethostname()
+        self.name = name or f"{self.host}:{os.getpid()}:embedded"
+        self.slots = slots
+        self.queues = queues
+        self.default_max_log_files = default_max_log_files
+        self.kill_grace = kill_grace
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval or runqueue.lease.total_seconds() / 3
+        self.version = version
+        self.outage = Outage(f"worker {self.name}")
+        self._cond = threading.Condition()
+        self._offers: deque[int] = deque()
+        self._poll_hint = 0
+        self._stopping = False
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._active: dict[int, _Active] = {}
+        self._kill_first: dict[int, str] = {}
+        self._log_dirs: set[Path] = set()
+        self._base_env = dict(os.environ)
+        self._receivers: list[tuple[Any, Any]] = []
+        self._give_up_at: float | None = None
+
+    # ---------------------------------------------------------- control
+
+    def info(self) -> WorkerInfo:
+        pid = os.getpid()
+        return WorkerInfo(
+            name=self.name,
+            host=self.host,
+            pid=pid,
+            slots=self.slots,
+            version=self.version,
+            started=self.clock.now(),
+            queues=self.queues,
+            proc_start=procs.start_time(pid),
+        )
+
+    def start(self) -> None:
+        self.log_root.mkdir(parents=True, exist_ok=True)
+        self._retry(
+            "join the worker registry",
+            lambda: self.runqueue.register(self.info(), self.clock.now()),
+        )
+        for signal, receiver in (
+            (events.runs_queued, self._on_queued),
+            (events.kill_requested, self._on_kill_requested),
+        ):
+            signal.connect(receiver, sender=self.store, weak=False)
+            self._receivers.append((signal, receiver))
+        for i in range(self.slots):
+            self._spawn_thread(self._slot_loop, f"jc-slot-{i}")
+        self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
+
+    def _spawn_thread(self, target: Any, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop claiming, let the runs in hand end (the caller kills them first if it must)."""
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
+        self._receivers.clear()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        # An outcome is worth waiting for through an outage, but not past the stop's timeout.
+        self._give_up_at = time.monotonic() + timeout
+        for t in self._threads:
+            if t.name != "jc-heartbeat":
+                t.join(timeout)
+        self._stop.set()  # the heartbeat renews leases until the last run is recorded
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+        try:
+            self.runqueue.deregister(self.name, self.clock.now())
+        except StoreUnavailable as exc:
+            log.warning("worker %s could not record that it stopped: %s", self.name, exc)
+
+    def running_count(self) -> int:
+        with self._cond:
+            return len(self._active)
+
+    def kill_all(self, reason: str) -> None:
+        """Kill every run in hand (daemon shutdown with --kill)."""
+        with self._cond:
+            run_ids = list(self._active)
+        for run_id in run_ids:
+            self.kill(run_id, reason)
+
+    # ---------------------------------------------------------- wake-ups
+
+    def _on_queued(self, _sender: object, run_ids: list[int], **_: Any) -> None:
+        with self._cond:
+            self._offers.extend(run_ids)
+            self._cond.notify(len(run_ids))
+
+    def _on_kill_requested(self, _sender: object, run_id: int, reason: str, **_: Any) -> None:
+        self.kill(run_id, reason)
+
+    def wake(self) -> None:
+        """Work may be available: let a slot look (used when the runs are not known)."""
+        with self._cond:
+            self._poll_hint += 1
+            self._cond.notify()
+
+    def kill(self, run_id: int, reason: str = "killed") -> None:
+        """Kill a run this worker holds (or is about to hold)."""
+        with self._cond:
+            active = self._active.get(run_id)
+            if active is None:
+                self._kill_first[run_id] = reason  # claimed but not yet in hand
+                return
+            if active.kill_reason is not None:
+                return
+            active.kill_reason = reason
+            if active.proc is not None:
+                self._start_killer(active)
+
+    def _start_killer(self, active: _Active) -> None:
+        proc = active.proc
+        assert proc is not None
+
+        def killer() -> None:
+            procs.kill_tree(
+                proc.pid,
+                marker=self._marker(active.run.id),
+                grace=self.kill_grace,
+                wait_exit=lambda t: _wait(proc, t),
+            )
+
+        threading.Thread(target=killer, name=f"jc-kill-{active.run.id}", daemon=True).start()
+
+    def _marker(self, run_id: int) -> dict[str, str]:
+        return {"JOBCONTROL_RUN_ID": str(run_id), "JOBCONTROL_INSTANCE": self.instance_id}
+
+    # ---------------------------------------------------------- heartbeat and back-up poll
+
+    def _heartbeat_loop(self) -> None:
+        next_beat = time.monotonic()
+        while True:
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + self.heartbeat_interval
+            wait = min(self.poll_interval, max(0.0, next_beat - time.monotonic()))
+            if self._stop.is_set():
+                # Stopping: keep the leases of the runs still in hand until they are recorded.
+                with self._cond:
+                    if not self._active:
+                        return
+                    self._cond.wait(wait)
+                continue
+            self._poll_for_work()
+            self._stop.wait(wait)
+
+    def _beat(self) -> None:
+        with self._cond:
+            mine = [rid for rid, a in self._active.items() if not a.finishing]
+        try:
+            beat = self.runqueue.heartbeat(self.name, self.clock.now())
+            held = self.runqueue.holds(self.name, mine)
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return
+        self.outage.recovered()
+        for run_id in beat.kill:
+            self.kill(run_id, "killed")
+        for run_id in set(mine) - set(held):
+            with self._cond:
+                active = self._active.get(run_id)
+                if active is None or active.finishing:
+                    continue
+            log.warning(
+                "task run %s was settled while worker %s could not vouch for it: killing it",
+                run_id,
+                self.name,
+            )
+            self.kill(run_id, "settled while its worker was away")
+
+    def _poll_for_work(self) -> None:
+        """The back-up poll: work nobody announced (another process queued it)."""
+        with self._cond:
+            free = self.slots - len(self._active)
+        if free <= 0 or self._stopping:
+            return
+        try:
+            found = self.runqueue.any_queued(self.queues)
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return
+        if found:
+            self.wake()
+
+    # ---------------------------------------------------------- slots
+
+    def _next_work(self) -> tuple[int | None] | None:
+        """The next announced run id, ``(None,)`` to claim by priority, or None to stop."""
+        with self._cond:
+            while not self._stopping:
+                if self._offers:
+                    return (self._offers.popleft(),)
+                if self._poll_hint:
+                    self._poll_hint -= 1
+                    return (None,)
+                self._cond.wait()
+            return None
+
+    def _slot_loop(self) -> None:
+        while (work := self._next_work()) is not None:
+            (run_id,) = work
+            try:
+                claimed = self.runqueue.claim(
+                    self.name, self.host, self.clock.now(), run_id=run_id, queues=self.queues
+                )
+            except StoreUnavailable as exc:
+                self.outage.failed(exc)
+                continue  # the back-up poll finds it again once the database is back
+            except Exception:
+                log.exception("claiming a task run failed")
+                continue
+            self.outage.recovered()
+            if not claimed:
+                continue
+            if run_id is None:
+                self.wake()  # found by polling: there may be more
+            self._execute(claimed[0])
+
+    def _execute(self, run: RunRecord) -> None:
+        active = _Active(run)
+        with self._cond:
+            self._active[run.id] = active
+            active.kill_reason = self._kill_first.pop(run.id, None)
+        outcome: TaskOutcome | None = None
+        log_path: Path | None = None
+        started = run.started or self.clock.now()
+        try:
+            if active.kill_reason is not None:
+                outcome = TaskOutcome(KILLED_STATUS, RunState.KILLED, None, active.kill_reason)
+                return
+            log_path = self._log_path(run, started)
+            outcome = self._spawn_and_wait(active, log_path)
+        except Exception as exc:
+            log.exception("task run %s (%s) failed to run", run.id, run.job_name)
+            outcome = TaskOutcome(1, RunState.FAILED, None, f"could not run: {exc}")
+        finally:
+            # Always record the outcome, whatever happened above.
+            if outcome is None:
+                outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
+            self._finish(active, outcome, started, log_path)
+
+    def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
+        run = active.run
+        env = self._base_env.copy()  # os.environ decodes every variable on each read
+        env.update(run.env)
+        env.update(self._marker(run.id))
+        env["JOBCONTROL_JOB"] = run.job_name
+        env["JOBCONTROL_JOB_ID"] = str(run.job_id)
+        env["JOBCONTROL_LOG"] = str(log_path)
+        with open(log_path, "wb") as out:
+            try:
+                proc = procs.spawn(run.command or "", stdout=out, cwd=run.cwd, env=env)
+            except OSError as exc:
+                out.write(f"jobcontrol: cannot start {run.command!r}: {exc}\n".encode())
+                return TaskOutcome(127, RunState.FAILED, None, f"cannot start: {exc}")
+            with self._cond:
+                active.proc = proc
+                if active.kill_reason is not None:
+                    self._start_killer(active)
+            active.pid = proc.pid
+            timed_out = False
+            try:
+                rc = self._wait_recording_pid(proc, run, log_path)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                with self._cond:
+                    if active.kill_reason is None:
+                        active.kill_reason = "timeout"
+                procs.kill_tree(
+                    proc.pid,
+                    marker=self._marker(run.id),
+                    grace=self.kill_grace,
+                    wait_exit=lambda t: _wait(proc, t),
+                )
+                rc = proc.wait()
+        return _outcome(run, rc, active.kill_reason, timed_out)
+
+    def _wait_recording_pid(
+        self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: Path
+    ) -> int:
+        """Wait for the task; record its pid once it has run ``PID_RECORD_DELAY``.
+
+        Raises ``subprocess.TimeoutExpired`` when the run's timeout passes first.
+        """
+        timeout = run.timeout_s
+        first = PID_RECORD_DELAY if timeout is None else min(timeout, PID_RECORD_DELAY)
+        rc = procs.wait_child(proc, first)
+        if rc is not None:
+            return rc
+        try:
+            self.runqueue.record_pid(run.id, self.name, proc.pid, str(log_path))
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)  # the pid comes with the outcome instead
+        rest = None if timeout is None else max(0.0, timeout - first)
+        rc = procs.wait_child(proc, rest)
+        if rc is None:
+            raise subprocess.TimeoutExpired(run.command or "", timeout or 0.0)
+        return rc
+
+    # ---------------------------------------------------------- logs and the record
+
+    def _log_path(self, run: RunRecord, started: datetime) -> Path:
+        job_dir = self.log_root / f"job-{run.job_id}"
+        if job_dir not in self._log_dirs:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            self._log_dirs.add(job_dir)
+        return job_dir / f"{started:%Y%m%d-%H%M%S}-run{run.id}.log"
+
+    def _finish(
+        self, active: _Active, outcome: TaskOutcome, started: datetime, log_path: Path | None
+    ) -> None:
+        """Record the outcome in the worker's own transaction, retried through outages."""
+        active.finishing = True
+        kept: str | None = None
+        if log_path is not None:
+            try:
+                if log_path.stat().st_size == 0:
+                    log_path.unlink()  # empty output leaves no file (spec 7.8)
+                else:
+                    kept = str(log_path)
+            except FileNotFoundError:
+                pass
+        ended = self.clock.now()
+        values = {
+            "state": outcome.state,
+            "exit_status": outcome.exit_status,
+            "signal": outcome.signal,
+            "reason": outcome.reason,
+            "ended": ended,
+            "duration_ms": max(0, int((ended - started).total_seconds() * 1000)),
+            "log_path": kept,
+            "pid": active.pid,
+            "lease_until": None,
+        }
+        run_id = active.run.id
+        try:
+            result = self._retry(
+                f"record the end of task run {run_id}",
+                lambda: self.runqueue.finish(run_id, self.name, values, self.default_max_log_files),
+            )
+        finally:
+            with self._cond:
+                self._active.pop(run_id, None)
+                self._cond.notify_all()
+        if result is None:
+            return
+        if not result.recorded:
+            log.warning(
+                "task run %s ended (%s %s) after it had been settled: its end is not recorded",
+                run_id,
+                outcome.state,
+                outcome.exit_status,
+            )
+        _delete_logs(result.stale_logs)
+        events.task_finished.send(self.store, run_id=run_id)
+
+    def _retry(self, what: str, fn: Any) -> Any:
+        """``fn()`` until the database answers; None if the worker is stopping past hope."""
+        delay = RETRY_FIRST
+        while True:
+            try:
+                result = fn()
+            except StoreUnavailable as exc:
+                self.outage.failed(exc)
+                give_up = self._give_up_at
+                if give_up is not None and time.monotonic() > give_up:
+                    log.error("worker %s stopped before it could %s: %s", self.name, what, exc)
+                    return None
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            self.outage.recovered()
+            return result
+
+
+def _delete_logs(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+            log.debug("Deleting %s", path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            log.exception("could not prune log file %s", path)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _outcome(run: RunRecord, rc: int, kill_reason: str | None, timed_out: bool) -> TaskOutcome:
+    sig = -rc if rc < 0 else None
+    if timed_out:
+        reason = f"timed out after {run.timeout_s:g}s"
+        return TaskOutcome(TIMEOUT_STATUS, RunState.FAILED, sig, reason)
+    if kill_reason is not None:
+        return TaskOutcome(KILLED_STATUS, RunState.KILLED, sig, kill_reason)
+    if sig is not None:
+        name = signals.Signals(sig).name if sig in signals.Signals.__members__.values() else sig
+        return TaskOutcome(128 + sig, RunState.FAILED, sig, f"terminated by {name}")
+    state = RunState.SUCCEEDED if rc == 0 else RunState.FAILED
+    return TaskOutcome(rc, state, None, None)
