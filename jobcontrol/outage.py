@@ -41,7 +41,7 @@ class Outage:
                 return
             self._since = time.time()
             self._outages += 1
-        log.error("%s: the database does not answer; retrying until it does: %s", self.who, exc)
+        log.warning("%s: the database does not answer; retrying until it does: %s", self.who, exc)
 
     def recovered(self) -> None:
         with self._lock:

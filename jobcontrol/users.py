@@ -25,6 +25,7 @@ from jobcontrol.errors import (
     BadRoleError,
     BadUserNameError,
     DuplicateUserError,
+    StoreUnavailable,
     TokenFileError,
     UnknownUserError,
     UserError,
@@ -230,17 +231,38 @@ def _note_success(conn: Any, note: audit.AuditNote | None, detail: str) -> None:
 # ---------------------------------------------------------------- authentication
 
 
-def authenticate(store: Store, token: str, *, now: datetime | None = None) -> User | None:
-    """The user the token belongs to, or None. Records last_seen at most once a minute."""
+def authenticate(
+    store: Store,
+    token: str,
+    *,
+    now: datetime | None = None,
+    known: dict[str, User] | None = None,
+) -> User | None:
+    """The user the token belongs to, or None. Records last_seen at most once a minute.
+
+    ``known`` (token hash -> user) remembers who authenticated: while the database
+    does not answer, a token it accepted before still reads the daemon's status
+    and health; one never seen gets the outage's ``StoreUnavailable``. Revocation
+    takes effect as soon as the database answers again.
+    """
     if not token or not token.startswith(TOKEN_PREFIX):
         return None
     digest = hash_token(token)
-    with store.read() as conn:
-        row = q.user_by_token_hash(conn, digest)
+    try:
+        with store.read() as conn:
+            row = q.user_by_token_hash(conn, digest)
+    except StoreUnavailable:
+        if known is not None and digest in known:
+            return known[digest]
+        raise
     if row is None or not hmac.compare_digest(row.token_hash, digest):
+        if known is not None:
+            known.pop(digest, None)
         return None
     now = now or datetime.now(UTC)
     user = _user(row)
+    if known is not None:
+        known[digest] = user
     if user.last_seen is None or now - user.last_seen >= LAST_SEEN_EVERY:
         with store.write() as conn:
             q.touch_user(conn, user.id, now, now - LAST_SEEN_EVERY)

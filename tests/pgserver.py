@@ -233,6 +233,25 @@ class PostgresServer:
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
+    def halt(self) -> None:
+        """Stop the server as an outage would (``pg_ctl stop -m fast``), keeping data and port."""
+        if self._tmpdir is None:
+            raise PostgresServerError("the server is not started")
+        pid = self._postmaster_pid(self.datadir)
+        self._run(
+            [self._bin("pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "stop"],
+            cwd=self._dir,
+            timeout=self.shutdown_timeout + 10,
+        )
+        if pid is not None and not self._wait_gone(pid, self.shutdown_timeout):
+            raise PostgresServerError(f"postgres (pid {pid}) did not stop")
+
+    def resume(self) -> None:
+        """Start a halted server again on the same port."""
+        if self._tmpdir is None or self._port is None:
+            raise PostgresServerError("the server was never started")
+        self._start_postmaster(port=self._port)
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 
@@ -295,10 +314,11 @@ class PostgresServer:
                 f"initdb failed ({result.returncode}):\n{result.stdout}{result.stderr}"
             )
 
-    def _start_postmaster(self) -> None:
+    def _start_postmaster(self, port: int | None = None) -> None:
         last_error = ""
-        for _attempt in range(3):  # a free port may be taken before postgres binds it
-            port = _free_port()
+        fixed = port
+        for _attempt in range(1 if fixed else 3):  # a free port may be taken before it binds
+            port = fixed or _free_port()
             settings = {
                 "port": str(port),
                 "listen_addresses": _HOST,

@@ -58,6 +58,8 @@ class ApiContext:
     event_heartbeat: float = 15.0
     # Whether the database answers (``Runtime.database``); None: as the dispatcher sees it.
     database: Callable[[], dict[str, Any]] | None = None
+    # Who authenticated (token hash -> user): answers status reads during an outage.
+    known_users: dict[str, User] = field(default_factory=dict)
 
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:
@@ -103,7 +105,7 @@ def require(action: Action) -> Callable[..., User]:
     def dependency(
         request: Request, ctx: Context, authorization: Annotated[str | None, Header()] = None
     ) -> User:
-        user = authenticate(ctx.store, _bearer(authorization))
+        user = authenticate(ctx.store, _bearer(authorization), known=ctx.known_users)
         if user is None:
             raise HTTPException(
                 401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}

@@ -66,12 +66,12 @@ def redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_ms: int = SQLITE_BUSY_MS) -> None:
     cur = dbapi_conn.cursor()
     _use_wal(cur)
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+    cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
     cur.close()
 
 
@@ -98,8 +98,13 @@ def _use_wal(cur: sqlite3.Cursor) -> None:
 class Store:
     """Connections and transactions; the queries live in ``store.queries``."""
 
-    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 10, busy_timeout: float = SQLITE_BUSY_MS / 1000
+    ) -> None:
+        """``busy_timeout``: how long a SQLite statement waits for another process's lock
+        before it fails as ``StoreUnavailable`` (and is retried by whoever runs it)."""
         self.url = normalise_url(url)
+        self.busy_timeout = busy_timeout
         self.is_sqlite = self.url.startswith("sqlite")
         self.engine = self._make_engine(pool_size)
         # Taken before a connection is checked out, so a waiter holds no connection.
@@ -112,11 +117,12 @@ class Store:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(
                 self.url,
-                connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_MS / 1000},
+                connect_args={"check_same_thread": False, "timeout": self.busy_timeout},
                 pool_size=pool_size,
                 max_overflow=20,
             )
-            event.listen(engine, "connect", _sqlite_pragmas)
+            busy_ms = int(self.busy_timeout * 1000)
+            event.listen(engine, "connect", lambda c, r: _sqlite_pragmas(c, r, busy_ms))
             # We issue BEGIN ourselves (deferred or IMMEDIATE), so the driver must not.
             return engine.execution_options(isolation_level="AUTOCOMMIT")
         return create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
@@ -131,7 +137,7 @@ class Store:
     def write(self) -> Iterator[Connection]:
         """One write transaction: committed on success, rolled back on error."""
         lock = self._write_lock
-        if lock is not None and not lock.acquire(timeout=SQLITE_BUSY_MS / 1000):
+        if lock is not None and not lock.acquire(timeout=self.busy_timeout):
             raise StoreUnavailable("database error: database is locked (by this process)")
         try:
             yield from self._transaction("BEGIN IMMEDIATE")

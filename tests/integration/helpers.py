@@ -238,10 +238,13 @@ class JC:
         slots: int = 4,
         kill_grace: float = 2.0,
         edit_timeout: float = 30.0,
+        poll_interval: float = 2.0,
+        lease: float = 30.0,
+        busy_timeout: float = 30.0,
     ) -> None:
         self.url = url
         self.tmp_path = tmp_path
-        self.store = Store(url)
+        self.store = Store(url, busy_timeout=busy_timeout)
         self.store.upgrade()
         self.instance_id = self.store.instance_id()
         self.clock = ManualClock(T0)
@@ -253,6 +256,8 @@ class JC:
             kill_grace=kill_grace,
             edit_timeout=edit_timeout,
             default_tz=UTC,
+            poll_interval=poll_interval,
+            lease=lease,
         )
         # Wired as the daemon wires them: the dispatcher and its embedded worker.
         self.runtime = Runtime(self.store, self.config, clock=self.clock, timers=self.timers)

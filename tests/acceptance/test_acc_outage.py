@@ -1,0 +1,144 @@
+"""PostgreSQL stops under the real daemon, for 2 s and for 20 s, and comes back.
+
+A tree ticks every second and a task is running when the server stops
+(``pg_ctl stop -m fast``); the task ends during the outage. While the database
+is away ``/healthz`` answers 503 with the reason and ``status`` says so.
+Afterwards ticks resume within seconds, the task's real outcome is recorded
+(not ``lost``), and nothing stays running or queued.
+
+The server is this module's own, so stopping it disturbs no other test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.pgserver import PostgresServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
+
+TREES = """\
+jobs:
+  - name: Ticker
+    timer: every 1s
+    active: true
+    children:
+      - {name: tick, active: true, command: "true"}
+  - name: Through
+    active: true
+    children:
+      - {name: through, active: true, command: "read line < GATE; echo made it"}
+      - {name: after, active: true, command: "echo after"}
+"""
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[PostgresServer]:
+    bindir = PostgresServer.available()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries")
+    with PostgresServer(bindir) as server:
+        yield server
+
+
+@pytest.fixture
+def outage_jc(
+    own_server: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[JobControl]:
+    name = f"outage_{request.node.callspec.id}"
+    own_server.create_database(name)
+    jc = JobControl(own_server.url(name), tmp_path / "user")
+    try:
+        yield jc
+    finally:
+        if not own_server.running or not _answers(own_server):
+            own_server.resume()
+        jc.cleanup()
+        own_server.drop_database(name)
+
+
+def _answers(server: PostgresServer) -> bool:
+    try:
+        server.connect().close()
+    except Exception:
+        return False
+    return True
+
+
+def _health(base: str) -> tuple[int, dict[str, object]]:
+    try:
+        r = httpx.get(base.removesuffix("/api/v1") + "/healthz", timeout=5)
+    except httpx.HTTPError:
+        return 0, {}
+    return r.status_code, r.json()
+
+
+def _ticks(jc: JobControl) -> int:
+    result = jc.run("history", "tick", "--json", "--limit", "1000")
+    return len(json.loads(result.stdout)) if result.returncode == 0 else -1
+
+
+@pytest.mark.parametrize("seconds", [2, 20], ids=["2s", "20s"])
+def test_the_daemon_rides_out_a_postgresql_outage(
+    outage_jc: JobControl, own_server: PostgresServer, seconds: int
+) -> None:
+    jc = outage_jc
+    gate = jc.base / "gate.fifo"
+    os.mkfifo(gate)
+    jc.upgraded().load(write(jc.base / "trees.yaml", TREES.replace("GATE", str(gate))))
+    jc.ok("daemon", "start")
+    status = jc.ok("daemon", "status")
+    match = re.search(r"admin API: (\S+/api/v1)", status.stdout)
+    assert match, describe(status)
+    base = match.group(1)
+    assert wait_until(lambda: _ticks(jc) >= 2, 20), "the ticker does not tick"
+
+    jc.ok("run", "Through")
+    running = wait_until(lambda: [r["state"] for r in jc.history("through")] == ["running"], 10)
+    assert running, jc.history("through")
+
+    assert jc.marked(), "the task runs"  # (also learns the marker while the database answers)
+    own_server.halt()  # the outage begins while `through` runs
+    try:
+        assert wait_until(lambda: _health(base)[0] == 503, 15), "healthz stayed 200"
+        code, body = _health(base)
+        assert body["status"] == "database unavailable", body
+        assert body["reason"], body
+        online = jc.run("status", "--json")
+        assert online.returncode == 0, describe(online)
+        assert '"ok": false' in online.stdout, online.stdout
+        # The task ends during the outage; its outcome waits in the worker.
+        fd = os.open(gate, os.O_RDWR | os.O_NONBLOCK)
+        os.write(fd, b"go\n")
+        os.close(fd)
+        assert wait_until(lambda: not jc.marked(), 15), "the task never ended"
+        threading.Event().wait(seconds)  # the outage's length: the fault itself
+    finally:
+        own_server.resume()
+
+    assert wait_until(lambda: _health(base)[0] == 200, 30), _health(base)
+    done = wait_until(lambda: [r["state"] for r in jc.history("after")] == ["succeeded"], 30)
+    through = jc.history("through")
+    assert done, (through, jc.history("after"))
+    assert [(r["state"], r["exit_status"]) for r in through] == [("succeeded", 0)]
+    assert [(r["state"], r["exit_status"]) for r in jc.history("Through")] == [("succeeded", 0)]
+
+    before = _ticks(jc)
+    assert wait_until(lambda: _ticks(jc) >= before + 2, 15), "ticks did not resume"
+    status_after = jc.json("status")
+    assert status_after["database"]["ok"] is True, status_after
+    assert status_after["database"]["outages"] >= 1, status_after
+    for job in ("through", "after", "Through"):
+        assert all(r["state"] not in ("queued", "running") for r in jc.history(job)), job
+    metrics = jc.run("daemon", "status")
+    assert metrics.returncode == 0, describe(metrics)
+    jc.ok("daemon", "stop", "--kill")

@@ -1,0 +1,186 @@
+"""The run queue's contract, on both stores: what every worker may rely on.
+
+Claims never hand out more runs than the claimer's free slots and never the
+same run twice, however many claimers race; finish, pid, lease renewal and
+kill requests are compare-and-set, so a worker whose run was settled can
+change nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobcontrol.model import Kind, RunState, Trigger
+from jobcontrol.store import Store, queries
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo, expired_leases, request_kill
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+def rq(db_url: str) -> Any:
+    store = Store(db_url)
+    store.upgrade()
+    yield RunQueue(store, LEASE)
+    store.dispose()
+
+
+def queue_runs(store: Store, n: int, *, priority: int = 0, queue: str = "default") -> list[int]:
+    with store.write() as conn:
+        return [
+            queries.insert_run(
+                conn,
+                {
+                    "job_id": None,
+                    "job_name": f"t{i}",
+                    "kind": Kind.TASK,
+                    "trigger": Trigger.MANUAL,
+                    "state": RunState.QUEUED,
+                    "queue": queue,
+                    "priority": priority,
+                    "created": NOW,
+                    "command": "true",
+                },
+            )
+            for i in range(n)
+        ]
+
+
+def run_row(store: Store, run_id: int) -> Any:
+    with store.read() as conn:
+        return queries.get_run(conn, run_id)
+
+
+def test_concurrent_claimers_never_exceed_their_free_slots_nor_share_a_run(rq: RunQueue) -> None:
+    ids = queue_runs(rq.store, 120)
+    claimed: dict[str, list[int]] = {}
+    biggest: dict[str, int] = {}
+    errors: list[BaseException] = []
+    slots = {f"w{i}": 1 + i % 4 for i in range(6)}  # free slots 1..4 per claimer
+    start = threading.Barrier(len(slots))
+
+    def claimer(name: str) -> None:
+        try:
+            start.wait(10)
+            mine: list[int] = []
+            while True:
+                got = rq.claim(name, "host", NOW, limit=slots[name])
+                biggest[name] = max(biggest.get(name, 0), len(got))
+                if not got:
+                    break
+                mine.extend(r.id for r in got)
+            claimed[name] = mine
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    every = [run_id for runs in claimed.values() for run_id in runs]
+    assert sorted(every) == sorted(ids), "each queued run is claimed exactly once"
+    for name, most in biggest.items():
+        assert most <= slots[name], f"{name} got {most} runs for {slots[name]} free slots"
+    for name, runs in claimed.items():
+        for run_id in runs[:3]:
+            row = run_row(rq.store, run_id)
+            assert (row.state, row.worker, row.host) == (RunState.RUNNING, name, "host")
+            assert row.lease_until == NOW + LEASE
+
+
+def test_claim_takes_priority_first_then_oldest_and_respects_queues(rq: RunQueue) -> None:
+    low = queue_runs(rq.store, 2)
+    high = queue_runs(rq.store, 2, priority=5)
+    other = queue_runs(rq.store, 1, queue="gpu")
+    got = rq.claim("w", "h", NOW, limit=3, queues=["default"])
+    assert [r.id for r in got] == [high[0], high[1], low[0]]
+    assert rq.claim("w", "h", NOW, limit=0) == []
+    got = rq.claim("w", "h", NOW, limit=5, queues=["gpu"])
+    assert [r.id for r in got] == other
+    assert [r.id for r in rq.claim("w", "h", NOW, run_id=low[1])] == [low[1]]
+    assert rq.claim("w2", "h", NOW, run_id=low[1]) == [], "a claimed run is nobody else's"
+
+
+def test_finish_is_compare_and_set_under_the_worker_that_holds_the_run(rq: RunQueue) -> None:
+    (run_id,) = queue_runs(rq.store, 1)
+    end = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": NOW, "lease_until": None}
+    assert not rq.finish(run_id, "w", end, 5).recorded, "a queued run cannot be finished"
+    rq.claim("w", "h", NOW, run_id=run_id)
+    assert not rq.finish(run_id, "intruder", end, 5).recorded
+    assert run_row(rq.store, run_id).state is RunState.RUNNING
+    assert rq.finish(run_id, "w", end, 5).recorded
+    failed = {**end, "state": RunState.FAILED, "exit_status": 3}
+    assert not rq.finish(run_id, "w", failed, 5).recorded, "never completed twice"
+    row = run_row(rq.store, run_id)
+    assert (row.state, row.exit_status) == (RunState.SUCCEEDED, 0)
+
+
+def test_a_settled_run_stays_settled_when_its_worker_comes_back(rq: RunQueue) -> None:
+    (run_id,) = queue_runs(rq.store, 1)
+    rq.claim("w", "h", NOW, run_id=run_id)
+    later = NOW + LEASE + timedelta(seconds=1)
+    with rq.store.write() as conn:
+        assert [r.id for r in expired_leases(conn, later)] == [run_id]
+        lost = {"state": RunState.LOST, "exit_status": 255, "reason": "lost: lease"}
+        assert queries.transition_run(conn, run_id, [RunState.RUNNING], lost)
+    # The worker wakes up: its heartbeat, pid and finish all find nothing to change.
+    beat = rq.heartbeat("w", later)
+    assert beat.kill == []
+    assert rq.holds("w", [run_id]) == []
+    assert not rq.record_pid(run_id, "w", 4242, "/x.log")
+    end = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": later}
+    assert not rq.finish(run_id, "w", end, 5).recorded
+    row = run_row(rq.store, run_id)
+    assert (row.state, row.exit_status, row.pid, row.lease_until) == (
+        RunState.LOST,
+        255,
+        None,
+        NOW + LEASE,
+    )
+
+
+def test_heartbeat_renews_the_leases_it_holds_and_carries_kill_requests(rq: RunQueue) -> None:
+    info = WorkerInfo("w", "h", 1, 4, "0.1", NOW)
+    rq.register(info, NOW)
+    a, b, c = queue_runs(rq.store, 3)
+    rq.claim("w", "h", NOW, run_id=a)
+    rq.claim("w", "h", NOW, run_id=b)
+    with rq.store.write() as conn:
+        assert not request_kill(conn, c), "a queued run has no worker to ask"
+        assert request_kill(conn, b)
+    later = NOW + timedelta(seconds=20)
+    beat = rq.heartbeat("w", later)
+    assert beat.kill == [b]
+    assert run_row(rq.store, a).lease_until == later + LEASE
+    with rq.store.write() as conn:
+        assert expired_leases(conn, NOW + LEASE + timedelta(seconds=1)) == []
+    assert run_row(rq.store, c).kill_requested is False
+
+
+def test_the_registry_says_who_holds_what(rq: RunQueue) -> None:
+    from jobcontrol.store.runqueue import list_workers
+
+    rq.register(WorkerInfo("w1", "h1", 11, 2, "0.1", NOW, queues=["fast"]), NOW)
+    rq.register(WorkerInfo("w2", "h2", 22, 8, "0.1", NOW), NOW)
+    (run_id,) = queue_runs(rq.store, 1)
+    rq.claim("w2", "h2", NOW, run_id=run_id)
+    rq.deregister("w1", NOW + timedelta(seconds=5))
+    with rq.store.read() as conn:
+        listed = {w["name"]: w for w in list_workers(conn, NOW + timedelta(seconds=5))}
+    assert (listed["w2"]["used"], listed["w2"]["free"]) == (1, 7)
+    assert [r["run_id"] for r in listed["w2"]["runs"]] == [run_id]
+    assert listed["w2"]["heartbeat_age_s"] == 5
+    assert listed["w1"]["stopped"] is not None
+    assert listed["w1"]["queues"] == ["fast"]
+    # Re-joining under the same name starts a new life.
+    rq.register(WorkerInfo("w1", "h1", 33, 2, "0.2", NOW), NOW + timedelta(seconds=9))
+    with rq.store.read() as conn:
+        again = {w["name"]: w for w in list_workers(conn, NOW)}["w1"]
+    assert (again["pid"], again["stopped"], again["version"]) == (33, None, "0.2")
