@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from jobcontrol import cli_online
 from jobcontrol import cli_output as out
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.store import Store, default_db_path, normalise_url, redact
-from jobcontrol.views import run_json
+from jobcontrol.views import jsonable, run_json
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     hist.add_argument(
         "--before", type=int, default=None, help="runs older than this run id (next page)"
     )
+
+    workers = sub.add_parser(
+        "workers", help="the workers: slots in use, heartbeat, the runs each one holds"
+    )
+    workers.add_argument("--json", action="store_true", help="a JSON list, one object per worker")
 
     _access_parsers(sub)
     cli_online.add_parsers(sub)
@@ -191,6 +197,8 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         jobs = engine.list_jobs()
         print(json.dumps(jobs, indent=2) if args.json else out.table_jobs(jobs))
         return 0
+    if args.command == "workers":
+        return _workers(args, store)
     if args.command == "user":
         return _user(args, store)
     if args.command == "audit":
@@ -210,6 +218,16 @@ def _require_schema(store: Store) -> None:
         raise JobControlError(
             f"{redact(store.url)} has no Job Control schema yet: run `jobcontrol db upgrade`"
         )
+
+
+def _workers(args: argparse.Namespace, store: Store) -> int:
+    from jobcontrol.store import runqueue
+
+    with store.read() as conn:
+        found = runqueue.list_workers(conn, datetime.now(UTC))
+    workers = [jsonable(w) for w in found]  # as the API gives them
+    print(json.dumps(workers, indent=2) if args.json else out.table_workers(workers))
+    return 0
 
 
 def _user(args: argparse.Namespace, store: Store) -> int:

@@ -4,8 +4,8 @@ The daemon is found by ``--url`` (or ``$JOBCONTROL_URL``), else by the URL
 file the daemon of ``--db`` left in the state directory while its pid file is
 live. The token is ``--token``, else ``$JOBCONTROL_TOKEN``, else the token file
 in the config directory (written by the daemon's first start). ``ls``,
-``history``, ``load`` and ``export`` fall back to the database when no daemon
-runs; the other commands need one.
+``history``, ``workers``, ``load`` and ``export`` fall back to the database
+when no daemon runs; the other commands need one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DAEMON_ONLY = frozenset(
     "show run kill restart activate deactivate set rm logs status events pause resume".split()
 )
-COMMANDS = DAEMON_ONLY | {"ls", "history", "load", "export"}
+COMMANDS = DAEMON_ONLY | {"ls", "history", "workers", "load", "export"}
 
 # `set` sends JSON of the type each field has; a value given empty clears a text field.
 _BOOL_FIELDS = {"active"}
@@ -312,6 +312,11 @@ def _history(client: Client, args: argparse.Namespace) -> int:
     return _emit(args, runs, out.table_runs(runs))
 
 
+def _workers(client: Client, args: argparse.Namespace) -> int:
+    workers = client.workers()
+    return _emit(args, workers, out.table_workers(workers))
+
+
 def _logs(client: Client, args: argparse.Namespace) -> int:
     if args.run is not None:
         run = client.get_run(args.run)["run"]
@@ -419,6 +424,7 @@ COMMAND_HANDLERS = {
     "set": _set,
     "rm": _rm,
     "history": _history,
+    "workers": _workers,
     "logs": _logs,
     "status": _status,
     "events": _events,

@@ -83,6 +83,61 @@ def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:
     return table(headers, rows) if rows else "no runs"
 
 
+def age(seconds: Any) -> str:
+    """How long ago, briefly: ``3s ago``, ``4m ago``, ``2h05m ago``, ``3d ago``."""
+    if seconds is None:
+        return ""
+    s = max(0, int(seconds))
+    if s < 60:
+        text = f"{s}s"
+    elif s < 3600:
+        text = f"{s // 60}m"
+    elif s < 86400:
+        text = f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    else:
+        text = f"{s // 86400}d"
+    return f"{text} ago"
+
+
+def clock_time(value: Any) -> str:
+    """The local time of day of an ISO time (or datetime), ``HH:MM:SS``."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return str(value.astimezone().strftime("%H:%M:%S"))
+
+
+def table_workers(workers: Sequence[Mapping[str, Any]]) -> str:
+    """Workers as ``GET /api/v1/workers`` (or ``jsonable`` of ``list_workers``) gives them."""
+    headers = ["NAME", "HOST", "PID", "SLOTS", "QUEUES", "HEARTBEAT", "RUNS"]
+    rows = [
+        [
+            w["name"],
+            w["host"],
+            str(w["pid"]),
+            f"{w['used']}/{w['slots']}",
+            "*" if w["queues"] is None else ",".join(w["queues"]) or "-",
+            f"stopped {when(w['stopped'])}" if w["stopped"] else age(w["heartbeat_age_s"]),
+            _held(w["runs"]),
+        ]
+        for w in workers
+    ]
+    return table(headers, rows) if rows else "no workers"
+
+
+def _held(runs: Sequence[Mapping[str, Any]]) -> str:
+    if not runs:
+        return "-"
+    return names(
+        [
+            f"{r['run_id']}:{r['job']}"
+            + (f"(since {clock_time(r['since'])})" if r["since"] else "")
+            for r in runs
+        ]
+    )
+
+
 def fields(values: Mapping[str, Any], order: Sequence[str] = ()) -> str:
     """``key: value`` lines, aligned; ``order`` first, then the rest as given."""
     keys = [k for k in order if k in values] + [k for k in values if k not in order]

@@ -286,6 +286,13 @@ class Client:
         params = {} if after is None else {"after": after}
         yield from self._stream("/events", params, lambda r: parse_sse(r.iter_lines()), handle)
 
+    def workers(self) -> list[dict[str, Any]]:
+        """Every registered worker, live ones first: slots (``used``, ``free``), ``queues``
+        (None: every queue), ``heartbeat`` / ``heartbeat_age_s``, ``stopped`` (None while it
+        runs) and the ``runs`` it holds; times are ISO text."""
+        workers: list[dict[str, Any]] = self._json("GET", "/workers")["workers"]
+        return workers
+
     def log_level(self) -> str:
         return str(self._json("GET", "/log-level")["level"])
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
-from jobcontrol.api import definitions, jobs, runs, stream, system
+from jobcontrol.api import definitions, jobs, runs, stream, system, workers
 from jobcontrol.api.bodies import MAX_BODY_BYTES
 from jobcontrol.api.deps import ApiContext, install_error_handlers, require
 from jobcontrol.users import Action, User
@@ -26,7 +26,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.ctx = ctx
     install_error_handlers(app)
-    for module in (jobs, runs, system, stream, definitions):
+    for module in (jobs, runs, system, stream, definitions, workers):
         app.include_router(module.router)
 
     @app.get("/api/v1/openapi.json", include_in_schema=False)

@@ -1,0 +1,26 @@
+"""The worker registry: every worker that joined, its slots, its heartbeat and the runs it holds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+
+from jobcontrol import views
+from jobcontrol.api.deps import Context, require
+from jobcontrol.store import runqueue
+from jobcontrol.users import Action, User
+
+router = APIRouter(prefix="/api/v1", tags=["workers"])
+
+Viewer = Annotated[User, Depends(require(Action.READ))]
+
+
+@router.get("/workers", summary="Every registered worker, live ones first")
+def list_workers(ctx: Context, _user: Viewer) -> dict[str, Any]:
+    """Name, host, pid, slots (used / free), queues (null: every queue), version, when it
+    started, its last heartbeat and how old that is on the daemon's clock, when it stopped
+    (null while it runs), and the task runs it holds."""
+    with ctx.store.read() as conn:
+        workers = runqueue.list_workers(conn, ctx.dispatcher.clock.now())
+    return {"workers": [views.jsonable(w) for w in workers]}
