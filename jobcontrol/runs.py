@@ -294,8 +294,13 @@ class RunMachine:
         frame.index += 1
         return False
 
-    def _finish(self, frame: Frame, status: int | None = None) -> int:
-        """Record a job's end (spec 7.6 ``finally``); returns its status."""
+    def _finish(
+        self, frame: Frame, status: int | None = None, recorded: RunState | None = None
+    ) -> int:
+        """Record a job's end (spec 7.6 ``finally``); returns its status.
+
+        ``recorded``: the state a task's run row already says (its worker wrote it).
+        """
         node, tr = frame.node, frame.tree_run
         status = frame.exit_status if status is None else status
         if tr.killed and node.job.kind is Kind.BOX:
@@ -306,7 +311,7 @@ class RunMachine:
         job.last_ran, job.exit_status, job.last_duration_ms = frame.started, status, duration
         conn = self.tx.conn
         queries.write_job_result(conn, job.id, frame.started, status, duration)
-        state = final_state(status, tr.killed)
+        state = recorded or final_state(status, tr.killed)
         if job.kind is Kind.BOX:
             queries.transition_run(
                 conn,
@@ -348,7 +353,7 @@ class RunMachine:
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
-        self._propagate(frame, self._finish(frame, status))
+        self._propagate(frame, self._finish(frame, status, row.state))
 
     def _reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""
@@ -423,7 +428,7 @@ class RunMachine:
             frame = self.frames.get(row.id)
             if frame is not None:
                 frame.tree_run.current_task = None
-                self._propagate(frame, self._finish(frame, KILLED_STATUS))
+                self._propagate(frame, self._finish(frame, KILLED_STATUS, RunState.LOST))
 
     def _settle_lost(self, row: RunRecord, reason: str, now: datetime) -> bool:
         values: dict[str, Any] = {
