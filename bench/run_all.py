@@ -30,6 +30,8 @@ BENCHES = [
     "bench_batch_edit",
     "bench_api",
     "bench_gui",
+    "bench_many_trees",
+    "bench_idle",
 ]
 # Benchmarks without a database (no --pg run).
 NO_STORE = {"bench_gui"}
@@ -125,6 +127,28 @@ SUMMARY: dict[str, list[tuple[str, str, str, str]]] = {
             "streaming: tick lateness p99",
             "baseline idle: tick lateness p99",
             "p99 lateness streaming / idle",
+        ),
+    ],
+    "bench_many_trees": [
+        (
+            "500 trees every 1s: p99 lateness",
+            "engine: lateness p99",
+            "baseline APScheduler: lateness p99",
+            "p99 engine / APScheduler",
+        ),
+        (
+            "500 trees every 1s: daemon CPU",
+            "engine: daemon CPU",
+            "baseline APScheduler: process CPU",
+            "CPU engine / APScheduler",
+        ),
+    ],
+    "bench_idle": [
+        (
+            "idle, 1,000 hourly trees: CPU",
+            "engine: daemon CPU, idle",
+            "baseline APScheduler: process CPU, idle",
+            "CPU engine / APScheduler",
         ),
     ],
 }

@@ -1,0 +1,329 @@
+"""Many trees: 500 trees with timer ``every 1s``, the real daemon for 60 s, against APScheduler.
+
+Engine: 500 active top-level boxes, each with timer ``every 1s`` and one active
+task ``true``, loaded with ``jobcontrol load``; the daemon is started with
+``jobcontrol daemon start --port 0`` (a separate process, production defaults)
+and runs for ``--duration`` seconds (the measured window), plus a few seconds of
+grace so that runs due just before the end of the window can start; then
+``jobcontrol daemon stop --kill``. Nothing of ``jobcontrol`` is imported: the
+figures come from the ``run`` table afterwards (plain SQL) and from
+``/proc/<daemon pid>/stat``.
+
+Lateness of a tree run: ``every 1s`` is due 1 s after the END of the tree's
+previous run, so the due time of root run n+1 is ``ended`` of root run n + 1 s,
+and
+
+    lateness = ``started`` of the task run under root run n+1 - that due time
+
+(``started`` is set when an executor slot claims the run, just before it
+spawns the process). The first run of each tree has no previous run and is not
+counted; runs due in the window that had not started when the daemon stopped
+count with ``stop - due``, a lower bound.
+
+Also: tree runs per second (at most 500/s: each tree at most once a second),
+lateness in the first and the last third of the time from the first measured
+due time to the end of the window (does a backlog grow?),
+and the daemon's CPU over the window (utime + stime of its threads; the
+reaped ``true`` processes separately).
+
+Baseline (same run, a child process): APScheduler 3 ``BackgroundScheduler``
+with 500 ``IntervalTrigger(seconds=1)`` jobs (its ThreadPoolExecutor of 10
+threads, coalesce, max_instances 1) each running
+``subprocess.Popen(["true"]).wait()``; lateness = the time just before ``Popen``
+- the scheduled run time APScheduler handed to its executor. Its intervals are
+fixed (every whole second from a common start), so its 500 jobs come due in one
+burst every second, where ``every 1s`` drifts by each tree's own run.
+
+Targets: p99 lateness < 100 ms; no growing backlog (the last third's median
+lateness at most 10 ms above the first third's). Ratios engine / APScheduler.
+
+    .venv/bin/python bench/bench_many_trees.py [--trees N] [--duration S] [--pg] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as c
+import _daemon as d
+
+HERE = Path(__file__).resolve().parent
+
+TARGET_P99_MS = 100.0
+TARGET_GROWTH_MS = 10.0
+GRACE_S = 3.0  # after the window, before the stop: runs due late in the window can start
+INTERVAL = timedelta(seconds=1)
+
+
+def _thirds(samples: list[tuple[float, float]], window_s: float) -> list[list[float]]:
+    """Lateness values of (due offset in s, lateness in ms) samples, by third of the time
+    from the first measured due time to the end of the window."""
+    first = min(offset for offset, _ in samples)
+    span = max(window_s - first, 1e-9)
+    out: list[list[float]] = [[], [], []]
+    for offset, late in samples:
+        out[min(2, max(0, int(3 * (offset - first) / span)))].append(late)
+    return out
+
+
+def _trend(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of lateness against due time, in ms per minute."""
+    if len({x for x, _ in samples}) < 2:
+        return 0.0
+    xs, ys = zip(*samples, strict=True)
+    return statistics.linear_regression(xs, ys).slope * 60
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def engine(db: str, tmp: Path, trees: int, duration: float) -> dict[str, Any]:
+    """The daemon over a window of ``duration`` s; lateness samples and CPU."""
+    with d.CliDaemon(db, tmp) as daemon:
+        print(f"  {daemon.load(d.one_task_trees(trees, 'every 1s'), tmp / 'trees.yaml')}")
+        pid = daemon.start()
+        w0, cpu0 = datetime.now(UTC), d.cpu(pid)
+        time.sleep(duration)
+        try:
+            cpu1 = d.cpu(pid)
+        except OSError:
+            raise SystemExit(f"the daemon died during the run:\n{daemon.log_tail()}") from None
+        w1 = datetime.now(UTC)
+        time.sleep(GRACE_S)
+        stop_at = datetime.now(UTC)
+        daemon.stop()
+    wall, own, children = cpu1.since(cpu0)
+    runs = d.read_runs(db)
+
+    roots: dict[str, list[d.RunRow]] = defaultdict(list)
+    task_of: dict[int, d.RunRow] = {}
+    for r in runs:
+        if r.parent_run_id is None and r.kind == "box":
+            roots[r.job_name].append(r)
+        elif r.kind == "task" and r.parent_run_id is not None:
+            task_of[r.root_run_id or r.parent_run_id] = r
+    window_s = (w1 - w0).total_seconds()
+    samples: list[tuple[float, float]] = []  # (due - w0 in s, lateness in ms)
+    pending = skipped = failed = 0
+    min_late = float("inf")
+
+    def sample(due: datetime, started: datetime) -> None:
+        nonlocal min_late
+        late = (started - due).total_seconds() * 1000
+        min_late = min(min_late, late)
+        samples.append(((due - w0).total_seconds(), late))
+
+    for tree_runs in roots.values():
+        prev: d.RunRow | None = None
+        for cur in [*tree_runs, None]:
+            if cur is not None and cur.state == "skipped":
+                skipped += 1
+                continue
+            if prev is not None and prev.ended is not None:
+                due = prev.ended + INTERVAL
+                if w0 <= due < w1:
+                    task = task_of.get(cur.id) if cur is not None else None
+                    if task is not None and task.started is not None:
+                        sample(due, task.started)
+                        if (
+                            task.ended is not None
+                            and task.ended <= w1
+                            and task.state != "succeeded"
+                        ):
+                            failed += 1
+                    else:  # due in the window, not started by the stop: a lower bound
+                        pending += 1
+                        sample(due, stop_at)
+            prev = cur
+    tree_runs_in_window = sum(
+        1
+        for rs in roots.values()
+        for r in rs
+        if r.state != "skipped" and w0 <= (r.started or r.created or w0 - INTERVAL) < w1
+    )
+    if not samples:
+        raise SystemExit(f"no tree run was measured ({len(runs)} runs in the table)")
+    firsts = [rs[0].started or rs[0].created for rs in roots.values() if rs]
+    last_first_s = max((f - w0).total_seconds() for f in firsts if f is not None)
+    return {
+        "samples": samples,
+        "window_s": window_s,
+        "pending": pending,
+        "skipped": skipped,
+        "failed": failed,
+        "min_ms": min_late,
+        "never_ran": trees - len(firsts),
+        "last_first_s": last_first_s,
+        "tree_runs_per_s": tree_runs_in_window / window_s,
+        "cpu_pct": 100 * own / wall,
+        "children_cpu_pct": 100 * children / wall,
+    }
+
+
+# ---------------------------------------------------------------- the baseline
+
+
+def apscheduler(trees: int, duration: float) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        str(HERE / "_aps_child.py"),
+        "interval",
+        "--jobs",
+        str(trees),
+        "--duration",
+        str(duration),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"APScheduler baseline exited {proc.returncode}:\n{proc.stderr}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    samples = [(offset, late) for offset, late in out["runs"]]
+    if not samples:
+        raise SystemExit("APScheduler baseline: no run")
+    wall = out["cpu_wall_s"]
+    return {
+        "samples": samples,
+        "window_s": duration,
+        "skipped": out["skipped"],
+        "min_ms": min(late for _, late in samples),
+        "tree_runs_per_s": len(samples) / duration,
+        "cpu_pct": 100 * out["cpu_own_s"] / wall,
+        "children_cpu_pct": 100 * out["cpu_children_s"] / wall,
+    }
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _figures(rep: c.Report, label: str, res: dict[str, Any]) -> dict[str, float]:
+    lates = [late for _, late in res["samples"]]
+    first, middle, last = _thirds(res["samples"], res["window_s"])
+    p50, p99 = c.median(lates), c.percentile(lates, 99)
+    rep.add(f"{label}: runs measured", len(lates), "")
+    rep.add(f"{label}: lateness p50", p50, "ms")
+    rep.add(f"{label}: lateness p99", p99, "ms")
+    rep.add(f"{label}: lateness max", max(lates), "ms")
+    rep.add(f"{label}: tree runs per second", res["tree_runs_per_s"], "/s")
+    for name, part in (("first", first), ("middle", middle), ("last", last)):
+        rep.add(f"{label}: p50, {name} third", c.median(part), "ms")
+        rep.add(f"{label}: p99, {name} third", c.percentile(part, 99), "ms")
+    rep.add(f"{label}: lateness trend", _trend(res["samples"]), "ms/min")
+    if res["min_ms"] < 0:
+        rep.notes.append(
+            f"{label}: a run started {-res['min_ms']:.3f} ms before its due time "
+            "(the due time is a proxy from the previous run's end)"
+            if label == "engine"
+            else f"{label}: a run started {-res['min_ms']:.3f} ms before its scheduled time"
+        )
+    if not first or not last:
+        rep.notes.append(f"{label}: too few runs to compare the first and the last third")
+    return {
+        "p50": p50,
+        "p99": p99,
+        "growth": c.median(last) - c.median(first),
+        "cpu": res["cpu_pct"],
+        "rate": res["tree_runs_per_s"],
+    }
+
+
+def report(
+    store_name: str, trees: int, eng: dict[str, Any], base: dict[str, Any], duration: float
+) -> c.Report:
+    rep = c.Report("bench_many_trees", store_name)
+    rep.add("trees (timer every 1s, one task `true`)", trees, "")
+    rep.add("measured window", eng["window_s"], "s")
+    e = _figures(rep, "engine", eng)
+    rep.add("engine: runs due, not started by the stop", eng["pending"], "")
+    rep.add("engine: last tree's first run, after ready", eng["last_first_s"], "s")
+    rep.add("engine: daemon CPU", eng["cpu_pct"], "%")
+    rep.add("engine: reaped children's CPU", eng["children_cpu_pct"], "%")
+    b = _figures(rep, "baseline APScheduler", base)
+    rep.add("baseline APScheduler: runs skipped", base["skipped"], "")
+    rep.add("baseline APScheduler: process CPU", base["cpu_pct"], "%")
+    rep.add("baseline APScheduler: reaped children's CPU", base["children_cpu_pct"], "%")
+    rep.ratios["p99 engine / APScheduler"] = c.ratio(e["p99"], b["p99"])
+    rep.ratios["p50 engine / APScheduler"] = c.ratio(e["p50"], b["p50"])
+    rep.ratios["CPU engine / APScheduler"] = c.ratio(e["cpu"], b["cpu"])
+    rep.ratios["tree runs/s engine / APScheduler"] = c.ratio(e["rate"], b["rate"])
+    rep.notes.append(
+        "CPU figures are % of one core over the window (utime + stime from /proc/PID/stat)"
+    )
+    if e["rate"] < 0.9 * trees:
+        rep.notes.append(
+            f"engine: {e['rate']:.0f} tree runs/s of the up to {trees}/s asked for; `every` "
+            "counts from the end of a run, so a daemon that cannot keep up runs each tree "
+            "less often and its lateness levels off instead of growing without bound"
+        )
+    if eng["pending"]:
+        rep.notes.append(
+            f"engine: {eng['pending']} runs due in the window had not started "
+            f"{GRACE_S:g} s after it: counted with lateness = stop - due (a lower bound)"
+        )
+    if eng["skipped"]:
+        rep.notes.append(f"engine: {eng['skipped']} skipped tree runs (not counted)")
+    if eng["never_ran"]:
+        rep.notes.append(f"engine: {eng['never_ran']} trees never ran")
+    if eng["failed"]:
+        rep.notes.append(f"engine: {eng['failed']} task runs did not succeed")
+    if duration < 60:
+        rep.notes.append(f"a short run ({duration:g} s; the benchmark's default is 60 s)")
+    rep.checks.append(
+        c.Check("engine p99 lateness, 500 trees every 1s", e["p99"], TARGET_P99_MS, "ms")
+    )
+    rep.checks.append(
+        c.Check(
+            "engine backlog growth, p50 last - first 3rd",
+            e["growth"],
+            TARGET_GROWTH_MS,
+            "ms",
+            inclusive=True,
+        )
+    )
+    return rep
+
+
+def main() -> int:
+    p = c.parser(__doc__.splitlines()[0])
+    p.add_argument("--trees", type=int, default=500)
+    p.add_argument("--duration", type=float, default=60.0, help="measured seconds (default 60)")
+    args = p.parse_args()
+    if args.duration <= 0 or args.trees <= 0:
+        p.error("--trees and --duration must be positive")
+    print(
+        f"baseline APScheduler: {args.trees} interval jobs for {args.duration:g} s ...", flush=True
+    )
+    base = apscheduler(args.trees, args.duration)
+    reports = []
+    with c.temp_dir("many-trees") as tmp:
+        print(f"[sqlite] daemon: {args.trees} trees for {args.duration:g} s ...", flush=True)
+        (tmp / "sqlite").mkdir()
+        eng = engine(
+            str(tmp / "sqlite" / "jobcontrol.db"), tmp / "sqlite", args.trees, args.duration
+        )
+        reports.append(report("sqlite", args.trees, eng, base, args.duration))
+        if args.pg:
+            with c.postgres("bench_many_trees") as url:
+                print(
+                    f"[postgresql] daemon: {args.trees} trees for {args.duration:g} s ...",
+                    flush=True,
+                )
+                (tmp / "pg").mkdir()
+                eng = engine(url, tmp / "pg", args.trees, args.duration)
+                reports.append(report("postgresql", args.trees, eng, base, args.duration))
+    for rep in reports:
+        rep.print(as_json=args.json)
+    return 0 if all(r.holds for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
