@@ -301,6 +301,7 @@ class Dispatcher(TimerMachine, RunMachine):
             self._tx = tx = Tx(conn)
             try:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
+                queries.drop_pending(conn)  # queued ahead: queued again as the runs go on
                 steps = self._resume_tree_runs()
                 self._arm_idle_trees()
                 for step in steps:
@@ -384,6 +385,7 @@ class Dispatcher(TimerMachine, RunMachine):
     def _react(self, change: EditChange) -> None:
         """One reaction to one edit transaction, re-evaluating each affected tree once."""
         self.stats.reactions += 1
+        self._drop_aheads(pending_only=True)  # queued with what the edit may have changed
         affected: set[int] = set()
         for job_id in change.deleted:
             node = self.tree.get(job_id)

@@ -55,6 +55,9 @@ class Trigger(enum.StrEnum):
 
 
 class RunState(enum.StrEnum):
+    # Queued ahead: the next task of a sequence, claimable only once the run it
+    # follows (``after_run_id``) ends with a status its box goes on after.
+    PENDING = "pending"
     QUEUED = "queued"
     RUNNING = "running"
     WAITING = "waiting"
@@ -70,7 +73,7 @@ class RunState(enum.StrEnum):
 
 
 ACTIVE_RUN_STATES = frozenset({RunState.QUEUED, RunState.RUNNING, RunState.WAITING})
-FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES)
+FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES - {RunState.PENDING})
 
 KILLED_STATUS = 255
 TIMEOUT_STATUS = 124
@@ -185,6 +188,8 @@ class RunRecord:
     max_log_files: int | None = None
     lease_until: datetime | None = None
     kill_requested: bool = False
+    after_run_id: int | None = None
+    after_ok_only: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

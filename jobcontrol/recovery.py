@@ -43,6 +43,8 @@ def recover_lost_runs(
     lease. Returns how many runs were lost.
     """
     now = clock.now()
+    with store.write() as conn:
+        queries.drop_pending(conn)  # runs queued ahead by the previous dispatcher
     with store.read() as conn:
         active = queries.active_runs(conn)
         workers = {r.worker for r in active if r.worker}

@@ -68,6 +68,8 @@ class Frame:
     prev: Node | None = None
     waiting: bool = False
     waited_index: int = -1
+    # The next task of this box queued ahead: (its job id, its run id).
+    ahead: tuple[int, int] | None = None
 
 
 def final_state(status: int, killed: bool) -> RunState:
@@ -157,18 +159,28 @@ class RunMachine:
                 self._insert_run(node, parent, tr, RunState.SKIPPED, now, reason="inactive")
             return 0
         is_task = job.kind is Kind.TASK
-        state = RunState.QUEUED if is_task else RunState.RUNNING
-        run_id = self._insert_run(node, parent, tr, state, now)
+        adopted = self._adopt_ahead(node, parent) if is_task else None
+        if adopted is not None:
+            run_id, state = adopted.id, adopted.state
+        else:
+            state = RunState.QUEUED if is_task else RunState.RUNNING
+            run_id = self._insert_run(node, parent, tr, state, now)
         if parent is None:
             tr.root_run_id = run_id
         frame = Frame(node=node, run_id=run_id, parent=parent, tree_run=tr, started=now)
         self.frames[run_id] = frame
         self._set_job_state(node, JobState.RUNNING, now, run_id)
-        self.tx.after(lambda: events.run_started.send(self, run=run_info(run_id, node, tr, state)))
+        shown = RunState.QUEUED if state.is_final else state
+        self.tx.after(lambda: events.run_started.send(self, run=run_info(run_id, node, tr, shown)))
         if is_task:
             log.info("Running Task %s", job.name)
             tr.current_task = frame
-            self.tx.offers.append(run_id)
+            if adopted is not None and adopted.state.is_final:
+                tr.current_task = None  # it ran and ended before we got here
+                return self._finish(frame, adopted.exit_status or 0, adopted.state)
+            if state is RunState.QUEUED:
+                self.tx.offers.append(run_id)
+            self._queue_ahead(frame)
             return None
         log.debug("Entering Box %s", job.name)
         frame.children = sorted(node.children, key=sort_key)
@@ -183,6 +195,7 @@ class RunMachine:
         state: RunState,
         now: datetime,
         reason: str | None = None,
+        after: tuple[int, bool] | None = None,
     ) -> int:
         job = node.job
         values: dict[str, Any] = {
@@ -209,9 +222,68 @@ class RunMachine:
                 timeout_s=job.timeout_s,
                 max_log_files=job.max_log_files,
             )
+            if after is not None:
+                values.update(after_run_id=after[0], after_ok_only=after[1])
         else:
             values["started"] = now
         return queries.insert_run(self.tx.conn, values)
+
+    # ------------------------------------------------------------ queued ahead
+
+    def _queue_ahead(self, task: Frame) -> None:
+        """Queue the box's next task now, claimable once this one ends as the box goes on.
+
+        The worker that records this task's end claims the next in the same
+        transaction and starts it at once; this dispatcher adopts that run when it
+        reacts, so the tree's semantics stay here (DESIGN "Components").
+        """
+        box, tr = task.parent, task.tree_run
+        if box is None or tr.killed or box.ahead is not None:
+            return
+        if box.node.job.box_type is BoxType.TIMED and not tr.immediate:
+            return  # its children may have to wait for their times
+        at = box.index + 1
+        if at >= len(box.children):
+            return
+        nxt = box.children[at]
+        if nxt.parent is not box.node or nxt.job.kind is not Kind.TASK or not nxt.job.active:
+            return
+        ok_only = box.node.job.on_error is OnError.ABORT
+        run_id = self._insert_run(
+            nxt, box, tr, RunState.PENDING, self.clock.now(), after=(task.run_id, ok_only)
+        )
+        box.ahead = (nxt.id, run_id)
+
+    def _adopt_ahead(self, node: Node, box: Frame | None) -> RunRecord | None:
+        """The run queued ahead for ``node``, released by its predecessor's end; else None."""
+        if box is None or box.ahead is None:
+            return None
+        job_id, run_id = box.ahead
+        box.ahead = None
+        if job_id == node.id:
+            row = queries.get_run(self.tx.conn, run_id)
+            if row is not None and row.state is not RunState.PENDING:
+                return row
+        # Not released (its predecessor was settled, not finished) or not the one due.
+        self._cancel_ahead(run_id)
+        return None
+
+    def _cancel_ahead(self, run_id: int) -> None:
+        """A run queued ahead must not run: forget it, or stop it if a worker has it."""
+        if not queries.drop_pending(self.tx.conn, run_id):
+            self._stop_task_run(run_id, "cancelled: its box stopped before it")
+
+    def _drop_aheads(self, tr: TreeRun | None = None, *, pending_only: bool = False) -> None:
+        """Forget the runs queued ahead (of one tree run, or every one)."""
+        for frame in list(self.frames.values()):
+            if frame.ahead is None or (tr is not None and frame.tree_run is not tr):
+                continue
+            _, run_id = frame.ahead
+            if queries.drop_pending(self.tx.conn, run_id):
+                frame.ahead = None
+            elif not pending_only:
+                frame.ahead = None
+                self._cancel_ahead(run_id)
 
     def _advance(self, frame: Frame) -> int | None:
         """Run a box's children in order from ``frame.index``; its status when it is done."""
@@ -302,6 +374,9 @@ class RunMachine:
         ``recorded``: the state a task's run row already says (its worker wrote it).
         """
         node, tr = frame.node, frame.tree_run
+        if frame.ahead is not None:
+            self._cancel_ahead(frame.ahead[1])
+            frame.ahead = None
         status = frame.exit_status if status is None else status
         if tr.killed and node.job.kind is Kind.BOX:
             status = KILLED_STATUS
@@ -372,6 +447,7 @@ class RunMachine:
             return
         tr.killed = True
         log.debug("Killing run %s for %s", tr.root_run_id, tr.root.job.name)
+        self._drop_aheads(tr)  # before the kill: the killed task's end must release nothing
         task = tr.current_task
         if task is not None:
             self._kill_task(task, f"killed by {user}")
@@ -385,29 +461,27 @@ class RunMachine:
 
     def _kill_task(self, task: Frame, reason: str) -> None:
         """A queued task run is cancelled here; a running one is asked of its worker."""
-        conn, run_id = self.tx.conn, task.run_id
-        now = self.clock.now()
-        cancelled = queries.transition_run(
-            conn,
-            run_id,
-            [RunState.QUEUED],
-            {
-                "state": RunState.KILLED,
-                "exit_status": KILLED_STATUS,
-                "ended": now,
-                "duration_ms": 0,
-                "reason": reason,
-            },
-        )
-        if cancelled:
+        if self._stop_task_run(task.run_id, reason):
             task.tree_run.current_task = None
             self._propagate(task, self._finish(task, KILLED_STATUS))
-            return
+        # Otherwise its end is on its way (wake-up or back-up poll).
+
+    def _stop_task_run(self, run_id: int, reason: str) -> bool:
+        """Cancel a queued task run (True), or ask its worker to kill a running one."""
+        conn, now = self.tx.conn, self.clock.now()
+        killed = {
+            "state": RunState.KILLED,
+            "exit_status": KILLED_STATUS,
+            "ended": now,
+            "duration_ms": 0,
+            "reason": reason,
+        }
+        if queries.transition_run(conn, run_id, [RunState.QUEUED], killed):
+            return True
         if runqueue.request_kill(conn, run_id):
             store = self.store
             self.tx.after(lambda: events.kill_requested.send(store, run_id=run_id, reason=reason))
-            return
-        # It ended meanwhile: its end is on its way (wake-up or back-up poll).
+        return False
 
     # ------------------------------------------------------------ leases
 

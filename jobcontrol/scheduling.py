@@ -72,6 +72,7 @@ class TimerMachine:
             state: RunState,
             now: datetime,
             reason: str | None = None,
+            after: tuple[int, bool] | None = None,
         ) -> int: ...
 
     def _evaluator(self) -> Evaluator:

@@ -1,4 +1,4 @@
-"""worker registry and run leases
+"""worker registry, run leases, runs queued ahead
 
 Revision ID: 0003
 Revises: 0002
@@ -36,11 +36,17 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("run") as batch:
         batch.add_column(sa.Column("lease_until", sa.DateTime(), nullable=True))
+        batch.add_column(sa.Column("after_run_id", sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column("after_ok_only", sa.Boolean(), nullable=True))
     op.create_index("ix_run_worker", "run", ["worker", "state"], unique=False)
+    op.create_index("ix_run_after", "run", ["after_run_id"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_run_after", table_name="run")
     op.drop_index("ix_run_worker", table_name="run")
     with op.batch_alter_table("run") as batch:
+        batch.drop_column("after_ok_only")
+        batch.drop_column("after_run_id")
         batch.drop_column("lease_until")
     op.drop_table("worker")

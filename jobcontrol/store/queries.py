@@ -285,6 +285,7 @@ _RUN_JSON = ("env",)
 def run_from_row(row: Row[Any]) -> RunRecord:
     m = dict(row._mapping)
     m["kill_requested"] = bool(m.get("kill_requested"))
+    m["after_ok_only"] = bool(m.get("after_ok_only"))
     m["kind"] = Kind(m["kind"])
     m["trigger"] = Trigger(m["trigger"])
     m["state"] = RunState(m["state"])
@@ -346,7 +347,10 @@ def unfinished_tree_runs(conn: Connection) -> list[RunRecord]:
     """Every run of every tree run whose root is still active, oldest first."""
     active = [str(s) for s in ACTIVE_RUN_STATES]
     roots = select(run.c.id).where(run.c.parent_run_id.is_(None), run.c.state.in_(active))
-    stmt = select(run).where(or_(run.c.id.in_(roots), run.c.root_run_id.in_(roots)))
+    stmt = select(run).where(
+        or_(run.c.id.in_(roots), run.c.root_run_id.in_(roots)),
+        run.c.state != str(RunState.PENDING),
+    )
     return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
 
 
@@ -361,7 +365,7 @@ def job_history(
     conn: Connection, job_id: int, *, limit: int = 50, before_id: int | None = None
 ) -> list[RunRecord]:
     """A job's runs, newest first, keyset-paginated (``before_id`` = last id of the previous page)."""
-    stmt = select(run).where(run.c.job_id == job_id)
+    stmt = select(run).where(run.c.job_id == job_id, run.c.state != str(RunState.PENDING))
     if before_id is not None:
         stmt = stmt.where(run.c.id < before_id)
     stmt = stmt.order_by(run.c.id.desc()).limit(limit)
@@ -369,8 +373,19 @@ def job_history(
 
 
 def runs_of_tree_run(conn: Connection, root_run_id: int) -> list[RunRecord]:
-    stmt = select(run).where(or_(run.c.root_run_id == root_run_id, run.c.id == root_run_id))
+    stmt = select(run).where(
+        or_(run.c.root_run_id == root_run_id, run.c.id == root_run_id),
+        run.c.state != str(RunState.PENDING),
+    )
     return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
+
+
+def drop_pending(conn: Connection, run_id: int | None = None) -> int:
+    """Forget a run queued ahead that never became claimable (all of them without an id)."""
+    stmt = delete(run).where(run.c.state == str(RunState.PENDING))
+    if run_id is not None:
+        stmt = stmt.where(run.c.id == run_id)
+    return int(conn.execute(stmt).rowcount)
 
 
 def log_paths_to_prune(conn: Connection, job_id: int, keep: int) -> list[tuple[int, str]]:

@@ -53,10 +53,12 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Finished:
-    """The result of ``finish``: whether the outcome was recorded, and logs to prune."""
+    """The result of ``finish``: whether the outcome was recorded, logs to prune, and the
+    run queued ahead after it, now claimed by the same worker (or None)."""
 
     recorded: bool
     stale_logs: list[str] = field(default_factory=list)
+    next: RunRecord | None = None
 
 
 _CLAIM_BY_ID = (
@@ -91,6 +93,31 @@ _RECORD_PID = (
     .values(pid=bindparam("v_pid"), log_path=bindparam("v_log"))
 )
 _RENEW = update(run).where(_HELD).values(lease_until=bindparam("v_lease"))
+
+
+def _successor(ok: bool) -> Any:
+    """The run queued ahead after ``w_id`` that the end just recorded releases."""
+    cond = and_(run.c.after_run_id == bindparam("w_id"), run.c.state == str(RunState.PENDING))
+    return cond if ok else and_(cond, run.c.after_ok_only.is_(False))
+
+
+# Released and claimed in one statement: the worker runs it next, with no hop.
+_TAKE_NEXT = {
+    ok: update(run)
+    .where(_successor(ok))
+    .values(
+        state=str(RunState.RUNNING),
+        started=bindparam("v_started"),
+        worker=bindparam("v_worker"),
+        host=bindparam("v_host"),
+        lease_until=bindparam("v_lease"),
+    )
+    .returning(*run.c)
+    for ok in (True, False)
+}
+_RELEASE_NEXT = {
+    ok: update(run).where(_successor(ok)).values(state=str(RunState.QUEUED)) for ok in (True, False)
+}
 _BEAT = update(worker).where(worker.c.name == bindparam("w_worker"))
 
 
@@ -204,18 +231,36 @@ class RunQueue:
             return conn.execute(_RECORD_PID, params).rowcount == 1
 
     def finish(
-        self, run_id: int, name: str, values: dict[str, Any], default_max_log_files: int
+        self,
+        run_id: int,
+        name: str,
+        values: dict[str, Any],
+        default_max_log_files: int,
+        *,
+        take_next: tuple[str, datetime] | None = None,
     ) -> Finished:
         """Record a task run's outcome, compare-and-set from running under this worker.
 
         ``values`` are the run row's final columns. Returns whether it was recorded
         (False: the run was settled meanwhile, e.g. its lease ran out) and the log
         files past the job's ``max_log_files`` to delete once committed.
+
+        In the same transaction, the run queued ahead after this one (the next task
+        of its sequence) becomes claimable if the status lets its box go on; with
+        ``take_next`` (host, now) this worker claims it at once and gets it back.
         """
+        ok = values.get("exit_status") == 0
         with self.store.write() as conn:
             if not finish_run(conn, run_id, name, values):
                 return Finished(False)
-            return Finished(True, prune_logs(conn, run_id, values, default_max_log_files))
+            stale = prune_logs(conn, run_id, values, default_max_log_files)
+            if take_next is None:
+                conn.execute(_RELEASE_NEXT[ok], {"w_id": run_id})
+                return Finished(True, stale)
+            host, now = take_next
+            params = {"w_id": run_id, "v_started": now, "v_worker": name, "v_host": host}
+            row = conn.execute(_TAKE_NEXT[ok], {**params, "v_lease": now + self.lease}).first()
+            return Finished(True, stale, queries.run_from_row(row) if row else None)
 
     def kill_requested(self, run_id: int) -> bool:
         with self.store.read() as conn:

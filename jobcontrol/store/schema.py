@@ -120,10 +120,15 @@ run = Table(
     Column("kill_requested", Boolean, nullable=False, default=False),
     # Until when the worker holding a running task run vouches for it (renewed by heartbeats).
     Column("lease_until", UTCDateTime),
+    # A run queued ahead (state pending) becomes claimable when this run ends, and
+    # with ``after_ok_only`` only when it ends with status 0.
+    Column("after_run_id", BigInteger),
+    Column("after_ok_only", Boolean),
     Index("ix_run_job_history", "job_id", "id"),
     Index("ix_run_claim", "state", "queue", "priority", "id"),
     Index("ix_run_parent", "parent_run_id"),
     Index("ix_run_worker", "worker", "state"),
+    Index("ix_run_after", "after_run_id"),
 )
 
 # Every worker that ever joined: the embedded one of each daemon start, and remote ones.

@@ -31,7 +31,7 @@ from jobcontrol import events, procs
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
 from jobcontrol.outage import Outage
-from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+from jobcontrol.store.runqueue import Finished, RunQueue, WorkerInfo
 from jobcontrol.timers import Clock
 
 log = logging.getLogger(__name__)
@@ -312,9 +312,12 @@ class Worker:
                 continue
             if run_id is None:
                 self.wake()  # found by polling: there may be more
-            self._execute(claimed[0])
+            run: RunRecord | None = claimed[0]
+            while run is not None:  # the next task of a sequence comes with this one's end
+                run = self._execute(run)
 
-    def _execute(self, run: RunRecord) -> None:
+    def _execute(self, run: RunRecord) -> RunRecord | None:
+        """Run one task run to its recorded end; the run claimed with that end, if any."""
         active = _Active(run)
         with self._cond:
             self._active[run.id] = active
@@ -325,9 +328,9 @@ class Worker:
         try:
             if active.kill_reason is not None:
                 outcome = TaskOutcome(KILLED_STATUS, RunState.KILLED, None, active.kill_reason)
-                return
-            log_path = self._log_path(run, started)
-            outcome = self._spawn_and_wait(active, log_path)
+            else:
+                log_path = self._log_path(run, started)
+                outcome = self._spawn_and_wait(active, log_path)
         except Exception as exc:
             log.exception("task run %s (%s) failed to run", run.id, run.job_name)
             outcome = TaskOutcome(1, RunState.FAILED, None, f"could not run: {exc}")
@@ -335,7 +338,8 @@ class Worker:
             # Always record the outcome, whatever happened above.
             if outcome is None:
                 outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
-            self._finish(active, outcome, started, log_path)
+            following = self._finish(active, outcome, started, log_path)
+        return following
 
     def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
         run = active.run
@@ -406,8 +410,11 @@ class Worker:
 
     def _finish(
         self, active: _Active, outcome: TaskOutcome, started: datetime, log_path: Path | None
-    ) -> None:
-        """Record the outcome in the worker's own transaction, retried through outages."""
+    ) -> RunRecord | None:
+        """Record the outcome in the worker's own transaction, retried through outages.
+
+        Returns the next task of the sequence, claimed in the same transaction.
+        """
         active.finishing = True
         kept: str | None = None
         if log_path is not None:
@@ -431,17 +438,27 @@ class Worker:
             "lease_until": None,
         }
         run_id = active.run.id
-        try:
-            result = self._retry(
-                f"record the end of task run {run_id}",
-                lambda: self.runqueue.finish(run_id, self.name, values, self.default_max_log_files),
+        # Take the next task along unless stopping, or it may be for a queue not served here.
+        take = self.queues is None and not self._stopping
+
+        def finish() -> Finished:
+            now = self.clock.now()
+            return self.runqueue.finish(
+                run_id,
+                self.name,
+                values,
+                self.default_max_log_files,
+                take_next=(self.host, now) if take else None,
             )
+
+        try:
+            result = self._retry(f"record the end of task run {run_id}", finish)
         finally:
             with self._cond:
                 self._active.pop(run_id, None)
                 self._cond.notify_all()
         if result is None:
-            return
+            return None
         if not result.recorded:
             log.warning(
                 "task run %s ended (%s %s) after it had been settled: its end is not recorded",
@@ -451,6 +468,8 @@ class Worker:
             )
         _delete_logs(result.stale_logs)
         events.task_finished.send(self.store, run_id=run_id)
+        following: RunRecord | None = result.next
+        return following
 
     def _retry(self, what: str, fn: Any) -> Any:
         """``fn()`` until the database answers; None if the worker is stopping past hope."""
