@@ -61,16 +61,18 @@ class Finished:
     next: RunRecord | None = None
 
 
+# What a claim writes: the run is this worker's, from now, under a lease.
+_CLAIMED = {
+    "state": str(RunState.RUNNING),
+    "started": bindparam("v_started"),
+    "worker": bindparam("v_worker"),
+    "host": bindparam("v_host"),
+    "lease_until": bindparam("v_lease"),
+}
 _CLAIM_BY_ID = (
     update(run)
     .where(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
-    .values(
-        state=str(RunState.RUNNING),
-        started=bindparam("v_started"),
-        worker=bindparam("v_worker"),
-        host=bindparam("v_host"),
-        lease_until=bindparam("v_lease"),
-    )
+    .values(_CLAIMED)
     .returning(*run.c)
 )
 
@@ -103,17 +105,7 @@ def _successor(ok: bool) -> Any:
 
 # Released and claimed in one statement: the worker runs it next, with no hop.
 _TAKE_NEXT = {
-    ok: update(run)
-    .where(_successor(ok))
-    .values(
-        state=str(RunState.RUNNING),
-        started=bindparam("v_started"),
-        worker=bindparam("v_worker"),
-        host=bindparam("v_host"),
-        lease_until=bindparam("v_lease"),
-    )
-    .returning(*run.c)
-    for ok in (True, False)
+    ok: update(run).where(_successor(ok)).values(_CLAIMED).returning(*run.c) for ok in (True, False)
 }
 _RELEASE_NEXT = {
     ok: update(run).where(_successor(ok)).values(state=str(RunState.QUEUED)) for ok in (True, False)
