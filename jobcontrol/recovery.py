@@ -22,7 +22,7 @@ from jobcontrol.timers import Clock
 log = logging.getLogger("jobcontrol.dispatcher")
 
 
-def worker_alive(worker: dict[str, Any] | None, host: str, now: datetime) -> bool:
+def worker_alive(worker: dict[str, Any] | None, host: str) -> bool:
     """Whether the worker can still vouch for its runs."""
     if worker is None or worker.get("stopped") is not None:
         return False
@@ -55,7 +55,7 @@ def recover_lost_runs(
         if r.kind is Kind.TASK
         and r.state is RunState.RUNNING
         and (
-            worker_alive(registry.get(r.worker or ""), host, now)
+            worker_alive(registry.get(r.worker or ""), host)
             or (r.host != host and r.lease_until is not None and r.lease_until > now)
         )
     }

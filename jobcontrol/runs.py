@@ -432,10 +432,10 @@ class RunMachine:
 
     def _reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""
-        tasks = [tr.current_task for tr in self.tree_runs.values() if tr.current_task]
-        if not tasks:
+        run_ids = [tr.current_task.run_id for tr in self.tree_runs.values() if tr.current_task]
+        if not run_ids:
             return
-        rows = queries.get_runs(self.tx.conn, [f.run_id for f in tasks if f is not None])
+        rows = queries.get_runs(self.tx.conn, run_ids)
         for row in rows:
             frame = self.frames.get(row.id)
             if frame is not None and row.state not in ACTIVE_RUN_STATES:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, bindparam, func, select, update
+from sqlalchemy import Connection, Select, and_, bindparam, select, update
 
 from jobcontrol.model import RunRecord, RunState
 from jobcontrol.store import Store, queries
@@ -146,29 +146,23 @@ class RunQueue:
         with self.store.write() as conn:
             conn.execute(update(worker).where(worker.c.name == name).values(stopped=now))
 
-    def heartbeat(self, name: str, now: datetime) -> Heartbeat:
-        """Say the worker lives, renew the lease of every run it holds, and hear of kills."""
+    def heartbeat(self, name: str, now: datetime, mine: Sequence[int] = ()) -> Heartbeat:
+        """Say the worker lives, renew the lease of every run it holds, and hear of kills
+        and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile."""
         with self.store.write() as conn:
             conn.execute(_BEAT.values(heartbeat=now), {"w_worker": name})
             conn.execute(_RENEW, {"w_worker": name, "v_lease": now + self.lease})
             rows = conn.execute(
-                select(run.c.id).where(
-                    run.c.worker == name,
-                    run.c.state == str(RunState.RUNNING),
-                    run.c.kill_requested.is_(True),
-                )
+                select(run.c.id).where(_HELD, run.c.kill_requested.is_(True)), {"w_worker": name}
             )
-            return Heartbeat(kill=[r.id for r in rows])
+            kill = [r.id for r in rows]
+            held = set(_held(conn, name, mine))
+            return Heartbeat(kill=kill, settled=[r for r in mine if r not in held])
 
     def holds(self, name: str, run_ids: Sequence[int]) -> list[int]:
         """Which of ``run_ids`` are still running under this worker (the others were settled)."""
-        if not run_ids:
-            return []
         with self.store.read() as conn:
-            rows = conn.execute(
-                select(run.c.id).where(run.c.id.in_(list(run_ids)), _HELD), {"w_worker": name}
-            )
-            return [r.id for r in rows]
+            return _held(conn, name, run_ids)
 
     # ---------------------------------------------------------- claiming
 
@@ -254,13 +248,15 @@ class RunQueue:
             row = conn.execute(_TAKE_NEXT[ok], {**params, "v_lease": now + self.lease}).first()
             return Finished(True, stale, queries.run_from_row(row) if row else None)
 
-    def kill_requested(self, run_id: int) -> bool:
-        with self.store.read() as conn:
-            value = conn.execute(select(run.c.kill_requested).where(run.c.id == run_id)).scalar()
-            return bool(value)
-
 
 # ------------------------------------------------------------------ statements
+
+
+def _held(conn: Connection, name: str, run_ids: Sequence[int]) -> list[int]:
+    if not run_ids:
+        return []
+    stmt = select(run.c.id).where(run.c.id.in_(list(run_ids)), _HELD)
+    return [r.id for r in conn.execute(stmt, {"w_worker": name})]
 
 
 def finish_run(conn: Connection, run_id: int, name: str, values: dict[str, Any]) -> bool:
@@ -361,8 +357,3 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
 def get_worker(conn: Connection, name: str) -> dict[str, Any] | None:
     row = conn.execute(select(worker).where(worker.c.name == name)).first()
     return dict(row._mapping) if row else None
-
-
-def count_running(conn: Connection) -> int:
-    stmt = select(func.count()).select_from(run).where(run.c.state == str(RunState.RUNNING))
-    return int(conn.execute(stmt).scalar_one())

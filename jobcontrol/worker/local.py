@@ -166,10 +166,6 @@ class Worker:
         except StoreUnavailable as exc:
             log.warning("worker %s could not record that it stopped: %s", self.name, exc)
 
-    def running_count(self) -> int:
-        with self._cond:
-            return len(self._active)
-
     def kill_all(self, reason: str) -> None:
         """Kill every run in hand (daemon shutdown with --kill)."""
         with self._cond:
@@ -246,15 +242,14 @@ class Worker:
         with self._cond:
             mine = [rid for rid, a in self._active.items() if not a.finishing]
         try:
-            beat = self.runqueue.heartbeat(self.name, self.clock.now())
-            held = self.runqueue.holds(self.name, mine)
+            beat = self.runqueue.heartbeat(self.name, self.clock.now(), mine)
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return
         self.outage.recovered()
         for run_id in beat.kill:
             self.kill(run_id, "killed")
-        for run_id in set(mine) - set(held):
+        for run_id in beat.settled:
             with self._cond:
                 active = self._active.get(run_id)
                 if active is None or active.finishing:
