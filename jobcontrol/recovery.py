@@ -27,7 +27,10 @@ def worker_alive(worker: dict[str, Any] | None, host: str) -> bool:
     if worker is None or worker.get("stopped") is not None:
         return False
     if worker["host"] == host:
-        start = procs.start_time(int(worker["pid"]))
+        pid = int(worker["pid"])
+        if not procs.pid_alive(pid):  # a zombie (killed, not yet reaped) is dead too
+            return False
+        start = procs.start_time(pid)
         return start is not None and (
             worker.get("proc_start") is None or start == worker["proc_start"]
         )

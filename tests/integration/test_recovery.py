@@ -170,3 +170,24 @@ def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
     jc.advance(10)
     assert jc.rec.run_finished("Ticker", since=mark)["exit_status"] == 0
     assert os.path.exists(jc.log_root)
+
+
+def test_a_worker_killed_but_not_yet_reaped_cannot_vouch_for_its_runs() -> None:
+    """A zombie keeps its /proc entry and start time: recovery must still count it dead."""
+    import socket
+
+    from jobcontrol.procs import start_time
+    from jobcontrol.recovery import worker_alive
+
+    host = socket.gethostname()
+    child = subprocess.Popen(["sleep", "100"])
+    try:
+        row = {"host": host, "pid": child.pid, "proc_start": start_time(child.pid), "stopped": None}
+        assert worker_alive(row, host)
+        child.kill()
+        poll_until("the worker to be a zombie", lambda: not pid_alive(child.pid))
+        assert start_time(child.pid) is not None  # still in /proc, unreaped
+        assert not worker_alive(row, host)
+    finally:
+        child.kill()
+        child.wait(WAIT)
