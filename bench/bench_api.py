@@ -36,11 +36,11 @@ from sqlalchemy import bindparam, update
 from jobcontrol import DispatcherConfig, Engine, Store, __version__
 from jobcontrol.api.deps import ApiContext
 from jobcontrol.api.server import ApiServer
-from jobcontrol.eventlog import EventLog
 from jobcontrol.runtime import Runtime
+from jobcontrol.service.eventlog import EventLog
+from jobcontrol.service.users import Role, add_user
 from jobcontrol.store import queries
 from jobcontrol.store.schema import job
-from jobcontrol.users import Role, add_user
 
 TREES = 100
 CLIENTS = 20

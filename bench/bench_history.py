@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from jobcontrol.engine import Engine
+from jobcontrol.service.engine import Engine
 from jobcontrol.store import Store
 from jobcontrol.store.schema import job, run
 

@@ -1,3 +1,3 @@
-from jobcontrol.cli import main
+from jobcontrol.cli.main import main
 
 raise SystemExit(main())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import logging.handlers
 import os
@@ -29,26 +28,21 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import procs
-from jobcontrol.dispatcher import Dispatcher, DispatcherConfig
+from jobcontrol import places, procs
+from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, queries, redact
 
 if TYPE_CHECKING:
     from jobcontrol.api.server import ApiServer
-    from jobcontrol.eventlog import EventLog
-    from jobcontrol.metrics import RunMetrics
+    from jobcontrol.service.eventlog import EventLog
+    from jobcontrol.service.metrics import RunMetrics
 
 log = logging.getLogger(__name__)
 
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
 DEFAULT_PORT = 8640
-
-
-def state_dir_default() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "jobcontrol"
 
 
 @dataclass
@@ -67,11 +61,11 @@ class DaemonOptions:
 
     @property
     def tag(self) -> str:
-        return hashlib.sha256(self.db_url.encode()).hexdigest()[:10]
+        return places.daemon_tag(self.db_url)
 
     @property
     def pid_file(self) -> Path:
-        return self.state_dir / f"daemon-{self.tag}.pid"
+        return places.pid_file(self.state_dir, self.db_url)
 
     @property
     def log_file(self) -> Path:
@@ -80,7 +74,7 @@ class DaemonOptions:
     @property
     def url_file(self) -> Path:
         """Where a running daemon leaves its admin API's URL for clients to find."""
-        return self.state_dir / f"daemon-{self.tag}.url"
+        return places.url_file(self.state_dir, self.db_url)
 
     @property
     def task_logs(self) -> Path:
@@ -193,20 +187,7 @@ class PidFile:
     @staticmethod
     def read_live(path: Path) -> int | None:
         """The pid of the daemon holding ``path``, or None if no live daemon holds it."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                content = os.pread(fd, 64, 0).decode().strip()
-                return int(content) if content.isdigit() else None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None  # stale: nobody holds it
-        finally:
-            os.close(fd)
+        return places.live_pid(path)
 
 
 def configure_logging(level: str, stream: TextIO | None = None, file: Path | None = None) -> None:
@@ -263,14 +244,16 @@ class Daemon:
         from jobcontrol import __version__
         from jobcontrol.api.deps import ApiContext
         from jobcontrol.api.server import ApiServer
-        from jobcontrol.engine import Engine
-        from jobcontrol.eventlog import EventLog
-        from jobcontrol.metrics import RunMetrics
-        from jobcontrol.users import default_config_dir, ensure_admin_token
+        from jobcontrol.service.engine import Engine
+        from jobcontrol.service.eventlog import EventLog
+        from jobcontrol.service.metrics import RunMetrics
+        from jobcontrol.service.users import ensure_admin_token
 
         dispatcher = runtime.dispatcher
 
-        token_file = ensure_admin_token(self.store, self.opts.config_dir or default_config_dir())
+        token_file = ensure_admin_token(
+            self.store, self.opts.config_dir or places.default_config_dir()
+        )
         if token_file is not None:
             log.warning("first start: created user 'admin'; its token is in %s", token_file)
         self.eventlog = EventLog(dispatcher)

@@ -11,11 +11,11 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from jobcontrol.dispatcher import Dispatcher, DispatcherConfig
+from jobcontrol.clock import Clock, TimerService
+from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.outage import OutageState
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue
-from jobcontrol.timers import Clock, TimerService
 from jobcontrol.worker import Worker
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """``jobcontrol-admin``: the Qt admin client of Job Control (Inq's jcAdmin, and more).
 
-It talks to a daemon only through the admin API (``jobcontrol.client``) and its
+It talks to a daemon only through the admin API (``jobcontrol.client.api``) and its
 event stream, on worker threads: the GUI thread never waits on the network.
 
 * ``session``: API calls on worker threads, results delivered on the GUI thread;

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from jobcontrol.cli_online import locate
+from jobcontrol.client.locate import locate
 from jobcontrol.errors import JobControlError
 from jobcontrol_admin.session import Session
 

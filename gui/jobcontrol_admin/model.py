@@ -368,7 +368,7 @@ class JobTreeModel(QAbstractItemModel):
         self.changed.emit()
 
     def apply(self, events: Iterable[Event], *, order: bool = True) -> None:
-        """Apply events in order (the client side of ``jobcontrol.eventlog``'s contract).
+        """Apply events in order (the client side of ``jobcontrol.service.eventlog``'s contract).
 
         With ``order=False`` rows whose place changed stay where they are until
         ``put_in_order`` (the window paces it: each re-order lays the view out again).

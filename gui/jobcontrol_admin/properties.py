@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from jobcontrol.client import ApiError
-from jobcontrol.durations import format_duration, parse_duration
+from jobcontrol.definitions.durations import format_duration, parse_duration
 from jobcontrol_admin.formats import format_time, parse_time
 from jobcontrol_admin.model import JobTreeModel
 from jobcontrol_admin.session import Session

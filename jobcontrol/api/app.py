@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from jobcontrol.api import definitions, jobs, runs, stream, system, workers
 from jobcontrol.api.bodies import MAX_BODY_BYTES
 from jobcontrol.api.deps import ApiContext, install_error_handlers, require
-from jobcontrol.users import Action, User
+from jobcontrol.service.users import Action, User
 
 
 def create_app(ctx: ApiContext) -> FastAPI:

@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES, JobName, NoNul, Strict
 from jobcontrol.api.deps import Context, require
-from jobcontrol.loader import export_definitions, load_definitions
-from jobcontrol.users import Action, User
+from jobcontrol.service.loader import export_definitions, load_definitions
+from jobcontrol.service.users import Action, User
 
 router = APIRouter(prefix="/api/v1", tags=["definitions"], max_body_size=MAX_BODY_BYTES)
 

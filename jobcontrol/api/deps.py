@@ -15,9 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jobcontrol import audit
-from jobcontrol.dispatcher import Dispatcher
-from jobcontrol.engine import Engine
+from jobcontrol.dispatch.dispatcher import Dispatcher
 from jobcontrol.errors import (
     AlreadyRunningError,
     BusyError,
@@ -32,10 +30,12 @@ from jobcontrol.errors import (
     UnknownUserError,
     ValidationError,
 )
-from jobcontrol.eventlog import EventLog
-from jobcontrol.metrics import RunMetrics
+from jobcontrol.service import audit
+from jobcontrol.service.engine import Engine
+from jobcontrol.service.eventlog import EventLog
+from jobcontrol.service.metrics import RunMetrics
+from jobcontrol.service.users import Action, User, authenticate
 from jobcontrol.store import Store
-from jobcontrol.users import Action, User, authenticate
 
 log = logging.getLogger(__name__)
 

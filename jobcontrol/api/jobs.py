@@ -25,12 +25,12 @@ from jobcontrol.api.bodies import (
 )
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.api.runs import run_json
-from jobcontrol.dispatcher import Dispatcher
-from jobcontrol.engine import JobChange, JobRef
+from jobcontrol.dispatch.dispatcher import Dispatcher
+from jobcontrol.dispatch.tree import Node
 from jobcontrol.errors import BusyError, UnknownJobError
 from jobcontrol.model import Kind
-from jobcontrol.tree import Node
-from jobcontrol.users import Action, User
+from jobcontrol.service.engine import JobChange, JobRef
+from jobcontrol.service.users import Action, User
 from jobcontrol.views import job_view
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], max_body_size=MAX_BODY_BYTES)

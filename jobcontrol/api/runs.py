@@ -21,8 +21,8 @@ from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.model import RunRecord
+from jobcontrol.service.users import Action, User
 from jobcontrol.store import queries
-from jobcontrol.users import Action, User
 
 router = APIRouter(prefix="/api/v1", tags=["runs"], max_body_size=MAX_BODY_BYTES)
 

@@ -19,8 +19,8 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
 from jobcontrol.api.deps import Context, require
-from jobcontrol.eventlog import Event, EventGap, EventLog
-from jobcontrol.users import Action, User
+from jobcontrol.service.eventlog import Event, EventGap, EventLog
+from jobcontrol.service.users import Action, User
 
 log = logging.getLogger(__name__)
 

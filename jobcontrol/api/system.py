@@ -11,11 +11,11 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
-from jobcontrol import audit
 from jobcontrol.api.deps import ApiContext, Context, require
-from jobcontrol.metrics import CONTENT_TYPE, RunMetrics
+from jobcontrol.service import audit
+from jobcontrol.service.metrics import CONTENT_TYPE, RunMetrics
+from jobcontrol.service.users import Action, User
 from jobcontrol.store import queries
-from jobcontrol.users import Action, User
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Depends
 
 from jobcontrol import views
 from jobcontrol.api.deps import Context, require
+from jobcontrol.service.users import Action, User
 from jobcontrol.store import runqueue
-from jobcontrol.users import Action, User
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -27,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from sqlalchemy.pool import NullPool
 
 from jobcontrol.errors import StoreError, StoreUnavailable
+from jobcontrol.places import normalise_url
 from jobcontrol.store import schema
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,6 @@ def wrap_error(exc: Exception) -> StoreError:
     ):
         return StoreUnavailable(message)
     return StoreError(message)
-
-
-def normalise_url(url_or_path: str) -> str:
-    """A bare path means a SQLite file; URLs pass through."""
-    if "://" in url_or_path:
-        return url_or_path
-    return f"sqlite:///{Path(url_or_path).expanduser().resolve()}"
 
 
 def redact(url: str) -> str:
@@ -238,9 +231,4 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-def default_db_path() -> str:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return str(Path(base) / "jobcontrol" / "jobcontrol.db")
-
-
-__all__ = ["Store", "alembic_config", "default_db_path", "normalise_url", "redact", "schema"]
+__all__ = ["Store", "alembic_config", "redact", "schema"]

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from jobcontrol import events, procs
+from jobcontrol.clock import Clock
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
 from jobcontrol.outage import Outage
 from jobcontrol.store.runqueue import Finished, RunQueue, WorkerInfo
-from jobcontrol.timers import Clock
 
 log = logging.getLogger(__name__)
 

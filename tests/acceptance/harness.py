@@ -287,7 +287,7 @@ class JobControl:
 
 def normalised_defs(text: str) -> list[tuple[Any, ...]]:
     """The definitions a YAML file means, without line numbers: (name, kind, parent, fields)."""
-    from jobcontrol.definitions import iter_defs, parse_definitions
+    from jobcontrol.definitions.parse import iter_defs, parse_definitions
 
     return [
         (d.name, str(d.kind), p.name if p else None, d.fields)

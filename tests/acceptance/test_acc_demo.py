@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jobcontrol.definitions import iter_defs, parse_definitions
+from jobcontrol.definitions.parse import iter_defs, parse_definitions
 from tests.acceptance.harness import DEMO_YAML, JobControl, wait_until
 
 DURATION = 31

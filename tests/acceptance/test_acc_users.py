@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from jobcontrol import users
+from jobcontrol.service import users
 from jobcontrol.store import Store
 from tests.acceptance.harness import TESTSETUP, JobControl, describe
 

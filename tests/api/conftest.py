@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 
 from jobcontrol.api.app import create_app
 from jobcontrol.api.deps import ApiContext
-from jobcontrol.eventlog import EventLog
-from jobcontrol.metrics import RunMetrics
-from jobcontrol.users import Role, add_user
+from jobcontrol.service.eventlog import EventLog
+from jobcontrol.service.metrics import RunMetrics
+from jobcontrol.service.users import Role, add_user
 from tests.conftest import MakeJC
 from tests.integration.helpers import JC
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from jobcontrol.audit import list_entries
-from jobcontrol.definitions import parse_definitions
+from jobcontrol.definitions.parse import parse_definitions
+from jobcontrol.service.audit import list_entries
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import pytest
 
-from jobcontrol.audit import list_entries
+from jobcontrol.service.audit import list_entries
 from tests.api.conftest import Api
 from tests.integration.helpers import box, task
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jobcontrol.api.stream import KEEPALIVE, event_stream
-from jobcontrol.eventlog import EventLog
+from jobcontrol.service.eventlog import EventLog
 from tests.api.conftest import Api
 from tests.integration.helpers import WAIT, poll_until, task
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from jobcontrol.audit import list_entries
+from jobcontrol.service.audit import list_entries
 from tests.api.conftest import Api
 from tests.integration.helpers import T0, task
 
@@ -109,14 +109,14 @@ def test_log_level_round_trip(api: Api) -> None:
     )
     assert response.status_code == 200
     assert response.json() == {"level": "DEBUG"}
-    assert logging.getLogger("jobcontrol.dispatcher").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("jobcontrol.dispatch.dispatcher").isEnabledFor(logging.DEBUG)
     got = api.client.get("/api/v1/log-level", headers=api.headers("viewer")).json()
     assert got == {"level": "DEBUG"}
 
     api.client.put("/api/v1/log-level", json={"level": "WARNING"}, headers=api.headers("admin"))
     got = api.client.get("/api/v1/log-level", headers=api.headers("viewer")).json()
     assert got == {"level": "WARNING"}
-    assert not logging.getLogger("jobcontrol.dispatcher").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("jobcontrol.dispatch.dispatcher").isEnabledFor(logging.INFO)
 
 
 @pytest.mark.usefixtures("restore_level")

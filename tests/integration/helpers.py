@@ -42,12 +42,12 @@ from jobcontrol import (
     Store,
 )
 from jobcontrol import events as jc_events
+from jobcontrol.clock import ManualClock, ManualTimers
+from jobcontrol.dispatch.tree import Node
 from jobcontrol.model import TreeState
 from jobcontrol.procs import find_marked, kill_tree
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import queries, schema
-from jobcontrol.timers import ManualClock, ManualTimers
-from jobcontrol.tree import Node
 
 WAIT = 10.0
 USER = "tester"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from jobcontrol import Batch, JobChange
-from jobcontrol.audit import AuditEntry, list_entries
 from jobcontrol.errors import ConflictError, DefinitionError, JobError, UnknownJobError
-from jobcontrol.loader import load_definitions
+from jobcontrol.service.audit import AuditEntry, list_entries
+from jobcontrol.service.loader import load_definitions
 from tests.integration.helpers import JC, USER, box, task
 
 pytestmark = pytest.mark.timeout(60)

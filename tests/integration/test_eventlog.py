@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobcontrol.eventlog import (
+from jobcontrol.service.eventlog import (
     Event,
     EventGap,
     EventLog,

@@ -34,7 +34,7 @@ from datetime import UTC
 from pathlib import Path
 from jobcontrol import DispatcherConfig, Engine, Store
 from jobcontrol.runtime import Runtime
-from jobcontrol.timers import ManualClock, ManualTimers
+from jobcontrol.clock import ManualClock, ManualTimers
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import T0
 
@@ -176,8 +176,8 @@ def test_a_worker_killed_but_not_yet_reaped_cannot_vouch_for_its_runs() -> None:
     """A zombie keeps its /proc entry and start time: recovery must still count it dead."""
     import socket
 
+    from jobcontrol.dispatch.recovery import worker_alive
     from jobcontrol.procs import start_time
-    from jobcontrol.recovery import worker_alive
 
     host = socket.gethostname()
     child = subprocess.Popen(["sleep", "100"])

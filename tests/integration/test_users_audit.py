@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from jobcontrol import audit, users
+from jobcontrol import places
 from jobcontrol.errors import (
     BadRoleError,
     BadUserNameError,
@@ -27,8 +27,9 @@ from jobcontrol.errors import (
     UnknownUserError,
     UserError,
 )
+from jobcontrol.service import audit, users
+from jobcontrol.service.users import Action, Role
 from jobcontrol.store import Store, alembic_config, queries, schema
-from jobcontrol.users import Action, Role
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,7 +125,7 @@ def test_first_start_writes_an_admin_token_0600_once(store: Store, tmp_path: Pat
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(config.stat().st_mode) == 0o700
     assert [p.name for p in config.iterdir()] == ["token"]  # no temporary file left
-    token = users.read_token_file(config)
+    token = places.read_token_file(config)
     assert token is not None
     admin = users.authenticate(store, token)
     assert admin is not None
@@ -133,7 +134,7 @@ def test_first_start_writes_an_admin_token_0600_once(store: Store, tmp_path: Pat
 
     # Users exist: nothing is made, the file is left alone.
     assert users.ensure_admin_token(store, config) is None
-    assert users.read_token_file(config) == token
+    assert places.read_token_file(config) == token
     assert [u.name for u in users.list_users(store)] == ["admin"]
 
 
@@ -145,10 +146,10 @@ def test_no_admin_token_when_users_already_exist(store: Store, tmp_path: Path) -
 
 def test_default_config_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "conf"))
-    assert users.default_config_dir() == tmp_path / "conf" / "jobcontrol"
+    assert places.default_config_dir() == tmp_path / "conf" / "jobcontrol"
     monkeypatch.delenv("XDG_CONFIG_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert users.default_config_dir() == tmp_path / "home" / ".config" / "jobcontrol"
+    assert places.default_config_dir() == tmp_path / "home" / ".config" / "jobcontrol"
 
 
 # ---------------------------------------------------------------- bad input

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobcontrol.commands import check_command
-from jobcontrol.definitions import (
+from jobcontrol.definitions.commands import check_command
+from jobcontrol.definitions.parse import (
     DEFINITION_FIELDS,
     INT32_MAX,
     INT32_MIN,

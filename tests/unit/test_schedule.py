@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from jobcontrol.errors import ScheduleError
-from jobcontrol.schedule import Schedule, parse_timer, validate_timer
+from jobcontrol.timerexpr.expression import Schedule, parse_timer, validate_timer
 
 LONDON = ZoneInfo("Europe/London")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -46,8 +46,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter  # type: ignore[import-untyped, unused-ignore]
 
-from jobcontrol.cron import Token, parse_cron, parse_ranged
 from jobcontrol.errors import ScheduleError
+from jobcontrol.timerexpr.cron import Token, parse_cron, parse_ranged
 
 __all__ = ["Schedule", "parse_timer", "validate_timer"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jobcontrol import events
-from jobcontrol.dispatcher import Dispatcher
+from jobcontrol.dispatch.dispatcher import Dispatcher
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS: tuple[float, ...] = (

@@ -15,11 +15,11 @@ from datetime import datetime
 from typing import Any
 
 from jobcontrol import procs
+from jobcontrol.clock import Clock
 from jobcontrol.model import ACTIVE_RUN_STATES, KILLED_STATUS, Kind, RunRecord, RunState
 from jobcontrol.store import Store, queries, runqueue
-from jobcontrol.timers import Clock
 
-log = logging.getLogger("jobcontrol.dispatcher")
+log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
 
 def worker_alive(worker: dict[str, Any] | None, host: str) -> bool:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobcontrol import audit
-from jobcontrol.definitions import (
+from jobcontrol.definitions.parse import (
     JobDef,
     dump_definitions,
     field_defaults,
     iter_defs,
     parse_definitions,
 )
-from jobcontrol.engine import Batch, BatchResult, Engine, JobChange, NewJob
 from jobcontrol.errors import DefinitionError, JobError, UnknownJobError
 from jobcontrol.model import JobRecord, Kind
+from jobcontrol.service import audit
+from jobcontrol.service.engine import Batch, BatchResult, Engine, JobChange, NewJob
 from jobcontrol.store import queries
 from jobcontrol.views import tree_order
 

@@ -13,10 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import cli_online
-from jobcontrol import cli_output as out
+from jobcontrol.cli import online as cli_online
+from jobcontrol.cli import output as out
+from jobcontrol.client.locate import find_daemon
 from jobcontrol.errors import AlreadyRunningError, JobControlError
-from jobcontrol.store import Store, default_db_path, normalise_url, redact
+from jobcontrol.places import default_db_path, normalise_url, state_dir_default
+from jobcontrol.store import Store, redact
 from jobcontrol.views import jsonable, run_json
 
 log = logging.getLogger(__name__)
@@ -157,13 +159,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "demo":
-        from jobcontrol.demo import run_demo
+        from jobcontrol.cli.demo import run_demo
 
         return run_demo(args.dir, duration=args.duration, slots=args.slots, verbose=args.verbose)
     if args.command == "daemon":
         return _daemon(args)
     if args.command in cli_online.COMMANDS:
-        target = cli_online.find_daemon(args)
+        target = find_daemon(args.url, args.db, args.state_dir)
         if target is not None or args.command in cli_online.DAEMON_ONLY:
             return cli_online.run(args, target)
     store = Store(args.db)
@@ -174,7 +176,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
 
 def _offline(args: argparse.Namespace, store: Store) -> int | None:
-    from jobcontrol.engine import Engine
+    from jobcontrol.service.engine import Engine
 
     if args.command == "db":
         store.upgrade()
@@ -185,7 +187,7 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
     if args.command == "load":
         return _load(args, store, engine)
     if args.command == "export":
-        from jobcontrol.loader import export_definitions
+        from jobcontrol.service.loader import export_definitions
 
         text = export_definitions(engine, args.job)
         if args.output:
@@ -231,7 +233,7 @@ def _workers(args: argparse.Namespace, store: Store) -> int:
 
 
 def _user(args: argparse.Namespace, store: Store) -> int:
-    from jobcontrol import users
+    from jobcontrol.service import users
 
     by = f"local:{getpass.getuser()}"
     cmd = args.user_command
@@ -261,7 +263,7 @@ def _user(args: argparse.Namespace, store: Store) -> int:
 
 
 def _audit(args: argparse.Namespace, store: Store) -> int:
-    from jobcontrol import audit
+    from jobcontrol.service import audit
 
     entries = audit.list_entries(
         store, limit=args.limit, before_id=args.before, user=args.user, job=args.job
@@ -280,7 +282,7 @@ def _audit(args: argparse.Namespace, store: Store) -> int:
 
 def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     from jobcontrol.daemon import DatabaseLease
-    from jobcontrol.loader import load_definitions
+    from jobcontrol.service.loader import load_definitions
 
     text, source = cli_online.read_source(args.file)
     # Hold the lease (shared: loads may overlap) for the whole load: a daemon starting
@@ -311,7 +313,6 @@ def _daemon(args: argparse.Namespace) -> int:
         PidFile,
         configure_logging,
         start_detached,
-        state_dir_default,
         stop_daemon,
     )
 

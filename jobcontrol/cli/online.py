@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobcontrol import cli_output as out
+from jobcontrol import places
+from jobcontrol.cli import output as out
+from jobcontrol.client.locate import Target, find_token
 from jobcontrol.errors import JobControlError
 from jobcontrol.store import redact
 
@@ -42,18 +42,6 @@ SHOW_ORDER = (
     "on_error queue priority timeout misfire max_log_files cwd env job_order last_ran "
     "last_duration_ms exit_status next_runs version last_updated updated_by"
 ).split()
-
-
-@dataclass(frozen=True)
-class Target:
-    url: str
-    source: str  # where the URL came from, for messages
-
-
-@dataclass(frozen=True)
-class Token:
-    value: str | None
-    source: str  # where it came from; never the token itself
 
 
 # ---------------------------------------------------------------- arguments
@@ -106,72 +94,15 @@ def add_parsers(sub: Any) -> None:
 # ---------------------------------------------------------------- finding the daemon
 
 
-def find_daemon(args: argparse.Namespace) -> Target | None:
-    """The daemon to talk to: ``--url``, ``$JOBCONTROL_URL``, or the live daemon of ``--db``."""
-    if args.url:
-        return Target(args.url, "--url")
-    if os.environ.get("JOBCONTROL_URL"):
-        return Target(os.environ["JOBCONTROL_URL"], "$JOBCONTROL_URL")
-    from jobcontrol.daemon import DaemonOptions, PidFile, state_dir_default
-
-    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
-    try:
-        url = opts.url_file.read_text().strip()
-    except OSError:
-        return None
-    if not url or PidFile.read_live(opts.pid_file) is None:
-        return None
-    return Target(url, f"the daemon's URL file {opts.url_file}")
-
-
 def _no_daemon(args: argparse.Namespace) -> str:
-    from jobcontrol.daemon import DaemonOptions, PidFile, state_dir_default
-
-    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
+    state_dir = args.state_dir or places.state_dir_default()
     needs = f"`jobcontrol {args.command}` needs the daemon's admin API"
-    if PidFile.read_live(opts.pid_file) is not None:
+    if places.live_pid(places.pid_file(state_dir, args.db)) is not None:
         return f"the daemon of {redact(args.db)} runs without its admin API (--no-api): {needs}"
     return (
         f"no daemon is running for {redact(args.db)} and no --url was given: {needs} "
         "(start the daemon with `jobcontrol daemon start`)"
     )
-
-
-def find_token(args: argparse.Namespace) -> Token:
-    if args.token:
-        return Token(args.token, "the token given with --token")
-    if os.environ.get("JOBCONTROL_TOKEN"):
-        return Token(os.environ["JOBCONTROL_TOKEN"], "the token in $JOBCONTROL_TOKEN")
-    from jobcontrol.users import TOKEN_FILE, default_config_dir, read_token_file
-
-    config = default_config_dir()
-    path = config / TOKEN_FILE
-    try:
-        value = read_token_file(config)
-    except OSError as exc:
-        raise JobControlError(f"cannot read the token file {path}: {exc.strerror}") from None
-    if value is None:
-        return Token(None, f"no token: neither --token nor $JOBCONTROL_TOKEN, and no {path}")
-    return Token(value, f"the token file {path}")
-
-
-def locate(
-    url: str | None = None,
-    token: str | None = None,
-    db: str | None = None,
-    state_dir: Path | None = None,
-) -> tuple[Target | None, Token]:
-    """The daemon and the token to use, found as the online CLI finds them (for other clients)."""
-    from jobcontrol.store import default_db_path, normalise_url
-
-    args = argparse.Namespace(
-        url=url,
-        token=token,
-        # As the CLI does: the daemon's files are named after the normalised URL.
-        db=normalise_url(db or os.environ.get("JOBCONTROL_DB") or default_db_path()),
-        state_dir=state_dir,
-    )
-    return find_daemon(args), find_token(args)
 
 
 def read_source(file: str) -> tuple[str, str]:
@@ -193,7 +124,7 @@ def run(args: argparse.Namespace, target: Target | None) -> int:
         raise JobControlError(_no_daemon(args))
     from jobcontrol.client import ApiError, Client, DaemonUnreachableError
 
-    token = find_token(args)
+    token = find_token(args.token)
     try:
         with Client(target.url, token.value) as client:
             return COMMAND_HANDLERS[args.command](client, args)

@@ -19,12 +19,12 @@ from typing import Any, NoReturn
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from jobcontrol.commands import check_command
-from jobcontrol.definitions_dump import dump_definitions
-from jobcontrol.durations import format_duration, parse_duration
+from jobcontrol.definitions.commands import check_command
+from jobcontrol.definitions.dump import dump_definitions
+from jobcontrol.definitions.durations import format_duration, parse_duration
 from jobcontrol.errors import CommandError, DefinitionError, ScheduleError
 from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
-from jobcontrol.schedule import validate_timer
+from jobcontrol.timerexpr.expression import validate_timer
 
 __all__ = [
     "DEFINITION_FIELDS",

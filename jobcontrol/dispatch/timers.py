@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
 from jobcontrol import events
+from jobcontrol.clock import Clock, TimerService
+from jobcontrol.dispatch.runs import Frame, TreeRun, Tx
+from jobcontrol.dispatch.tree import Evaluator, JobTree, Node
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, RunState, Trigger
-from jobcontrol.runs import Frame, TreeRun, Tx
 from jobcontrol.store import queries
-from jobcontrol.timers import Clock, TimerService
-from jobcontrol.tree import Evaluator, JobTree, Node
 
-log = logging.getLogger("jobcontrol.dispatcher")
+log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
 
 @dataclass

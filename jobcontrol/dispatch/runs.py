@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from jobcontrol import events
+from jobcontrol.dispatch.tree import JobTree, Node, sort_key
 from jobcontrol.model import (
     ACTIVE_RUN_STATES,
     DISPATCHER_USER,
@@ -31,12 +32,11 @@ from jobcontrol.model import (
     Trigger,
 )
 from jobcontrol.store import Store, queries, runqueue
-from jobcontrol.tree import JobTree, Node, sort_key
 
 if TYPE_CHECKING:
-    from jobcontrol.timers import Clock, TimerService
+    from jobcontrol.clock import Clock, TimerService
 
-log = logging.getLogger("jobcontrol.dispatcher")
+log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
 
 @dataclass(eq=False)

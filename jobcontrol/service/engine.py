@@ -4,7 +4,7 @@ Edits are batches: one transaction, all or nothing, and (when the dispatcher
 runs) one turn of the tree-state protocol with exactly one dispatcher
 reaction. Everything is checked before it is written; a refusal names the job
 and the reason and leaves the database as it was. Every changing call records
-one audit entry (``jobcontrol.audit``), refusals included.
+one audit entry (``jobcontrol.service.audit``), refusals included.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobcontrol import audit
-from jobcontrol.dispatcher import Dispatcher, EditChange
+from jobcontrol.clock import Clock, SystemClock
+from jobcontrol.definitions.fields import check_name, normalise_fields
+from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
 from jobcontrol.errors import (
     ConflictError,
     JobError,
@@ -26,10 +27,9 @@ from jobcontrol.errors import (
     NotRunningError,
     UnknownJobError,
 )
-from jobcontrol.fields import check_name, normalise_fields
 from jobcontrol.model import JobRecord, JobState, Kind, RunRecord
+from jobcontrol.service import audit
 from jobcontrol.store import Store, queries
-from jobcontrol.timers import Clock, SystemClock
 from jobcontrol.views import job_view, tree_order
 
 log = logging.getLogger(__name__)

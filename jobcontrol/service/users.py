@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import audit
+from jobcontrol import places
 from jobcontrol.errors import (
     BadRoleError,
     BadUserNameError,
@@ -30,6 +30,7 @@ from jobcontrol.errors import (
     UnknownUserError,
     UserError,
 )
+from jobcontrol.service import audit
 from jobcontrol.store import Store
 from jobcontrol.store import access_queries as q
 
@@ -37,7 +38,6 @@ TOKEN_PREFIX = "jc_"
 ADMIN_USER = "admin"
 # Who the audit trail names for the first-start admin.
 BOOTSTRAP_USER = "jobcontrol"
-TOKEN_FILE = "token"
 NAME_MAX = 64
 # Letters, digits and . _ @ -, starting with a letter or digit: no ':' so no name
 # can pass for the CLI's 'local:<login>' audit entries.
@@ -272,11 +272,6 @@ def authenticate(
 # ---------------------------------------------------------------- first start
 
 
-def default_config_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    return Path(base) / "jobcontrol"
-
-
 def ensure_admin_token(store: Store, config_dir: Path) -> Path | None:
     """On first start (no users at all): make user 'admin', write its token to
     ``config_dir/token`` (mode 0600) and return that path. Otherwise do nothing.
@@ -284,7 +279,7 @@ def ensure_admin_token(store: Store, config_dir: Path) -> Path | None:
     The file is written before the user is committed, so a failure leaves no
     admin whose token nobody has.
     """
-    path = config_dir / TOKEN_FILE
+    path = config_dir / places.TOKEN_FILE
     with store.write() as conn:
         if q.count_users(conn) > 0:
             return None
@@ -325,11 +320,3 @@ def write_token_file(path: Path, token: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise TokenFileError(f"cannot write the admin token to {path}: {exc.strerror}") from exc
-
-
-def read_token_file(config_dir: Path) -> str | None:
-    """The token in ``config_dir/token``, or None when there is no such file."""
-    try:
-        return (config_dir / TOKEN_FILE).read_text().strip() or None
-    except FileNotFoundError:
-        return None

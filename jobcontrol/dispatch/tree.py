@@ -14,7 +14,7 @@ from datetime import datetime, tzinfo
 
 from jobcontrol.errors import ScheduleError
 from jobcontrol.model import JobRecord, JobState, Misfire
-from jobcontrol.schedule import parse_timer
+from jobcontrol.timerexpr.expression import parse_timer
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from jobcontrol.commands import check_command
+from jobcontrol.definitions.commands import check_command
 from jobcontrol.errors import CommandError, JobError, ScheduleError
 from jobcontrol.model import EDITABLE_FIELDS, BoxType, Misfire, OnError
-from jobcontrol.schedule import validate_timer
+from jobcontrol.timerexpr.expression import validate_timer
 
 NAME_MAX = 128
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -91,7 +91,7 @@ def _env(job: str, value: Any) -> dict[str, str]:
 
 
 def _timeout(job: str, value: Any) -> float | None:
-    from jobcontrol.definitions import parse_duration
+    from jobcontrol.definitions.parse import parse_duration
 
     if value is None or value == "":
         return None

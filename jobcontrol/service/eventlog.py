@@ -44,9 +44,9 @@ from typing import Any
 from blinker import Signal
 
 from jobcontrol import events
-from jobcontrol.dispatcher import Dispatcher
+from jobcontrol.dispatch.dispatcher import Dispatcher
+from jobcontrol.dispatch.tree import Node
 from jobcontrol.errors import JobControlError
-from jobcontrol.tree import Node
 from jobcontrol.views import job_view, jsonable
 
 log = logging.getLogger(__name__)

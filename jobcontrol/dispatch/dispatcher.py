@@ -29,6 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from jobcontrol import events, procs
+from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
+from jobcontrol.dispatch.recovery import recover_lost_runs
+from jobcontrol.dispatch.runs import Frame, RunMachine, TreeRun, Tx
+from jobcontrol.dispatch.timers import Armed, TimerMachine
+from jobcontrol.dispatch.tree import JobTree, Node
+from jobcontrol.dispatch.treestate import TreeStateProtocol
 from jobcontrol.errors import (
     JobError,
     JobRunningError,
@@ -44,13 +50,7 @@ from jobcontrol.model import (
     Trigger,
 )
 from jobcontrol.outage import Outage
-from jobcontrol.recovery import recover_lost_runs
-from jobcontrol.runs import Frame, RunMachine, TreeRun, Tx
-from jobcontrol.scheduling import Armed, TimerMachine
 from jobcontrol.store import Store, queries
-from jobcontrol.timers import APSchedulerTimers, Clock, SystemClock, TimerService
-from jobcontrol.tree import JobTree, Node
-from jobcontrol.treestate import TreeStateProtocol
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from jobcontrol import events
 from jobcontrol.daemon import Daemon, DaemonOptions, configure_logging
-from jobcontrol.engine import Engine
-from jobcontrol.loader import load_definitions
 from jobcontrol.model import JobState
+from jobcontrol.service.engine import Engine
+from jobcontrol.service.loader import load_definitions
 
 
 def _stamp() -> str:

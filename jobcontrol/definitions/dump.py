@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from jobcontrol.durations import format_duration
+from jobcontrol.definitions.durations import format_duration
 from jobcontrol.errors import JobError
 from jobcontrol.model import BoxType, JobRecord, Misfire, OnError
 

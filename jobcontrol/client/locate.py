@@ -1,0 +1,75 @@
+"""Finding a daemon and the token to use, as the CLI and the Qt client both do.
+
+The daemon is ``--url`` (or ``$JOBCONTROL_URL``), else the URL file the daemon
+of the database left in the state directory while its pid file is live. The
+token is ``--token``, else ``$JOBCONTROL_TOKEN``, else the token file in the
+config directory (written by the daemon's first start). Nothing here needs the
+engine, the store or SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobcontrol import places
+from jobcontrol.errors import JobControlError
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    source: str  # where the URL came from, for messages
+
+
+@dataclass(frozen=True)
+class Token:
+    value: str | None
+    source: str  # where it came from; never the token itself
+
+
+def find_daemon(url: str | None, db: str, state_dir: Path | None) -> Target | None:
+    """The daemon to talk to: ``url``, ``$JOBCONTROL_URL``, or the live daemon of ``db``."""
+    if url:
+        return Target(url, "--url")
+    if os.environ.get("JOBCONTROL_URL"):
+        return Target(os.environ["JOBCONTROL_URL"], "$JOBCONTROL_URL")
+    state = state_dir or places.state_dir_default()
+    url_file = places.url_file(state, db)
+    try:
+        found = url_file.read_text().strip()
+    except OSError:
+        return None
+    if not found or places.live_pid(places.pid_file(state, db)) is None:
+        return None
+    return Target(found, f"the daemon's URL file {url_file}")
+
+
+def find_token(token: str | None) -> Token:
+    """The token to use: ``token`` (from ``--token``), ``$JOBCONTROL_TOKEN`` or the token file."""
+    if token:
+        return Token(token, "the token given with --token")
+    if os.environ.get("JOBCONTROL_TOKEN"):
+        return Token(os.environ["JOBCONTROL_TOKEN"], "the token in $JOBCONTROL_TOKEN")
+    config = places.default_config_dir()
+    path = config / places.TOKEN_FILE
+    try:
+        value = places.read_token_file(config)
+    except OSError as exc:
+        raise JobControlError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if value is None:
+        return Token(None, f"no token: neither --token nor $JOBCONTROL_TOKEN, and no {path}")
+    return Token(value, f"the token file {path}")
+
+
+def locate(
+    url: str | None = None,
+    token: str | None = None,
+    db: str | None = None,
+    state_dir: Path | None = None,
+) -> tuple[Target | None, Token]:
+    """The daemon and the token to use, found as the online CLI finds them (for other clients)."""
+    # As the CLI does: the daemon's files are named after the normalised URL.
+    db_url = places.normalise_url(db or os.environ.get("JOBCONTROL_DB") or places.default_db_path())
+    return find_daemon(url, db_url, state_dir), find_token(token)
