@@ -38,6 +38,7 @@ from jobcontrol.api.deps import ApiContext
 from jobcontrol.api.server import ApiServer
 from jobcontrol.runtime import Runtime
 from jobcontrol.service.eventlog import EventLog
+from jobcontrol.service.metrics import RunMetrics
 from jobcontrol.service.users import Role, add_user
 from jobcontrol.store import queries
 from jobcontrol.store.schema import job
@@ -144,10 +145,10 @@ def run(url: str, tmp: Path, store_name: str) -> c.Report:
     ctx = ApiContext(
         store=store,
         engine=Engine(store, dispatcher),
-        dispatcher=dispatcher,
         eventlog=log,
         version=__version__,
         started=datetime.now(UTC),
+        metrics=RunMetrics(dispatcher),
     )
     server = ApiServer(ctx, port=0)
     base = server.start() + "/api/v1"

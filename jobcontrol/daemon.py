@@ -263,7 +263,6 @@ class Daemon:
         ctx = ApiContext(
             store=self.store,
             engine=Engine(self.store, dispatcher),
-            dispatcher=dispatcher,
             eventlog=self.eventlog,
             version=__version__,
             started=dispatcher.clock.now(),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from jobcontrol.errors import UnknownJobError
 
 DISPATCHER_USER = "jobdispatcher"
 
@@ -195,3 +198,27 @@ class RunRecord:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+MAX_ID = 2**63 - 1  # the largest id a database column holds
+
+JobRef = int | str  # a job named by its id or by its name
+
+_T = TypeVar("_T")
+
+
+def find_job(
+    ref: JobRef, by_id: Callable[[int], _T | None], by_name: Callable[[str], _T | None]
+) -> _T:
+    """The job ``ref`` names: an id, or a name; a name of digits only is an id unless a job has
+    it. The one rule every part resolves job references by (API paths, the CLI, edits, requests).
+    """
+    if isinstance(ref, int):
+        found = by_id(ref)
+    else:
+        found = by_name(ref)
+        if found is None and ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
+            found = by_id(int(ref))
+    if found is None:
+        raise UnknownJobError(str(ref))
+    return found

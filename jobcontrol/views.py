@@ -64,3 +64,23 @@ def jsonable(value: Any) -> Any:
 def run_json(run: Mapping[str, Any]) -> dict[str, Any]:
     """A run (``RunRecord.as_dict()``) as the API and ``--json`` output give it."""
     return {key: jsonable(value) for key, value in run.items()}
+
+
+def job_detail(
+    rec: JobRecord, depth: int, state: str, started: datetime | None, run_id: int | None
+) -> dict[str, Any]:
+    """One job's stored fields and live state (its view, and what the view leaves out)."""
+    return {
+        **job_view(rec, depth, state, started),
+        "run_id": run_id,
+        "description": rec.description,
+        "queue": rec.queue,
+        "priority": rec.priority,
+        "timeout": rec.timeout_s,
+        "max_log_files": rec.max_log_files,
+        "misfire": str(rec.misfire),
+        "cwd": rec.cwd,
+        "env": dict(rec.env),
+        "last_updated": rec.last_updated.isoformat() if rec.last_updated else None,
+        "updated_by": rec.updated_by,
+    }

@@ -11,10 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from jobcontrol.model import MAX_ID
+
 # Request bodies above this are refused (413) before they are read whole.
 MAX_BODY_BYTES = 10 * 1024 * 1024
 MAX_ITEMS = 10_000
-MAX_ID = 2**63 - 1  # the largest id a database column holds
 
 
 def _no_nul(value: str) -> str:

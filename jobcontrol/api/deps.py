@@ -15,7 +15,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jobcontrol.dispatch.dispatcher import Dispatcher
 from jobcontrol.errors import (
     AlreadyRunningError,
     BusyError,
@@ -46,14 +45,13 @@ class ApiContext:
 
     store: Store
     engine: Engine
-    dispatcher: Dispatcher
     eventlog: EventLog
     version: str
     started: datetime
+    # Run counters for /metrics (started by whoever makes the context).
+    metrics: RunMetrics
     # Asks the daemon to stop; ``force`` kills running jobs. Refusals are raised.
     request_shutdown: Callable[[bool], None] = field(default=lambda force: None)
-    # Run counters for /metrics (started by whoever makes the context); None: not counted.
-    metrics: RunMetrics | None = None
     # Seconds between keepalive comments on an idle event stream.
     event_heartbeat: float = 15.0
     # Whether the database answers (``Runtime.database``); None: as the dispatcher sees it.
@@ -64,7 +62,7 @@ class ApiContext:
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:
             return self.database()
-        state = self.dispatcher.outage.state()
+        state = self.engine.outage()
         return {
             "ok": not state.down,
             "since": state.since,

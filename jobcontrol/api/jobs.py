@@ -2,13 +2,13 @@
 
 Every change is one ``Engine`` call (one transaction, one dispatcher reaction)
 made in the authenticated user's name, so the audit trail and ``updated_by``
-carry it. Live state is read on the dispatcher's thread, never from the tree
-directly.
+carry it. Live state is read through the engine (on the dispatcher's thread), never from
+the tree directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -25,13 +25,9 @@ from jobcontrol.api.bodies import (
 )
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.api.runs import run_json
-from jobcontrol.dispatch.dispatcher import Dispatcher
-from jobcontrol.dispatch.tree import Node
-from jobcontrol.errors import BusyError, UnknownJobError
-from jobcontrol.model import Kind
-from jobcontrol.service.engine import JobChange, JobRef
+from jobcontrol.model import JobRef, Kind
+from jobcontrol.service.engine import JobChange
 from jobcontrol.service.users import Action, User
-from jobcontrol.views import job_view
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], max_body_size=MAX_BODY_BYTES)
 
@@ -45,69 +41,13 @@ Admin = Annotated[User, Depends(require(Action.MODIFY))]
 # ---------------------------------------------------------------- reading the live tree
 
 
-def on_dispatcher(ctx: ApiContext, read: Callable[[], T]) -> T:
-    """``read`` run on the dispatcher thread, between handlers (the tree is consistent there)."""
-    timeout = ctx.dispatcher.config.edit_timeout
-    try:
-        result: T = ctx.dispatcher.call(read).result(timeout)
-    except TimeoutError:
-        raise BusyError(f"the dispatcher did not answer within {timeout:g}s") from None
-    return result
-
-
-def find_node(dispatcher: Dispatcher, ref: JobRef) -> Node:
-    """The job ``ref`` names: an id, or a name; a name of digits only is an id unless a job has it."""
-    if isinstance(ref, int):
-        node = dispatcher.tree.get(ref)
-    else:
-        node = dispatcher.tree.by_name.get(ref)
-        if node is None and ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
-            node = dispatcher.tree.get(int(ref))
-    if node is None:
-        raise UnknownJobError(str(ref))
-    return node
-
-
 def resolve_job(ctx: ApiContext, ref: JobRef) -> int:
     """The id of the job a path names (``/jobs/{job}``)."""
-    return on_dispatcher(ctx, lambda: find_node(ctx.dispatcher, ref).id)
-
-
-def _view(node: Node) -> dict[str, Any]:
-    return job_view(node.job, node.depth(), str(node.state), node.started)
-
-
-def job_detail(node: Node) -> dict[str, Any]:
-    """One job's stored fields and live state (its view, and what the view leaves out)."""
-    rec = node.job
-    return {
-        **_view(node),
-        "run_id": node.run_id,
-        "description": rec.description,
-        "queue": rec.queue,
-        "priority": rec.priority,
-        "timeout": rec.timeout_s,
-        "max_log_files": rec.max_log_files,
-        "misfire": str(rec.misfire),
-        "cwd": rec.cwd,
-        "env": dict(rec.env),
-        "last_updated": rec.last_updated.isoformat() if rec.last_updated else None,
-        "updated_by": rec.updated_by,
-    }
-
-
-def live_views(ctx: ApiContext, ids: Sequence[int]) -> list[dict[str, Any]]:
-    """The views of these jobs (those still there), read in one go."""
-
-    def read() -> list[dict[str, Any]]:
-        nodes = (ctx.dispatcher.tree.get(i) for i in ids)
-        return [_view(n) for n in nodes if n is not None]
-
-    return on_dispatcher(ctx, read)
+    return ctx.engine.job_id(ref)
 
 
 def _modified(ctx: ApiContext, ids: list[int]) -> dict[str, Any]:
-    return {"modified": ids, "jobs": live_views(ctx, ids)}
+    return {"modified": ids, "jobs": ctx.engine.live_views(ids)}
 
 
 def _batch(ctx: ApiContext, user: User, jobs: Sequence[JobRef], **fields: Any) -> dict[str, Any]:
@@ -135,7 +75,7 @@ def create_job(
     rec = ctx.engine.create_job(
         body.name, Kind(body.kind), parent=body.parent, user=user.name, **fields
     )
-    return on_dispatcher(ctx, lambda: job_detail(find_node(ctx.dispatcher, rec.id)))
+    return ctx.engine.job_detail(rec.id)
 
 
 @router.patch("/jobs", summary="Modify a batch of jobs in one transaction, all or nothing")
@@ -220,4 +160,4 @@ def job_runs(
 
 @router.get("/jobs/{job:path}", summary="One job's stored fields and live state")
 def get_job(ctx: Context, job: str, _user: Viewer) -> dict[str, Any]:
-    return on_dispatcher(ctx, lambda: job_detail(find_node(ctx.dispatcher, job)))
+    return ctx.engine.job_detail(job)

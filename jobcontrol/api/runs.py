@@ -22,7 +22,6 @@ from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.model import RunRecord
 from jobcontrol.service.users import Action, User
-from jobcontrol.store import queries
 
 router = APIRouter(prefix="/api/v1", tags=["runs"], max_body_size=MAX_BODY_BYTES)
 
@@ -42,8 +41,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
 
 
 def _get_run(ctx: ApiContext, run_id: int) -> RunRecord | None:
-    with ctx.store.read() as conn:
-        return queries.get_run(conn, run_id)
+    return ctx.engine.get_run(run_id)
 
 
 def _known_run(ctx: ApiContext, run_id: int) -> RunRecord:
@@ -56,8 +54,7 @@ def _known_run(ctx: ApiContext, run_id: int) -> RunRecord:
 @router.get("/runs/{run_id}", summary="One run, with the runs beneath it")
 def get_run(ctx: Context, run_id: RunId, _user: Viewer) -> dict[str, Any]:
     run = _known_run(ctx, run_id)
-    with ctx.store.read() as conn:
-        tree = queries.runs_of_tree_run(conn, run.root_run_id or run.id)
+    tree = ctx.engine.tree_run(run.root_run_id or run.id)
     # The runs below this one: those whose chain of parent runs reaches it.
     below, children = {run.id}, []
     for r in tree:  # ids grow downwards: a parent run is always older than its children

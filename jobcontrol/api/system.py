@@ -13,9 +13,8 @@ from pydantic import BaseModel, ConfigDict
 
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.service import audit
-from jobcontrol.service.metrics import CONTENT_TYPE, RunMetrics
+from jobcontrol.service.metrics import CONTENT_TYPE
 from jobcontrol.service.users import Action, User
-from jobcontrol.store import queries
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class ShutdownBody(BaseModel):
 @router.get("/healthz", tags=["system"])
 def healthz(ctx: Context) -> JSONResponse:
     """No authentication: 200 while the dispatcher runs and the database answers, else 503."""
-    if not ctx.dispatcher.running:
+    if not ctx.engine.running:
         return JSONResponse({"status": "stopped"}, status_code=503)
     db = ctx.database_state()
     if not db["ok"]:
@@ -63,8 +62,7 @@ def _iso(epoch: float | None) -> str | None:
 @router.get("/api/v1/status", tags=["system"])
 def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, Any]:
     """Tree state, timers armed (and the next few), paused, runs in flight, version, uptime."""
-    d = ctx.dispatcher
-    view = d.status()
+    view = ctx.engine.status()
     now = datetime.now(UTC)
     db = ctx.database_state()
     return {
@@ -77,7 +75,7 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
         "version": ctx.version,
         "started": ctx.started.isoformat(),
         "uptime_s": round((now - ctx.started).total_seconds(), 3),
-        "tree_state": str(d.protocol.state),
+        "tree_state": view["tree_state"],
         "paused": view["paused"],
         "timers_armed": view["timers_armed"],
         "next_timers": [{"job": t["job"], "at": t["at"].isoformat()} for t in view["next_timers"]],
@@ -97,10 +95,7 @@ def pause_timers(
     ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))]
 ) -> dict[str, Any]:
     """Timers stop firing (trees stay scheduled); runs in flight go on."""
-    with audit.scope(ctx.store, user.name, "timers.pause") as note:
-        armed = ctx.dispatcher.pause_timers()
-        note.detail = f"{armed} timers held"
-    log.info("Timers paused by %s", user.name)
+    armed = ctx.engine.pause_timers(user=user.name)
     return {"paused": True, "timers_armed": armed}
 
 
@@ -109,10 +104,7 @@ def resume_timers(
     ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))]
 ) -> dict[str, Any]:
     """Re-arm every scheduled tree; a time missed while paused follows the tree's misfire."""
-    with audit.scope(ctx.store, user.name, "timers.resume") as note:
-        armed = ctx.dispatcher.resume_timers()
-        note.detail = f"{armed} timers armed"
-    log.info("Timers resumed by %s", user.name)
+    armed = ctx.engine.resume_timers(user=user.name)
     return {"paused": False, "timers_armed": armed}
 
 
@@ -149,7 +141,7 @@ def shutdown(
     body: ShutdownBody, ctx: Context, user: Annotated[User, Depends(require(Action.MODIFY))]
 ) -> JSONResponse:
     """Stop the daemon; refused (409) while jobs run unless ``force`` (which kills them)."""
-    running = ctx.dispatcher.busy_jobs()
+    running = ctx.engine.busy_jobs()
     if running and not body.force:
         message = (
             f"jobs are running: {', '.join(sorted(running))}; "
@@ -175,18 +167,18 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     up = 1 if db["ok"] else 0
     queued = -1  # unknown while the database is away
     if db["ok"]:
-        with ctx.store.read() as conn:
-            queued = queries.count_queued(conn)
+        queued = ctx.engine.count_queued()
+    d = ctx.engine.dispatcher_gauges()
     return {
         "jobcontrol_queue_depth": ("Task runs queued for a free slot.", queued),
-        "jobcontrol_timers_armed": ("Top-level trees scheduled.", len(ctx.dispatcher.armed)),
+        "jobcontrol_timers_armed": ("Top-level trees scheduled.", d["timers_armed"]),
         "jobcontrol_timers_paused": (
             "1 while timers are paused.",
-            1 if ctx.dispatcher.paused else 0,
+            d["paused"],
         ),
         "jobcontrol_tree_state_waits_total": (
             "Edits that had to wait for the job tree.",
-            ctx.dispatcher.protocol.waits,
+            d["tree_state_waits"],
         ),
         "jobcontrol_events_seq": ("Sequence number of the last event.", ctx.eventlog.last_seq),
         "jobcontrol_database_up": ("1 while the database answers, 0 during an outage.", up),
@@ -197,7 +189,7 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
         ),
         "jobcontrol_dispatcher_failures_total": (
             "Dispatcher handlers that failed on something other than the database (bugs).",
-            ctx.dispatcher.stats.failures,
+            d["failures"],
         ),
     }
 
@@ -207,5 +199,5 @@ def metrics(
     ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]
 ) -> PlainTextResponse:
     """Prometheus text format 0.0.4."""
-    collector = ctx.metrics or RunMetrics(ctx.dispatcher)  # never started: zero counts
+    collector = ctx.metrics
     return PlainTextResponse(collector.render(_gauges(ctx)), media_type=CONTENT_TYPE)

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Depends
 from jobcontrol import views
 from jobcontrol.api.deps import Context, require
 from jobcontrol.service.users import Action, User
-from jobcontrol.store import runqueue
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 
@@ -21,6 +20,5 @@ def list_workers(ctx: Context, _user: Viewer) -> dict[str, Any]:
     """Name, host, pid, slots (used / free), queues (null: every queue), version, when it
     started, its last heartbeat and how old that is on the daemon's clock, when it stopped
     (null while it runs), and the task runs it holds."""
-    with ctx.store.read() as conn:
-        workers = runqueue.list_workers(conn, ctx.dispatcher.clock.now())
+    workers = ctx.engine.workers()
     return {"workers": [views.jsonable(w) for w in workers]}

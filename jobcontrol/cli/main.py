@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -223,11 +222,9 @@ def _require_schema(store: Store) -> None:
 
 
 def _workers(args: argparse.Namespace, store: Store) -> int:
-    from jobcontrol.store import runqueue
+    from jobcontrol.service.engine import Engine
 
-    with store.read() as conn:
-        found = runqueue.list_workers(conn, datetime.now(UTC))
-    workers = [jsonable(w) for w in found]  # as the API gives them
+    workers = [jsonable(w) for w in Engine(store).workers()]  # as the API gives them
     print(json.dumps(workers, indent=2) if args.json else out.table_workers(workers))
     return 0
 
@@ -359,15 +356,9 @@ def _daemon(args: argparse.Namespace) -> int:
         return 3  # LSB: program is not running
     store = Store(args.db)
     try:
-        with store.read() as conn:
-            from jobcontrol.store import queries
+        from jobcontrol.service.engine import Engine
 
-            active = queries.active_runs(conn)
-            armed = [
-                j
-                for j in queries.load_all_jobs(conn)
-                if j.parent_id is None and j.active and j.next_runs
-            ]
+        active, armed = Engine(store).daemon_view()
     finally:
         store.dispose()
     print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")

@@ -40,11 +40,11 @@ from jobcontrol.errors import (
     JobRunningError,
     NotRunningError,
     StoreUnavailable,
-    UnknownJobError,
 )
 from jobcontrol.model import (
     DISPATCHER_USER,
     RESCHEDULING_FIELDS,
+    JobRef,
     JobState,
     RunRecord,
     Trigger,
@@ -427,11 +427,8 @@ class Dispatcher(TimerMachine, RunMachine):
 
     # ------------------------------------------------------------ requests
 
-    def _node(self, job: int | str) -> Node:
-        node = self.tree.get(job) if isinstance(job, int) else self.tree.by_name.get(job)
-        if node is None:
-            raise UnknownJobError(str(job))
-        return node
+    def _node(self, job: JobRef) -> Node:
+        return self.tree.find(job)
 
     def _busy_job(self, node: Node) -> Node | None:
         """The job at, above or below ``node`` that is not idle (spec 7.2), or None."""
@@ -507,16 +504,9 @@ class Dispatcher(TimerMachine, RunMachine):
     def snapshot(self) -> list[tuple[Node, int]]:
         """Every node with its depth, parents before children, siblings in order."""
 
-        def handler() -> list[tuple[Node, int]]:
-            out: list[tuple[Node, int]] = []
-            stack = [(n, 0) for n in reversed(self.tree.roots)]
-            while stack:
-                node, depth = stack.pop()
-                out.append((node, depth))
-                stack.extend((c, depth + 1) for c in reversed(node.children))
-            return out
-
-        result: list[tuple[Node, int]] = self.call(handler).result(self.config.edit_timeout)
+        result: list[tuple[Node, int]] = self.call(lambda: self.tree.in_order()).result(
+            self.config.edit_timeout
+        )
         return result
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
 from jobcontrol.errors import ScheduleError
-from jobcontrol.model import JobRecord, JobState, Misfire
+from jobcontrol.model import JobRecord, JobRef, JobState, Misfire, find_job
 from jobcontrol.timerexpr.expression import parse_timer
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,20 @@ class JobTree:
                 node.parent = parent
                 parent.children.append(node)
         return tree
+
+    def in_order(self) -> list[tuple[Node, int]]:
+        """Every node with its depth, parents before children, siblings in order."""
+        out: list[tuple[Node, int]] = []
+        stack = [(n, 0) for n in reversed(self.roots)]
+        while stack:
+            node, depth = stack.pop()
+            out.append((node, depth))
+            stack.extend((c, depth + 1) for c in reversed(node.children))
+        return out
+
+    def find(self, ref: JobRef) -> Node:
+        """The node ``ref`` names (``model.find_job``'s rule); UnknownJobError if none."""
+        return find_job(ref, self.nodes.get, self.by_name.get)
 
     def get(self, job_id: int) -> Node | None:
         return self.nodes.get(job_id)

@@ -10,10 +10,10 @@ one audit entry (``jobcontrol.service.audit``), refusals included.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
@@ -21,20 +21,22 @@ from jobcontrol.clock import Clock, SystemClock
 from jobcontrol.definitions.fields import check_name, normalise_fields
 from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
 from jobcontrol.errors import (
+    BusyError,
     ConflictError,
     JobError,
     JobRunningError,
     NotRunningError,
     UnknownJobError,
 )
-from jobcontrol.model import JobRecord, JobState, Kind, RunRecord
+from jobcontrol.model import JobRecord, JobRef, JobState, Kind, RunRecord, find_job
+from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
-from jobcontrol.store import Store, queries
-from jobcontrol.views import job_view, tree_order
+from jobcontrol.store import Store, queries, runqueue
+from jobcontrol.views import job_detail, job_view, tree_order
 
 log = logging.getLogger(__name__)
 
-JobRef = int | str
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,14 +89,9 @@ class _Structure:
             self.children.setdefault(e.parent_id, []).append(e.id)
 
     def resolve(self, ref: JobRef) -> _Entry:
-        entry = (
-            self.by_id.get(ref)
-            if isinstance(ref, int)
-            else self.by_id.get(self.by_name.get(ref, -1))
+        return find_job(
+            ref, self.by_id.get, lambda name: self.by_id.get(self.by_name.get(name, -1))
         )
-        if entry is None:
-            raise UnknownJobError(str(ref))
-        return entry
 
     def subtree(self, job_id: int) -> Iterator[int]:
         stack = [job_id]
@@ -432,14 +429,11 @@ class Engine:
 
     def get_job(self, job: JobRef) -> JobRecord:
         with self.store.read() as conn:
-            rec = (
-                queries.get_job(conn, job)
-                if isinstance(job, int)
-                else queries.get_job_by_name(conn, job)
+            return find_job(
+                job,
+                lambda i: queries.get_job(conn, i),
+                lambda name: queries.get_job_by_name(conn, name),
             )
-        if rec is None:
-            raise UnknownJobError(str(job))
-        return rec
 
     def history(
         self, job: JobRef, *, limit: int = 50, before_id: int | None = None
@@ -468,6 +462,118 @@ class Engine:
             job_view(rec, depth, *states.get(rec.id, ("idle", None)))
             for rec, depth in tree_order(records)
         ]
+
+    # ------------------------------------------------------------ the live tree and the dispatcher
+
+    def _on_dispatcher(self, read: Callable[[Dispatcher], T]) -> T:
+        """``read`` run on the dispatcher thread, between handlers (the tree is consistent there)."""
+        dispatcher = self._require_dispatcher()
+        timeout = dispatcher.config.edit_timeout
+        try:
+            result: T = dispatcher.call(lambda: read(dispatcher)).result(timeout)
+        except TimeoutError:
+            raise BusyError(f"the dispatcher did not answer within {timeout:g}s") from None
+        return result
+
+    def job_id(self, job: JobRef) -> int:
+        """The id of the job ``job`` names, in the live tree."""
+        return self._on_dispatcher(lambda d: d.tree.find(job).id)
+
+    def job_detail(self, job: JobRef) -> dict[str, Any]:
+        """One job's stored fields and live state, read consistently."""
+
+        def read(d: Dispatcher) -> dict[str, Any]:
+            node = d.tree.find(job)
+            return job_detail(node.job, node.depth(), str(node.state), node.started, node.run_id)
+
+        return self._on_dispatcher(read)
+
+    def live_views(self, ids: Sequence[int]) -> list[dict[str, Any]]:
+        """The views of these jobs (those still there), read in one go."""
+
+        def read(d: Dispatcher) -> list[dict[str, Any]]:
+            nodes = (d.tree.get(i) for i in ids)
+            return [
+                job_view(n.job, n.depth(), str(n.state), n.started) for n in nodes if n is not None
+            ]
+
+        return self._on_dispatcher(read)
+
+    @property
+    def running(self) -> bool:
+        """Whether the dispatcher runs (the daemon's health)."""
+        return self._live
+
+    def status(self) -> dict[str, Any]:
+        """Tree state, paused, timers armed and the next few, root runs in flight."""
+        d = self._require_dispatcher()
+        return {**d.status(), "tree_state": str(d.protocol.state)}
+
+    def pause_timers(self, *, user: str) -> int:
+        """Timers stop firing (trees stay scheduled); how many are held."""
+        with audit.scope(self.store, user, "timers.pause") as note:
+            armed = self._require_dispatcher().pause_timers()
+            note.detail = f"{armed} timers held"
+        log.info("Timers paused by %s", user)
+        return armed
+
+    def resume_timers(self, *, user: str) -> int:
+        """Re-arm every scheduled tree; how many are armed."""
+        with audit.scope(self.store, user, "timers.resume") as note:
+            armed = self._require_dispatcher().resume_timers()
+            note.detail = f"{armed} timers armed"
+        log.info("Timers resumed by %s", user)
+        return armed
+
+    def busy_jobs(self) -> list[str]:
+        """The top-level trees with a run in flight."""
+        return self._require_dispatcher().busy_jobs()
+
+    def dispatcher_gauges(self) -> dict[str, int]:
+        """Timers armed, paused (0/1), edits that waited for the tree, handler failures."""
+        d = self._require_dispatcher()
+        return {
+            "timers_armed": len(d.armed),
+            "paused": 1 if d.paused else 0,
+            "tree_state_waits": d.protocol.waits,
+            "failures": d.stats.failures,
+        }
+
+    def outage(self) -> OutageState:
+        """Whether the database answers, as the dispatcher sees it."""
+        return self._require_dispatcher().outage.state()
+
+    # ------------------------------------------------------------ runs and workers
+
+    def get_run(self, run_id: int) -> RunRecord | None:
+        with self.store.read() as conn:
+            return queries.get_run(conn, run_id)
+
+    def tree_run(self, root_run_id: int) -> list[RunRecord]:
+        """Every run of one tree run (the root's and those beneath it)."""
+        with self.store.read() as conn:
+            return queries.runs_of_tree_run(conn, root_run_id)
+
+    def count_queued(self) -> int:
+        """Task runs queued for a free slot."""
+        with self.store.read() as conn:
+            return queries.count_queued(conn)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every registered worker, live ones first (the daemon's clock when it runs)."""
+        with self.store.read() as conn:
+            return runqueue.list_workers(conn, self.clock.now())
+
+    def daemon_view(self) -> tuple[list[RunRecord], list[str]]:
+        """(the active runs, the names of the top-level jobs with a next run) from the database."""
+        with self.store.read() as conn:
+            active = queries.active_runs(conn)
+            armed = [
+                j.name
+                for j in queries.load_all_jobs(conn)
+                if j.parent_id is None and j.active and j.next_runs
+            ]
+        return active, armed
 
 
 def _batch_operation(batch: Batch) -> str:

@@ -331,7 +331,7 @@ class EventLog:
         taken: list[tuple[int, list[JobView]]] = []
 
         def read() -> None:
-            views = [_view(node, depth) for node, depth in _tree_order(self.dispatcher)]
+            views = [_view(node, depth) for node, depth in self.dispatcher.tree.in_order()]
             taken.append((self.last_seq, views))
 
         # Queued last among this handler's after-commit actions: after its signals.
@@ -379,16 +379,6 @@ def _state_data(
 
 def _view(node: Node, depth: int) -> JobView:
     return job_view(node.job, depth, str(node.state), node.started)
-
-
-def _tree_order(dispatcher: Dispatcher) -> list[tuple[Node, int]]:
-    out: list[tuple[Node, int]] = []
-    stack = [(n, 0) for n in reversed(dispatcher.tree.roots)]
-    while stack:
-        node, depth = stack.pop()
-        out.append((node, depth))
-        stack.extend((c, depth + 1) for c in reversed(node.children))
-    return out
 
 
 # ---------------------------------------------------------------- the client side

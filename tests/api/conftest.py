@@ -46,7 +46,6 @@ def _api(url: str, make_jc: MakeJC) -> Iterator[Api]:
     ctx = ApiContext(
         store=jc.store,
         engine=jc.engine,
-        dispatcher=jc.dispatcher,
         eventlog=log,
         version="test",
         started=datetime.now(UTC),
