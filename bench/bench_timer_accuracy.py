@@ -105,7 +105,7 @@ def engine_latencies(url: str, logs: Path, n: int, spacing_ms: float) -> dict[st
     dispatcher = runtime.dispatcher
     try:
         runtime.start()
-        armed = {top_id: a.when for top_id, a in dispatcher.armed.items()}
+        armed = {top_id: a.when for top_id, a in dispatcher.tree_timers.armed.items()}
         with store.read() as conn:
             next_runs = {r.id: r.next_runs for r in conn.execute(select(job.c.id, job.c.next_runs))}
         for name, due in zip(names, dues, strict=False):

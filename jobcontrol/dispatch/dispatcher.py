@@ -31,8 +31,8 @@ from typing import Any
 from jobcontrol import events, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import recover_lost_runs
-from jobcontrol.dispatch.runs import Frame, RunMachine, TreeRun, Tx
-from jobcontrol.dispatch.timers import Armed, TimerMachine
+from jobcontrol.dispatch.runs import TreeRuns, Tx
+from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
 from jobcontrol.dispatch.treestate import TreeStateProtocol
 from jobcontrol.errors import (
@@ -93,7 +93,11 @@ class Stats:
 _STOP = object()
 
 
-class Dispatcher(TimerMachine, RunMachine):
+class Dispatcher:
+    """The thread, its event queue and the requests other threads make, composed of two
+    parts that share its tree and transaction: ``tree_timers`` (the timers of top-level
+    trees) and ``runs`` (tree runs in flight)."""
+
     def __init__(
         self,
         store: Store,
@@ -110,9 +114,8 @@ class Dispatcher(TimerMachine, RunMachine):
         self.default_max_log_files = config.default_max_log_files
         self.protocol = TreeStateProtocol(config.edit_timeout)
         self.tree = JobTree()
-        self.tree_runs: dict[int, TreeRun] = {}
-        self.frames: dict[int, Frame] = {}
-        self.armed: dict[int, Armed] = {}
+        self.tree_timers = TreeTimers(self)
+        self.runs = TreeRuns(self)
         self.stats = Stats()
         self.instance_id = ""
         self.host = socket.gethostname()
@@ -169,15 +172,15 @@ class Dispatcher(TimerMachine, RunMachine):
 
     def _arm_idle_trees(self) -> None:
         """Evaluate every tree and arm the timer of each active one not running on a timer."""
-        ev = self._evaluator()
+        ev = self.tree_timers.evaluator()
         ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
         dues = {top.id: ev.tree_due(top) for top in self.tree.roots}  # evaluated above
-        self._write_evaluation(ev)
-        timer_runs = {tr.top.id for tr in self.tree_runs.values() if not tr.immediate}
+        self.tree_timers.write_evaluation(ev)
+        timer_runs = {tr.top.id for tr in self.runs.tree_runs.values() if not tr.immediate}
         for top in self.tree.roots:
             due = dues[top.id]
             if top.job.active and due is not None and top.id not in timer_runs:
-                self._arm(top, due, Trigger.TIMER)
+                self.tree_timers.arm(top, due, Trigger.TIMER)
 
     def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
         """Stop timers, optionally kill what runs, wait for runs to end, stop the thread."""
@@ -188,7 +191,7 @@ class Dispatcher(TimerMachine, RunMachine):
         if kill_running:
             self.call(self._kill_all).result(timeout)
         with self._idle_runs:
-            self._idle_runs.wait_for(lambda: not self.tree_runs, timeout)
+            self._idle_runs.wait_for(lambda: not self.runs.tree_runs, timeout)
         self._queue.put(_STOP)
         assert self._thread is not None
         self._thread.join(timeout)
@@ -199,7 +202,7 @@ class Dispatcher(TimerMachine, RunMachine):
         log.info("JobControl terminated.")
 
     def busy_jobs(self) -> list[str]:
-        return [tr.root.job.name for tr in list(self.tree_runs.values())]
+        return [tr.root.job.name for tr in list(self.runs.tree_runs.values())]
 
     # ------------------------------------------------------------ the loop
 
@@ -218,17 +221,17 @@ class Dispatcher(TimerMachine, RunMachine):
         return fut
 
     def post_wait_elapsed(self, run_id: int) -> None:
-        self._queue.put((lambda: self._wait_elapsed(run_id), None))
+        self._queue.put((lambda: self.runs.wait_elapsed(run_id), None))
 
     def _on_task_finished(self, _sender: object, run_id: int, **_: Any) -> None:
-        self._queue.put((lambda: self._task_done(run_id), None))
+        self._queue.put((lambda: self.runs.task_done(run_id), None))
 
     def _loop(self) -> None:
         while True:
             try:
                 # Only while runs are in flight is there anything to poll for.
                 item = self._queue.get(
-                    timeout=self.config.poll_interval if self.tree_runs else None
+                    timeout=self.config.poll_interval if self.runs.tree_runs else None
                 )
             except queue.Empty:
                 item = (self._poll, None)
@@ -242,14 +245,14 @@ class Dispatcher(TimerMachine, RunMachine):
                 self.stats.failures += 1
                 log.exception("dispatcher handler failed")
             with self._idle_runs:
-                if not self.tree_runs:
+                if not self.runs.tree_runs:
                     self._idle_runs.notify_all()
 
     def _poll(self) -> None:
         """The back-up poll: ends that were not announced, and leases that ran out."""
-        self._reconcile()
+        self.runs.reconcile()
         if time.monotonic() >= self._leases_judged_after:
-            self._settle_expired(self.host, self._collect)
+            self.runs.settle_expired(self.host, self._collect)
 
     def _collect(self, row: RunRecord) -> None:
         """Kill what is left of a lost run on this host, off the dispatcher thread."""
@@ -290,19 +293,19 @@ class Dispatcher(TimerMachine, RunMachine):
     def _rebuild(self) -> None:
         """Everything held in memory, re-derived from the database (as after an outage)."""
         before = {n.id: n.state for n in self.tree.nodes.values()}
-        for top_id in list(self.armed):
+        for top_id in list(self.tree_timers.armed):
             self.timers.cancel(("tree", top_id))
-        for run_id in list(self.frames):
+        for run_id in list(self.runs.frames):
             self.timers.cancel(("wait", run_id))
-        self.armed.clear()
-        self.tree_runs.clear()
-        self.frames.clear()
+        self.tree_timers.armed.clear()
+        self.runs.tree_runs.clear()
+        self.runs.frames.clear()
         with self.store.write() as conn:
             self._tx = tx = Tx(conn)
             try:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
                 queries.drop_pending(conn)  # queued ahead: queued again as the runs go on
-                steps = self._resume_tree_runs()
+                steps = self.runs.resume_tree_runs()
                 self._arm_idle_trees()
                 for step in steps:
                     step()
@@ -327,7 +330,7 @@ class Dispatcher(TimerMachine, RunMachine):
         log.warning(
             "dispatcher rebuilt from the database: %d jobs, %d tree runs in flight",
             len(self.tree.nodes),
-            len(self.tree_runs),
+            len(self.runs.tree_runs),
         )
 
     def _handle(self, item: Any) -> None:
@@ -385,7 +388,7 @@ class Dispatcher(TimerMachine, RunMachine):
     def _react(self, change: EditChange) -> None:
         """One reaction to one edit transaction, re-evaluating each affected tree once."""
         self.stats.reactions += 1
-        self._drop_aheads(pending_only=True)  # queued with what the edit may have changed
+        self.runs.drop_aheads(pending_only=True)  # queued with what the edit may have changed
         affected: set[int] = set()
         for job_id in change.deleted:
             node = self.tree.get(job_id)
@@ -393,7 +396,7 @@ class Dispatcher(TimerMachine, RunMachine):
                 continue
             top = node.top()
             if top is node:
-                self._disarm(node)
+                self.tree_timers.disarm(node)
             else:
                 affected.add(top.id)
             self.tree.remove(job_id)
@@ -410,11 +413,11 @@ class Dispatcher(TimerMachine, RunMachine):
             if fields & RESCHEDULING_FIELDS:
                 affected.update({old_top.id, moved.top().id})
             if old_top is moved and moved.parent is not None:
-                self._disarm(moved)  # no longer top-level
+                self.tree_timers.disarm(moved)  # no longer top-level
         for top_id in affected:
             root = self.tree.get(top_id)
             if root is not None and root.parent is None:
-                self._restart_subtree_timer(root)
+                self.tree_timers.restart_subtree_timer(root)
         created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
         modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]
         deleted = list(change.deleted)
@@ -430,7 +433,7 @@ class Dispatcher(TimerMachine, RunMachine):
     def _node(self, job: JobRef) -> Node:
         return self.tree.find(job)
 
-    def _busy_job(self, node: Node) -> Node | None:
+    def busy_job(self, node: Node) -> Node | None:
         """The job at, above or below ``node`` that is not idle (spec 7.2), or None."""
         for n in (node, *node.ancestors()):
             if n.state is not JobState.IDLE:
@@ -440,55 +443,72 @@ class Dispatcher(TimerMachine, RunMachine):
                 return n
         return None
 
-    def run_now(self, job: int | str, user: str) -> int:
+    def run_now(self, job: JobRef, user: str) -> int:
         """Run a job and its sub-tree now (spec 7.4, DESIGN decision 2); returns the run id."""
 
         def handler() -> int:
             node = self._node(job)
-            busy = self._busy_job(node)
+            busy = self.busy_job(node)
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
             log.info("Manual execution of Job %s by %s", node.job.name, user)
-            return self._start_run(node, Trigger.MANUAL, immediate=True, user=user)
+            return self.runs.start_run(node, Trigger.MANUAL, immediate=True, user=user)
 
         return int(self.call(handler).result(self.config.edit_timeout))
 
-    def kill(self, job: int | str, user: str) -> int:
+    def kill(self, job: JobRef, user: str) -> int:
         """Kill the run of the nearest sub-tree root at or above the job (spec 8.1); its run id."""
 
         def handler() -> int:
             node = self._node(job)
             for n in (node, *node.ancestors()):
-                tr = self.tree_runs.get(n.id)
+                tr = self.runs.tree_runs.get(n.id)
                 if tr is not None:
-                    self._kill_tree_run(tr, user)
+                    self.runs.kill_tree_run(tr, user)
                     assert tr.root_run_id is not None
                     return tr.root_run_id
             raise JobError(node.job.name, "not running")
 
         return int(self.call(handler).result(self.config.edit_timeout))
 
-    def restart(self, job: int | str, user: str) -> datetime | None:
+    @property
+    def paused(self) -> bool:
+        """Whether timers are paused (trees stay scheduled, nothing fires)."""
+        return self.tree_timers.paused
+
+    def pause_timers(self) -> int:
+        """Stop every timer from firing; runs in flight go on. Returns how many were armed."""
+        return self.tree_timers.pause_timers()
+
+    def resume_timers(self) -> int:
+        """Re-arm every scheduled tree (a time missed follows its misfire); how many are armed."""
+        return self.tree_timers.resume_timers()
+
+    def status(self, next_timers: int = 5) -> dict[str, Any]:
+        """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
+        return self.tree_timers.status(next_timers)
+
+    def restart(self, job: JobRef, user: str) -> datetime | None:
         """Re-arm a top-level tree (spec 8.2); returns when it will next run."""
 
         def handler() -> datetime | None:
             node = self._node(job)
             if node.parent is not None:
                 raise JobError(node.job.name, "not a top-level job")
-            busy = self._busy_job(node)
+            busy = self.busy_job(node)
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
             log.info("Restart of job %s by %s", node.job.name, user)
-            return self._restart_subtree_timer(node, Trigger.RESTART)
+            return self.tree_timers.restart_subtree_timer(node, Trigger.RESTART)
 
         result: datetime | None = self.call(handler).result(self.config.edit_timeout)
         return result
 
     def _kill_all(self) -> None:
-        for tr in list(self.tree_runs.values()):
-            self._kill_tree_run(tr, DISPATCHER_USER)
+        for tr in list(self.runs.tree_runs.values()):
+            self.runs.kill_tree_run(tr, DISPATCHER_USER)
 
-    def _set_job_state(
+    def set_job_state(
         self, node: Node, state: JobState, started: datetime | None, run_id: int | None
     ) -> None:
         node.state, node.started, node.run_id = state, started, run_id

@@ -4,7 +4,7 @@ A run of a job sub-tree is a chain of frames, one per job being executed: a
 box frame walks its children one after another; a task frame waits for the
 executor to report its outcome. Nothing here blocks: waiting for a TIMED
 child arms a timer, a task is a queued run row. Every function runs on the
-dispatcher thread inside its current transaction (``self.tx``).
+dispatcher thread inside its current transaction (``d.tx``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from jobcontrol import events
-from jobcontrol.dispatch.tree import JobTree, Node, sort_key
+from jobcontrol.dispatch.tree import Node, sort_key
 from jobcontrol.model import (
     ACTIVE_RUN_STATES,
     DISPATCHER_USER,
@@ -31,10 +31,10 @@ from jobcontrol.model import (
     RunState,
     Trigger,
 )
-from jobcontrol.store import Store, queries, runqueue
+from jobcontrol.store import queries, runqueue
 
 if TYPE_CHECKING:
-    from jobcontrol.clock import Clock, TimerService
+    from jobcontrol.dispatch.dispatcher import Dispatcher
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
@@ -106,28 +106,20 @@ class Tx:
         self.after_commit.append(fn)
 
 
-class RunMachine:
-    """The run half of the dispatcher; mixed into ``Dispatcher``, which provides these."""
+class TreeRuns:
+    """The run part of the dispatcher: tree runs in flight and the frames of their boxes.
 
-    clock: Clock
-    timers: TimerService
-    store: Store
-    tree: JobTree
-    tree_runs: dict[int, TreeRun]
-    frames: dict[int, Frame]
-    default_max_log_files: int
+    Owned by one ``Dispatcher`` (``d``); run only on its thread, inside a
+    handler's transaction (``d.tx``). A finished tree run is handed to the timer
+    part (``d.tree_timers.tree_done``) to re-arm its tree.
+    """
 
-    if TYPE_CHECKING:
+    def __init__(self, d: Dispatcher) -> None:
+        self.d = d
+        self.tree_runs: dict[int, TreeRun] = {}  # by the id of the tree's root job
+        self.frames: dict[int, Frame] = {}  # by run id: every box or task run in flight
 
-        @property
-        def tx(self) -> Tx: ...
-        def post_wait_elapsed(self, run_id: int) -> None: ...
-        def _set_job_state(
-            self, node: Node, state: JobState, started: datetime | None, run_id: int | None
-        ) -> None: ...
-        def _tree_done(self, tr: TreeRun, status: int) -> None: ...
-
-    def _start_run(
+    def start_run(
         self,
         node: Node,
         trigger: Trigger,
@@ -147,16 +139,16 @@ class RunMachine:
         result = self._enter(node, None, tr)
         assert tr.root_run_id is not None
         if result is not None:
-            self._tree_done(tr, result)
+            self.d.tree_timers.tree_done(tr, result)
         return tr.root_run_id
 
     def _enter(self, node: Node, parent: Frame | None, tr: TreeRun) -> int | None:
         """Start one job of a run; its status if it finished at once, None if it is under way."""
-        now = self.clock.now()
+        now = self.d.clock.now()
         job = node.job
         if parent is not None and not job.active:
             if tr.immediate:  # a manual run records what it skipped (DESIGN decision 2)
-                self._insert_run(node, parent, tr, RunState.SKIPPED, now, reason="inactive")
+                self.insert_run(node, parent, tr, RunState.SKIPPED, now, reason="inactive")
             return 0
         is_task = job.kind is Kind.TASK
         adopted = self._adopt_ahead(node, parent) if is_task else None
@@ -164,14 +156,16 @@ class RunMachine:
             run_id, state = adopted.id, adopted.state
         else:
             state = RunState.QUEUED if is_task else RunState.RUNNING
-            run_id = self._insert_run(node, parent, tr, state, now)
+            run_id = self.insert_run(node, parent, tr, state, now)
         if parent is None:
             tr.root_run_id = run_id
         frame = Frame(node=node, run_id=run_id, parent=parent, tree_run=tr, started=now)
         self.frames[run_id] = frame
-        self._set_job_state(node, JobState.RUNNING, now, run_id)
+        self.d.set_job_state(node, JobState.RUNNING, now, run_id)
         shown = RunState.QUEUED if state.is_final else state
-        self.tx.after(lambda: events.run_started.send(self, run=run_info(run_id, node, tr, shown)))
+        self.d.tx.after(
+            lambda: events.run_started.send(self.d, run=run_info(run_id, node, tr, shown))
+        )
         if is_task:
             log.info("Running Task %s", job.name)
             tr.current_task = frame
@@ -179,7 +173,7 @@ class RunMachine:
                 tr.current_task = None  # it ran and ended before we got here
                 return self._finish(frame, adopted.exit_status or 0, adopted.state)
             if state is RunState.QUEUED:
-                self.tx.offers.append(run_id)
+                self.d.tx.offers.append(run_id)
             self._queue_ahead(frame)
             return None
         log.debug("Entering Box %s", job.name)
@@ -187,7 +181,7 @@ class RunMachine:
         log.debug("Child jobs are: %s", [c.job.name for c in frame.children])
         return self._advance(frame)
 
-    def _insert_run(
+    def insert_run(
         self,
         node: Node,
         parent: Frame | None,
@@ -226,7 +220,7 @@ class RunMachine:
                 values.update(after_run_id=after[0], after_ok_only=after[1])
         else:
             values["started"] = now
-        return queries.insert_run(self.tx.conn, values)
+        return queries.insert_run(self.d.tx.conn, values)
 
     # ------------------------------------------------------------ queued ahead
 
@@ -249,8 +243,8 @@ class RunMachine:
         if nxt.parent is not box.node or nxt.job.kind is not Kind.TASK or not nxt.job.active:
             return
         ok_only = box.node.job.on_error is OnError.ABORT
-        run_id = self._insert_run(
-            nxt, box, tr, RunState.PENDING, self.clock.now(), after=(task.run_id, ok_only)
+        run_id = self.insert_run(
+            nxt, box, tr, RunState.PENDING, self.d.clock.now(), after=(task.run_id, ok_only)
         )
         box.ahead = (nxt.id, run_id)
 
@@ -261,7 +255,7 @@ class RunMachine:
         job_id, run_id = box.ahead
         box.ahead = None
         if job_id == node.id:
-            row = queries.get_run(self.tx.conn, run_id)
+            row = queries.get_run(self.d.tx.conn, run_id)
             if row is not None and row.state is not RunState.PENDING:
                 return row
         # Not released (its predecessor was settled, not finished) or not the one due.
@@ -270,16 +264,16 @@ class RunMachine:
 
     def _cancel_ahead(self, run_id: int) -> None:
         """A run queued ahead must not run: forget it, or stop it if a worker has it."""
-        if not queries.drop_pending(self.tx.conn, run_id):
+        if not queries.drop_pending(self.d.tx.conn, run_id):
             self._stop_task_run(run_id, "cancelled: its box stopped before it")
 
-    def _drop_aheads(self, tr: TreeRun | None = None, *, pending_only: bool = False) -> None:
+    def drop_aheads(self, tr: TreeRun | None = None, *, pending_only: bool = False) -> None:
         """Forget the runs queued ahead (of one tree run, or every one)."""
         for frame in list(self.frames.values()):
             if frame.ahead is None or (tr is not None and frame.tree_run is not tr):
                 continue
             _, run_id = frame.ahead
-            if queries.drop_pending(self.tx.conn, run_id):
+            if queries.drop_pending(self.d.tx.conn, run_id):
                 frame.ahead = None
             elif not pending_only:
                 frame.ahead = None
@@ -317,7 +311,7 @@ class RunMachine:
             else (frame.prev.job.next_runs if frame.prev else None)
         )
         # Spec 7.6: a comparison with a null NextRuns is false, so no wait.
-        return due is not None and ref is not None and due > ref and due > self.clock.now()
+        return due is not None and ref is not None and due > ref and due > self.d.clock.now()
 
     def _wait(self, frame: Frame, child: Node) -> None:
         due = child.job.next_runs
@@ -326,12 +320,14 @@ class RunMachine:
         frame.waiting = True
         frame.tree_run.waiting_frame = frame
         queries.transition_run(
-            self.tx.conn, frame.run_id, [RunState.RUNNING], {"state": RunState.WAITING}
+            self.d.tx.conn, frame.run_id, [RunState.RUNNING], {"state": RunState.WAITING}
         )
-        self._set_job_state(frame.node, JobState.WAITING, frame.started, frame.run_id)
-        self.timers.arm(("wait", frame.run_id), due, lambda: self.post_wait_elapsed(frame.run_id))
+        self.d.set_job_state(frame.node, JobState.WAITING, frame.started, frame.run_id)
+        self.d.timers.arm(
+            ("wait", frame.run_id), due, lambda: self.d.post_wait_elapsed(frame.run_id)
+        )
 
-    def _wait_elapsed(self, run_id: int) -> None:
+    def wait_elapsed(self, run_id: int) -> None:
         frame = self.frames.get(run_id)
         if frame is None or not frame.waiting:
             return
@@ -339,9 +335,9 @@ class RunMachine:
         frame.waited_index = frame.index
         frame.tree_run.waiting_frame = None
         queries.transition_run(
-            self.tx.conn, run_id, [RunState.WAITING], {"state": RunState.RUNNING}
+            self.d.tx.conn, run_id, [RunState.WAITING], {"state": RunState.RUNNING}
         )
-        self._set_job_state(frame.node, JobState.RUNNING, frame.started, run_id)
+        self.d.set_job_state(frame.node, JobState.RUNNING, frame.started, run_id)
         result = self._advance(frame)
         if result is not None:
             self._propagate(frame, result)
@@ -380,11 +376,11 @@ class RunMachine:
         status = frame.exit_status if status is None else status
         if tr.killed and node.job.kind is Kind.BOX:
             status = KILLED_STATUS
-        now = self.clock.now()
+        now = self.d.clock.now()
         duration = max(0, int((now - frame.started).total_seconds() * 1000))
         job = node.job
         job.last_ran, job.exit_status, job.last_duration_ms = frame.started, status, duration
-        conn = self.tx.conn
+        conn = self.d.tx.conn
         queries.write_job_result(conn, job.id, frame.started, status, duration)
         state = recorded or final_state(status, tr.killed)
         if job.kind is Kind.BOX:
@@ -395,9 +391,9 @@ class RunMachine:
                 {"state": state, "exit_status": status, "ended": now, "duration_ms": duration},
             )
         self.frames.pop(frame.run_id, None)
-        self._set_job_state(node, JobState.IDLE, None, None)
+        self.d.set_job_state(node, JobState.IDLE, None, None)
         info = run_info(frame.run_id, node, tr, state, exit_status=status, duration_ms=duration)
-        self.tx.after(lambda: events.run_finished.send(self, run=info))
+        self.d.tx.after(lambda: events.run_finished.send(self.d, run=info))
         log.info("Job %s completed exit status %s", job.name, status)
         return status
 
@@ -410,14 +406,14 @@ class RunMachine:
             if outcome is None:
                 return
             frame, result = parent, outcome
-        self._tree_done(frame.tree_run, result)
+        self.d.tree_timers.tree_done(frame.tree_run, result)
 
-    def _task_done(self, run_id: int) -> None:
+    def task_done(self, run_id: int) -> None:
         """A worker recorded a task's end (or a wake-up says so): react to what the row says."""
         frame = self.frames.get(run_id)
         if frame is None:
             return  # handled already (a wake-up and the back-up poll can both report it)
-        row = queries.get_run(self.tx.conn, run_id)
+        row = queries.get_run(self.d.tx.conn, run_id)
         if row is None or row.state in ACTIVE_RUN_STATES:
             return  # not ended yet
         self._task_ended(frame, row)
@@ -430,31 +426,31 @@ class RunMachine:
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
         self._propagate(frame, self._finish(frame, status, row.state))
 
-    def _reconcile(self) -> None:
+    def reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""
         run_ids = [tr.current_task.run_id for tr in self.tree_runs.values() if tr.current_task]
         if not run_ids:
             return
-        rows = queries.get_runs(self.tx.conn, run_ids)
+        rows = queries.get_runs(self.d.tx.conn, run_ids)
         for row in rows:
             frame = self.frames.get(row.id)
             if frame is not None and row.state not in ACTIVE_RUN_STATES:
                 log.debug("task run %s ended without a wake-up; reacting now", row.id)
                 self._task_ended(frame, row)
 
-    def _kill_tree_run(self, tr: TreeRun, user: str) -> None:
+    def kill_tree_run(self, tr: TreeRun, user: str) -> None:
         if tr.killed:
             return
         tr.killed = True
         log.debug("Killing run %s for %s", tr.root_run_id, tr.root.job.name)
-        self._drop_aheads(tr)  # before the kill: the killed task's end must release nothing
+        self.drop_aheads(tr)  # before the kill: the killed task's end must release nothing
         task = tr.current_task
         if task is not None:
             self._kill_task(task, f"killed by {user}")
             return
         frame = tr.waiting_frame
         if frame is not None:
-            self.timers.cancel(("wait", frame.run_id))
+            self.d.timers.cancel(("wait", frame.run_id))
             frame.waiting = False
             tr.waiting_frame = None
             self._propagate(frame, self._finish(frame, KILLED_STATUS))
@@ -468,7 +464,7 @@ class RunMachine:
 
     def _stop_task_run(self, run_id: int, reason: str) -> bool:
         """Cancel a queued task run (True), or ask its worker to kill a running one."""
-        conn, now = self.tx.conn, self.clock.now()
+        conn, now = self.d.tx.conn, self.d.clock.now()
         killed = {
             "state": RunState.KILLED,
             "exit_status": KILLED_STATUS,
@@ -479,15 +475,15 @@ class RunMachine:
         if queries.transition_run(conn, run_id, [RunState.QUEUED], killed):
             return True
         if runqueue.request_kill(conn, run_id):
-            store = self.store
-            self.tx.after(lambda: events.kill_requested.send(store, run_id=run_id, reason=reason))
+            store = self.d.store
+            self.d.tx.after(lambda: events.kill_requested.send(store, run_id=run_id, reason=reason))
         return False
 
     # ------------------------------------------------------------ leases
 
-    def _settle_expired(self, local_host: str, kill: Callable[[RunRecord], None]) -> None:
+    def settle_expired(self, local_host: str, kill: Callable[[RunRecord], None]) -> None:
         """Runs whose worker stopped renewing its lease are lost; their trees go on."""
-        conn, now = self.tx.conn, self.clock.now()
+        conn, now = self.d.tx.conn, self.d.clock.now()
         for row in runqueue.expired_leases(conn, now):
             reason = (
                 f"lost: worker {row.worker} stopped renewing its lease "
@@ -498,7 +494,7 @@ class RunMachine:
             log.warning("task run %s (%s) %s", row.id, row.job_name, reason)
             if row.host == local_host:
                 # Provably ours to collect: nothing of a lost run may keep running.
-                self.tx.after(lambda row=row: kill(row))  # type: ignore[misc]
+                self.d.tx.after(lambda row=row: kill(row))  # type: ignore[misc]
             frame = self.frames.get(row.id)
             if frame is not None:
                 frame.tree_run.current_task = None
@@ -514,26 +510,26 @@ class RunMachine:
         }
         if row.started is not None:
             values["duration_ms"] = max(0, int((now - row.started).total_seconds() * 1000))
-        return queries.transition_run(self.tx.conn, row.id, [row.state], values)
+        return queries.transition_run(self.d.tx.conn, row.id, [row.state], values)
 
     # ------------------------------------------------------------ resuming from the database
 
-    def _resume_tree_runs(self) -> list[Callable[[], None]]:
+    def resume_tree_runs(self) -> list[Callable[[], None]]:
         """Rebuild every tree run in flight from its run rows (after an outage).
 
         Returns the steps still to take (a child that ended meanwhile, a box to go
         on with), to be run once every tree run is back in memory.
         """
-        rows = queries.unfinished_tree_runs(self.tx.conn)
+        rows = queries.unfinished_tree_runs(self.d.tx.conn)
         kids: dict[int, list[RunRecord]] = {}
         for row in rows:
             if row.parent_run_id is not None:
                 kids.setdefault(row.parent_run_id, []).append(row)
         steps: list[Callable[[], None]] = []
         for root in (r for r in rows if r.parent_run_id is None):
-            node = self.tree.get(root.job_id) if root.job_id is not None else None
+            node = self.d.tree.get(root.job_id) if root.job_id is not None else None
             if node is None:
-                self._settle_lost(root, "lost: its job no longer exists", self.clock.now())
+                self._settle_lost(root, "lost: its job no longer exists", self.d.clock.now())
                 continue
             tr = TreeRun(
                 root=node,
@@ -559,17 +555,17 @@ class RunMachine:
         steps: list[Callable[[], None]],
     ) -> None:
         frame = Frame(
-            node, row.id, parent, tr, started=row.started or row.created or self.clock.now()
+            node, row.id, parent, tr, started=row.started or row.created or self.d.clock.now()
         )
         self.frames[row.id] = frame
         waiting = row.state is RunState.WAITING
-        self._set_job_state(
+        self.d.set_job_state(
             node, JobState.WAITING if waiting else JobState.RUNNING, frame.started, row.id
         )
         if node.job.kind is Kind.TASK:
             tr.current_task = frame
             if row.state is RunState.QUEUED:
-                self.tx.offers.append(row.id)  # announced again: the wake-up may be gone
+                self.d.tx.offers.append(row.id)  # announced again: the wake-up may be gone
             elif row.state not in ACTIVE_RUN_STATES:
                 steps.append(lambda: self._task_ended(frame, row))
             return
@@ -625,8 +621,8 @@ class RunMachine:
         child = frame.children[frame.index] if frame.index < len(frame.children) else None
         due = child.job.next_runs if child is not None else None
         run_id = frame.run_id
-        self.timers.arm(
-            ("wait", run_id), due or self.clock.now(), lambda: self.post_wait_elapsed(run_id)
+        self.d.timers.arm(
+            ("wait", run_id), due or self.d.clock.now(), lambda: self.d.post_wait_elapsed(run_id)
         )
 
     def _go_on(self, frame: Frame, result: int | None) -> None:

@@ -1,24 +1,22 @@
 """Timers of top-level trees (spec 6, 7.9): arm, cancel, fire, re-arm after a run.
 
-Mixed into ``Dispatcher`` and, like the rest of it, run only on the dispatcher
-thread inside a handler's transaction (``self.tx``).
+One part of ``Dispatcher`` (composed, not mixed in): it calls the run part
+(``d.runs``) to start a tree's run, and the run part calls ``tree_done`` back.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from concurrent.futures import Future
+    from jobcontrol.dispatch.dispatcher import Dispatcher
 
 from jobcontrol import events
-from jobcontrol.clock import Clock, TimerService
-from jobcontrol.dispatch.runs import Frame, TreeRun, Tx
-from jobcontrol.dispatch.tree import Evaluator, JobTree, Node
+from jobcontrol.dispatch.runs import TreeRun
+from jobcontrol.dispatch.tree import Evaluator, Node
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, RunState, Trigger
 from jobcontrol.store import queries
@@ -34,59 +32,33 @@ class Armed:
     trigger: Trigger
 
 
-class TimerMachine:
-    """The timer half of the dispatcher; ``Dispatcher`` provides the attributes below."""
+class TreeTimers:
+    """The timer part of the dispatcher: the armed timers of top-level trees, pause and resume.
 
-    clock: Clock
-    timers: TimerService
-    default_tz: tzinfo
-    tree: JobTree
-    tree_runs: dict[int, TreeRun]
-    frames: dict[int, Frame]
-    armed: dict[int, Armed]
-    stats: Any
-    config: Any
-    # While paused, ``armed`` still records every tree's due time but no timer is set.
-    _timers_paused: bool = False
+    Owned by one ``Dispatcher`` (``d``) and, like the rest of it, run only on the
+    dispatcher thread inside a handler's transaction (``d.tx``); the public
+    requests (``pause_timers``, ``resume_timers``, ``status``) hop onto that thread
+    themselves; ``Dispatcher`` offers them to other threads.
+    """
 
-    if TYPE_CHECKING:
+    def __init__(self, d: Dispatcher) -> None:
+        self.d = d
+        self.armed: dict[int, Armed] = {}
+        # While paused, ``armed`` still records every tree's due time but no timer is set.
+        self._timers_paused = False
 
-        @property
-        def tx(self) -> Tx: ...
-        def post(self, event: Any) -> None: ...
-        def call(self, fn: Callable[[], Any]) -> Future[Any]: ...
-        def _busy_job(self, node: Node) -> Node | None: ...
-        def _start_run(
-            self,
-            node: Node,
-            trigger: Trigger,
-            immediate: bool,
-            user: str,
-            fired_at: datetime | None = None,
-        ) -> int: ...
-        def _insert_run(
-            self,
-            node: Node,
-            parent: Frame | None,
-            tr: TreeRun,
-            state: RunState,
-            now: datetime,
-            reason: str | None = None,
-            after: tuple[int, bool] | None = None,
-        ) -> int: ...
+    def evaluator(self) -> Evaluator:
+        return Evaluator(now=self.d.clock.now(), default_tz=self.d.default_tz)
 
-    def _evaluator(self) -> Evaluator:
-        return Evaluator(now=self.clock.now(), default_tz=self.default_tz)
-
-    def _write_evaluation(self, ev: Evaluator) -> None:
+    def write_evaluation(self, ev: Evaluator) -> None:
         if not ev.changed:
             return
         rows = [(n.id, n.job.next_runs, n.job.job_order) for n in ev.changed.values()]
-        queries.write_schedule(self.tx.conn, rows)
+        queries.write_schedule(self.d.tx.conn, rows)
         jobs = [n.job for n in ev.changed.values()]
-        self.tx.after(lambda: events.jobs_evaluated.send(self, jobs=jobs))
+        self.d.tx.after(lambda: events.jobs_evaluated.send(self.d, jobs=jobs))
 
-    def _arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
+    def arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
         self.armed[top.id] = Armed(due, trigger)
         self._schedule_event(top, due)
         if self._timers_paused:
@@ -94,8 +66,10 @@ class TimerMachine:
             return
         top_id = top.id
         log.info("Starting timer for job %s : runs at %s", top.job.name, due)
-        self.timers.arm(
-            ("tree", top_id), due, lambda: self.post((lambda: self._timer_fired(top_id, due), None))
+        self.d.timers.arm(
+            ("tree", top_id),
+            due,
+            lambda: self.d.post((lambda: self._timer_fired(top_id, due), None)),
         )
 
     # ------------------------------------------------------------ pause / resume
@@ -112,11 +86,11 @@ class TimerMachine:
             if not self._timers_paused:
                 self._timers_paused = True
                 for top_id in self.armed:
-                    self.timers.cancel(("tree", top_id))
+                    self.d.timers.cancel(("tree", top_id))
                 log.info("Timers paused (%d armed)", len(self.armed))
             return len(self.armed)
 
-        return int(self.call(handler).result(self.config.edit_timeout))
+        return int(self.d.call(handler).result(self.d.config.edit_timeout))
 
     def resume_timers(self) -> int:
         """Re-evaluate and re-arm every scheduled tree; a time missed follows its misfire policy.
@@ -128,32 +102,34 @@ class TimerMachine:
             if not self._timers_paused:
                 return len(self.armed)
             self._timers_paused = False
-            now = self.clock.now()
+            now = self.d.clock.now()
             for top_id, armed in list(self.armed.items()):
-                top = self.tree.get(top_id)
+                top = self.d.tree.get(top_id)
                 if top is None:
                     continue
                 if armed.when <= now and top.job.misfire is Misfire.RUN_ONCE:
                     # Missed while paused: a re-evaluation from now could lose it.
-                    self._arm(top, armed.when, armed.trigger)
+                    self.arm(top, armed.when, armed.trigger)
                 else:
-                    self._restart_subtree_timer(top)
+                    self.restart_subtree_timer(top)
             log.info("Timers resumed (%d armed)", len(self.armed))
             return len(self.armed)
 
-        return int(self.call(handler).result(self.config.edit_timeout))
+        return int(self.d.call(handler).result(self.d.config.edit_timeout))
 
     def status(self, next_timers: int = 5) -> dict[str, Any]:
         """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
 
         def handler() -> dict[str, Any]:
-            nodes = self.tree.nodes
+            nodes = self.d.tree.nodes
             armed = sorted(
                 (a.when, nodes[i].job.name) for i, a in list(self.armed.items()) if i in nodes
             )
             runs = []
-            for tr in list(self.tree_runs.values()):
-                frame = self.frames.get(tr.root_run_id) if tr.root_run_id is not None else None
+            for tr in list(self.d.runs.tree_runs.values()):
+                frame = (
+                    self.d.runs.frames.get(tr.root_run_id) if tr.root_run_id is not None else None
+                )
                 runs.append(
                     {
                         "job": tr.root.job.name,
@@ -170,99 +146,97 @@ class TimerMachine:
             }
 
         try:
-            result: dict[str, Any] = self.call(handler).result(self.config.edit_timeout)
+            result: dict[str, Any] = self.d.call(handler).result(self.d.config.edit_timeout)
         except StoreUnavailable:
             # The dispatcher thread waits for the database and changes nothing meanwhile;
             # what it held before the outage is the best answer there is.
             result = handler()
         return result
 
-    def _disarm(self, top: Node) -> None:
+    def disarm(self, top: Node) -> None:
         if self.armed.pop(top.id, None) is not None:
             log.debug("Canceling timer: %s", top.job.name)
-            self.timers.cancel(("tree", top.id))
+            self.d.timers.cancel(("tree", top.id))
             self._schedule_event(top, None)
 
     def _schedule_event(self, top: Node, when: datetime | None) -> None:
         job_id, name = top.id, top.job.name
-        self.tx.after(
-            lambda: events.schedule_changed.send(self, job_id=job_id, name=name, next_runs=when)
+        self.d.tx.after(
+            lambda: events.schedule_changed.send(self.d, job_id=job_id, name=name, next_runs=when)
         )
 
-    def _restart_subtree_timer(
-        self, top: Node, trigger: Trigger = Trigger.TIMER
-    ) -> datetime | None:
+    def restart_subtree_timer(self, top: Node, trigger: Trigger = Trigger.TIMER) -> datetime | None:
         """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
-        self.stats.reevaluations += 1
+        self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
-        self._disarm(top)
-        ev = self._evaluator()
+        self.disarm(top)
+        ev = self.evaluator()
         due = ev.evaluate_tree(top)
-        self._write_evaluation(ev)
+        self.write_evaluation(ev)
         if top.job.active and due is not None:
             # A restart-armed timer keeps its trigger until it fires.
             keep = previous.trigger if previous is not None else trigger
-            self._arm(top, due, keep if trigger is Trigger.TIMER else trigger)
+            self.arm(top, due, keep if trigger is Trigger.TIMER else trigger)
         return due
 
     def _timer_fired(self, top_id: int, when: datetime) -> None:
         armed = self.armed.get(top_id)
-        top = self.tree.get(top_id)
+        top = self.d.tree.get(top_id)
         if armed is None or armed.when != when or top is None or self._timers_paused:
             return  # cancelled or re-armed since, or fired just before a pause
         del self.armed[top_id]
         log.debug("Timer has fired for job %s", top.job.name)
-        busy = self._busy_job(top)
+        busy = self.d.busy_job(top)
         if busy is None:
-            self._start_run(
+            self.d.runs.start_run(
                 top, armed.trigger, immediate=False, user=DISPATCHER_USER, fired_at=when
             )
             return
         # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
-        now = self.clock.now()
+        now = self.d.clock.now()
         tr = TreeRun(
             root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=DISPATCHER_USER
         )
-        self._insert_run(
+        self.d.runs.insert_run(
             top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"
         )
-        ev = self._evaluator()
+        ev = self.evaluator()
         due = ev.evaluate_tree(top)
         if due is not None and due <= now:
             due = ev.skip_missed(top, due)
-        self._write_evaluation(ev)
+        self.write_evaluation(ev)
         if top.job.active and due is not None:
-            self._arm(top, due, Trigger.TIMER)
+            self.arm(top, due, Trigger.TIMER)
 
-    def _tree_done(self, tr: TreeRun, status: int) -> None:
+    def tree_done(self, tr: TreeRun, status: int) -> None:
         """Spec 7.9: re-evaluate and re-arm after a run, unless an ABORT tree failed."""
-        self.tree_runs.pop(tr.root.id, None)
+        self.d.runs.tree_runs.pop(tr.root.id, None)
         top = tr.top
-        if self.tree.get(top.id) is None:
+        if self.d.tree.get(top.id) is None:
             return
         if tr.immediate:
             if top.id in self.armed:  # a manual run leaves the schedule as it was, refreshed
-                self._restart_subtree_timer(top)
+                self.restart_subtree_timer(top)
             return
-        self.stats.reevaluations += 1
-        ev = self._evaluator()
+        self.d.stats.reevaluations += 1
+        ev = self.evaluator()
         due = ev.evaluate_tree(top)
         if due is not None and tr.fired_at is not None and due <= tr.fired_at:
             # The schedule did not move on: the job that supplies it did not run (an
             # inactive box's child, spec 4.5). Its next occurrence, not at once again.
             due = ev.skip_missed(top, due)
-        self._write_evaluation(ev)
+        self.write_evaluation(ev)
         if (
             top.job.active
             and due is not None
             and (status == 0 or top.job.on_error is OnError.CONTINUE)
         ):
             log.info("Restarting timer for job %s : runs %s", top.job.name, due)
-            self._arm(top, due, Trigger.TIMER)
+            self.arm(top, due, Trigger.TIMER)
         else:
             # An edit during the run may have armed a timer: it must not fire now.
             self.armed.pop(top.id, None)
-            self.timers.cancel(("tree", top.id))
+            self.d.timers.cancel(("tree", top.id))
             top.job.next_runs = None  # will not run again until restarted
-            queries.write_next_runs(self.tx.conn, top.id, None)
+            queries.write_next_runs(self.d.tx.conn, top.id, None)
             self._schedule_event(top, None)

@@ -533,7 +533,7 @@ class Engine:
         """Timers armed, paused (0/1), edits that waited for the tree, handler failures."""
         d = self._require_dispatcher()
         return {
-            "timers_armed": len(d.armed),
+            "timers_armed": len(d.tree_timers.armed),
             "paused": 1 if d.paused else 0,
             "tree_state_waits": d.protocol.waits,
             "failures": d.stats.failures,

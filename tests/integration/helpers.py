@@ -415,7 +415,9 @@ class JC:
         def idle() -> bool:
             if fire_due_timers:
                 self.timers.advance(timedelta(0))
-            busy: int = self.dispatcher.call(lambda: len(self.dispatcher.tree_runs)).result(WAIT)
+            busy: int = self.dispatcher.call(lambda: len(self.dispatcher.runs.tree_runs)).result(
+                WAIT
+            )
             return busy == 0
 
         poll_until("every run to end", idle)
