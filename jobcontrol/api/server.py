@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import threading
 import time
+from email.utils import formatdate
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -15,6 +18,52 @@ from jobcontrol.api.deps import ApiContext
 from jobcontrol.errors import JobControlError
 
 log = logging.getLogger(__name__)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn's server without its tick: uvicorn wakes ten times a second to refresh the
+    Date header and look for an exit request, which is most of an idle daemon's CPU. This
+    one sleeps until ``request_exit`` wakes it, and ``_DateHeader`` dates each response."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._wake = asyncio.Event()
+        while not self.should_exit:
+            await self._wake.wait()
+            self._wake.clear()
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+        with self._lock:
+            if self._loop is not None and self._wake is not None:
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+
+class _DateHeader:
+    """Adds the Date header (RFC 9110 6.6.1) to every response, as uvicorn's tick did."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def dated(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                date = formatdate(usegmt=True).encode()
+                message["headers"] = [*message.get("headers", []), (b"date", date)]
+            await send(message)
+
+        await self.app(scope, receive, dated)
 
 
 class ApiServer:
@@ -35,7 +84,7 @@ class ApiServer:
             )
         self.host, self.tls = host, certfile is not None
         config = uvicorn.Config(
-            create_app(ctx),
+            _DateHeader(create_app(ctx)),
             host=host,
             port=port,
             ssl_certfile=str(certfile) if certfile else None,
@@ -43,8 +92,9 @@ class ApiServer:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            date_header=False,  # _DateHeader dates each response instead
         )
-        self._server = uvicorn.Server(config)
+        self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._server.run, name="jc-api", daemon=True)
         self.url = ""
 
@@ -70,8 +120,12 @@ class ApiServer:
         log.info("admin API at %s/api/v1", self.url)
         return self.url
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 10.0) -> None:
-        self._server.should_exit = True
+        self._server.request_exit()
         if self._thread.is_alive():
             self._thread.join(timeout)
 

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 # A task still running after this long gets its pid recorded at once; a shorter
 # one records it with its outcome, saving a write on the path between tasks.
 PID_RECORD_DELAY = 0.05
+# The back-up poll backs off on empty polls, doubling up to this many poll intervals.
+POLL_BACKOFF = 5
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 
 
@@ -92,6 +94,9 @@ class Worker:
         self.default_max_log_files = default_max_log_files
         self.kill_grace = kill_grace
         self.poll_interval = poll_interval
+        # An empty back-up poll doubles the wait for the next one up to this: an idle worker
+        # looks for work nobody announced a few times a minute, not every poll_interval.
+        self.max_poll_interval = poll_interval * POLL_BACKOFF
         self.heartbeat_interval = heartbeat_interval or runqueue.lease.total_seconds() / 3
         self.version = version
         self.outage = Outage(f"worker {self.name}")
@@ -222,21 +227,27 @@ class Worker:
     # ---------------------------------------------------------- heartbeat and back-up poll
 
     def _heartbeat_loop(self) -> None:
-        next_beat = time.monotonic()
+        next_beat = next_poll = time.monotonic()
+        poll_every = self.poll_interval
         while True:
             if time.monotonic() >= next_beat:
                 self._beat()
                 next_beat = time.monotonic() + self.heartbeat_interval
-            wait = min(self.poll_interval, max(0.0, next_beat - time.monotonic()))
             if self._stop.is_set():
                 # Stopping: keep the leases of the runs still in hand until they are recorded.
                 with self._cond:
                     if not self._active:
                         return
-                    self._cond.wait(wait)
+                    self._cond.wait(min(self.poll_interval, max(0.0, next_beat - time.monotonic())))
                 continue
-            self._poll_for_work()
-            self._stop.wait(wait)
+            if time.monotonic() >= next_poll:
+                found = self._poll_for_work()
+                # Back off while there is nothing to find; announced work never waits for this.
+                poll_every = (
+                    self.poll_interval if found else min(poll_every * 2, self.max_poll_interval)
+                )
+                next_poll = time.monotonic() + poll_every
+            self._stop.wait(max(0.0, min(next_poll, next_beat) - time.monotonic()))
 
     def _beat(self) -> None:
         with self._cond:
@@ -261,19 +272,21 @@ class Worker:
             )
             self.kill(run_id, "settled while its worker was away")
 
-    def _poll_for_work(self) -> None:
-        """The back-up poll: work nobody announced (another process queued it)."""
+    def _poll_for_work(self) -> bool:
+        """The back-up poll: work nobody announced (another process queued it). Whether
+        there was work to find, or the worker was busy (so the poll stays frequent)."""
         with self._cond:
             free = self.slots - len(self._active)
         if free <= 0 or self._stopping:
-            return
+            return True
         try:
             found = self.runqueue.any_queued(self.queues)
         except StoreUnavailable as exc:
             self.outage.failed(exc)
-            return
+            return True
         if found:
             self.wake()
+        return found
 
     # ---------------------------------------------------------- slots
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -42,6 +44,20 @@ def test_plain_http_on_loopback_with_a_free_port(api: Api) -> None:
         assert httpx.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
     finally:
         server.stop()
+
+
+def test_responses_are_dated_and_the_idle_server_stops_when_asked(api: Api) -> None:
+    server = ApiServer(api.ctx, port=0)
+    url = server.start()
+    try:
+        answer = httpx.get(f"{url}/healthz", timeout=10)
+        sent = parsedate_to_datetime(answer.headers["date"])  # the tick it no longer has did this
+        assert abs((sent - datetime.now(UTC)).total_seconds()) < 60
+    finally:
+        server.stop(timeout=10)
+    assert not server.running, "the server's thread was still running 10 s after stop()"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/healthz", timeout=5)
 
 
 def test_tls_when_given_a_certificate_and_key(api: Api, tmp_path: Path) -> None:
