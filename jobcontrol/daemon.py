@@ -312,13 +312,18 @@ class Daemon:
 
 
 def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) -> int:
-    """Start ``jobcontrol daemon run`` in the background; returns its pid once it is READY."""
+    """Start ``jobcontrol daemon run`` in the background; returns its pid once it is READY.
+
+    ``argv`` must not hold the database URL: it goes in the child's environment
+    (``JOBCONTROL_DB``, which the child drops as it reads it), since a command line
+    is shown to every local user by ``ps`` and the URL may carry a password.
+    """
     opts.state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="jc-notify-") as tmp:
         address = os.path.join(tmp, "notify")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(address)
-        env = {**os.environ, "NOTIFY_SOCKET": address}
+        env = {**os.environ, "NOTIFY_SOCKET": address, "JOBCONTROL_DB": opts.db_url}
         with open(opts.log_file, "ab") as out:
             child = subprocess.Popen(
                 [sys.executable, "-m", "jobcontrol", *argv],

@@ -29,8 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--db",
-        default=os.environ.get("JOBCONTROL_DB") or default_db_path(),
-        help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB; default %(default)s)",
+        default=None,
+        help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB, which keeps a "
+        f"password out of `ps`; default {default_db_path()})",
     )
     p.add_argument(
         "--state-dir", type=Path, default=None, help="pid file, daemon log and task logs"
@@ -141,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in ("daemon", "demo"):
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    args.db = normalise_url(args.db)
+    _warn_public_secrets(args)
+    # $JOBCONTROL_DB is read once and dropped, so nothing this process starts inherits
+    # it: not a detached daemon's command line, not a daemon's tasks.
+    from_env = os.environ.pop("JOBCONTROL_DB", None)
+    args.db = normalise_url(args.db or from_env or default_db_path())
     try:
         return int(_dispatch(args) or 0)
     except JobControlError as exc:
@@ -154,6 +159,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         # nothing more for the interpreter to fail to flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _warn_public_secrets(args: argparse.Namespace) -> None:
+    """A command line is public (``ps``): say so when it carries a secret."""
+    if args.db and _has_password(args.db):
+        print(
+            "jobcontrol: warning: --db puts the database password on the command line, where "
+            "every local user sees it (ps, /proc); set $JOBCONTROL_DB instead",
+            file=sys.stderr,
+        )
+
+
+def _has_password(db: str) -> bool:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if "://" not in db:
+        return False
+    try:
+        return bool(make_url(db).password)
+    except ArgumentError:
+        return False  # Store refuses it with its own message
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
@@ -326,16 +353,8 @@ def _daemon(args: argparse.Namespace) -> int:
         Daemon(opts).run_forever()
         return 0
     if cmd == "start":
-        argv = [
-            "--db",
-            args.db,
-            "--state-dir",
-            str(opts.state_dir),
-            "daemon",
-            "run",
-            "--slots",
-            str(opts.slots),
-        ]
+        # No --db: the URL (and its password) goes to the daemon in its environment.
+        argv = ["--state-dir", str(opts.state_dir), "daemon", "run", "--slots", str(opts.slots)]
         argv += ["--log-level", opts.log_level] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
