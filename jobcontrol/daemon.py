@@ -33,6 +33,7 @@ from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, queries, redact
+from jobcontrol.taskenv import PassEnv
 
 if TYPE_CHECKING:
     from jobcontrol.api.server import ApiServer
@@ -58,6 +59,7 @@ class DaemonOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     config_dir: Path | None = None
+    pass_env: PassEnv = field(default_factory=PassEnv)
 
     @property
     def tag(self) -> str:
@@ -230,7 +232,9 @@ class Daemon:
             from jobcontrol import __version__
 
             config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
-            self.runtime = Runtime(self.store, config, version=__version__)
+            self.runtime = Runtime(
+                self.store, config, version=__version__, pass_env=self.opts.pass_env
+            )
             self.dispatcher = self.runtime.start()
             if self.opts.api:
                 self._start_api(self.runtime)
@@ -238,6 +242,9 @@ class Daemon:
             self.stop()
             raise
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
+        log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
+        for name in self.opts.pass_env.ignored():
+            log.warning("the pass-through list names %s, which is never passed to tasks", name)
         return self.dispatcher
 
     def _start_api(self, runtime: Runtime) -> None:

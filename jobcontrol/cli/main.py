@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jobcontrol import taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon
@@ -102,6 +103,15 @@ def _parser() -> argparse.ArgumentParser:
         )
         d.add_argument("--tls-key", type=Path, default=None, help="... and this key")
         d.add_argument("--no-api", action="store_true", help="run without the admin API")
+        d.add_argument(
+            "--pass-env",
+            action="append",
+            default=None,
+            metavar="NAME[,NAME|PREFIX*]",
+            help="the daemon's environment variables tasks get (repeatable; env "
+            f"{taskenv.ENV_VAR}; default {','.join(taskenv.DEFAULT_PASS_ENV)}); "
+            "JOBCONTROL_* and NOTIFY_SOCKET never",
+        )
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
@@ -348,6 +358,7 @@ def _daemon(args: argparse.Namespace) -> int:
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
         if args.port is not None:
             opts.port = args.port
+        opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -362,6 +373,7 @@ def _daemon(args: argparse.Namespace) -> int:
         argv += ["--no-api"] if args.no_api else []
         if opts.tls_cert and opts.tls_key:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
+        argv += ["--pass-env", opts.pass_env.text]
         pid = start_detached(opts, argv)
         print(f"daemon started: pid {pid}, log {opts.log_file}")
         return 0

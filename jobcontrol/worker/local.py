@@ -33,6 +33,7 @@ from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
 from jobcontrol.outage import Outage
 from jobcontrol.store.runqueue import Finished, RunQueue, WorkerInfo
+from jobcontrol.taskenv import PassEnv
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Worker:
         poll_interval: float = 2.0,
         heartbeat_interval: float | None = None,
         version: str = "",
+        pass_env: PassEnv | None = None,
     ) -> None:
         self.runqueue = runqueue
         self.store = runqueue.store
@@ -104,7 +106,9 @@ class Worker:
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
         self._log_dirs: set[Path] = set()
-        self._base_env = dict(os.environ)
+        # Read once: os.environ decodes every variable on each read. Only the pass-through
+        # list reaches a task, never the daemon's own secrets (taskenv).
+        self._base_env = (pass_env or PassEnv()).select(os.environ)
         self._receivers: list[tuple[Any, Any]] = []
         self._give_up_at: float | None = None
 
@@ -338,7 +342,7 @@ class Worker:
 
     def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
         run = active.run
-        env = self._base_env.copy()  # os.environ decodes every variable on each read
+        env = self._base_env.copy()
         env.update(run.env)
         env.update(self._marker(run.id))
         env["JOBCONTROL_JOB"] = run.job_name

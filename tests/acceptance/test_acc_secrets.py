@@ -14,13 +14,46 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.acceptance.harness import JobControl, describe, pid_from
+from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
 
 MakeJC = Callable[[str], JobControl]
 
 pytestmark = pytest.mark.timeout(180)
 
+WAIT = 30.0
 PASSWORD = "Pw-only-the-daemon-knows-3141"
+TOKEN = "jc_the_daemons_token_never_for_tasks"
+
+PRINTENV = """\
+jobs:
+  - name: printenv
+    active: true
+    env:
+      GREETING: hello from the job
+    command: env; echo password=hunter2; echo END-OF-TASK
+"""
+
+
+def task_log(jc: JobControl, job: str) -> Path:
+    """Run ``job`` now through the daemon; the log of that run once the task has ended."""
+    jc.ok("run", job)
+
+    def finished() -> Path | None:
+        for path in (jc.state_dir / "logs").glob("job-*/*.log"):
+            if path.read_text().endswith("END-OF-TASK\n"):
+                return path
+        return None
+
+    assert wait_until(finished, WAIT), f"no finished log of {job} in {jc.state_dir / 'logs'}"
+    found = finished()
+    assert found is not None
+    return found
+
+
+def task_env(jc: JobControl) -> dict[str, str]:
+    """The environment the ``printenv`` task saw, from its log."""
+    lines = task_log(jc, "printenv").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
 # ---------------------------------------------------------------- ps
@@ -65,3 +98,84 @@ def test_a_detached_daemon_keeps_the_database_url_off_its_command_line(
     assert by_env.returncode == 0, describe(by_env)
     assert by_env.stdout.startswith(f"daemon running: pid {pid}, "), describe(by_env)
     assert by_env.stderr == "", describe(by_env)
+
+
+# ---------------------------------------------------------------- the tasks' environment
+
+
+def test_tasks_get_a_clean_environment(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    daemon_env = {
+        **jc.env,
+        "JOBCONTROL_TOKEN": TOKEN,
+        "NOTIFY_SOCKET": "/run/systemd/notify",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI-the-daemons-secret",
+    }
+    jc.ok("daemon", "start", env=daemon_env)
+    jc.ok("load", str(write(jc.base / "jobs.yaml", PRINTENV)))
+    seen = task_env(jc)
+
+    # Nothing of the daemon's own: not its database, token, systemd socket or other secrets.
+    for name in ("JOBCONTROL_DB", "JOBCONTROL_TOKEN", "JOBCONTROL_PORT", "NOTIFY_SOCKET"):
+        assert name not in seen, (name, seen)
+    assert "AWS_SECRET_ACCESS_KEY" not in seen, seen
+    assert "XDG_STATE_HOME" not in seen, seen
+    assert "PYTHONUNBUFFERED" not in seen, seen
+    assert TOKEN not in str(seen)
+    assert "wJalrXUtnFEMI" not in str(seen)
+    # The pass-through list, the job's env, and what Job Control sets for the run.
+    assert seen["PATH"] == jc.env["PATH"]
+    assert seen["HOME"] == jc.env["HOME"]
+    assert seen["LANG"] == "C.UTF-8"
+    assert seen["GREETING"] == "hello from the job"
+    assert seen["JOBCONTROL_JOB"] == "printenv"
+    assert seen["JOBCONTROL_RUN_ID"].isdigit()
+    assert seen["JOBCONTROL_INSTANCE"] == jc.instance()  # the marker kill relies on
+    assert seen["JOBCONTROL_LOG"].endswith(f"-run{seen['JOBCONTROL_RUN_ID']}.log")
+
+
+@pytest.mark.parametrize("how", ["--pass-env", "JOBCONTROL_PASS_ENV"])
+def test_the_pass_through_list_is_the_operators_to_choose(jc_sqlite: JobControl, how: str) -> None:
+    jc = jc_sqlite
+    listed = ["PATH,ORACLE_*", "JOBCONTROL_TOKEN,NOTIFY_SOCKET"]
+    daemon_env = {
+        **jc.env,
+        "ORACLE_HOME": "/opt/oracle",
+        "ORACLE_SID": "PROD",
+        "OTHER": "not listed",
+        "JOBCONTROL_TOKEN": TOKEN,
+    }
+    if how == "--pass-env":
+        jc.ok("daemon", "start", "--pass-env", listed[0], "--pass-env", listed[1], env=daemon_env)
+    else:
+        jc.ok("daemon", "start", env={**daemon_env, "JOBCONTROL_PASS_ENV": ",".join(listed)})
+    jc.ok("load", str(write(jc.base / "jobs.yaml", PRINTENV)))
+    seen = task_env(jc)
+
+    assert seen["ORACLE_HOME"] == "/opt/oracle", seen
+    assert seen["ORACLE_SID"] == "PROD", seen
+    assert seen["PATH"] == jc.env["PATH"]
+    # The list replaces the default; the daemon's own never pass, even when listed.
+    for name in (
+        "HOME",
+        "LANG",
+        "OTHER",
+        "JOBCONTROL_TOKEN",
+        "NOTIFY_SOCKET",
+        "JOBCONTROL_PASS_ENV",
+    ):
+        assert name not in seen, (name, seen)
+    daemon_log = next(jc.state_dir.glob("daemon-*.log")).read_text()
+    assert "the pass-through list names JOBCONTROL_TOKEN, which is never passed" in daemon_log
+
+
+def test_a_bad_pass_through_list_starts_nothing(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    option = jc.fails("daemon", "start", "--pass-env", "PATH,FOO-BAR")
+    assert (
+        "jobcontrol: --pass-env: 'FOO-BAR' is neither a variable name nor a PREFIX* pattern"
+        in option.stderr
+    ), describe(option)
+    variable = jc.fails("daemon", "start", env={**jc.env, "JOBCONTROL_PASS_ENV": "PATH HOME"})
+    assert "jobcontrol: JOBCONTROL_PASS_ENV: 'PATH HOME' is neither" in variable.stderr
+    assert jc.live_daemons() == []
