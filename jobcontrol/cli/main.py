@@ -17,6 +17,7 @@ from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon
 from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.filemodes import LogAccess
 from jobcontrol.places import default_db_path, normalise_url, state_dir_default
 from jobcontrol.store import Store, redact
 from jobcontrol.views import jsonable, run_json
@@ -111,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
             help="the daemon's environment variables tasks get (repeatable; env "
             f"{taskenv.ENV_VAR}; default {','.join(taskenv.DEFAULT_PASS_ENV)}); "
             "JOBCONTROL_* and NOTIFY_SOCKET never",
+        )
+        d.add_argument(
+            "--log-group",
+            default=None,
+            metavar="GROUP",
+            help="let this group read task logs (0640 in 0750 directories); "
+            "default: the daemon's user alone (0600 in 0700)",
         )
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
@@ -359,6 +367,7 @@ def _daemon(args: argparse.Namespace) -> int:
         if args.port is not None:
             opts.port = args.port
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
+        opts.log_access = LogAccess.for_group(args.log_group)
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -374,6 +383,9 @@ def _daemon(args: argparse.Namespace) -> int:
         if opts.tls_cert and opts.tls_key:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
         argv += ["--pass-env", opts.pass_env.text]
+        argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
+        for warning in opts.file_warnings():
+            print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)
         print(f"daemon started: pid {pid}, log {opts.log_file}")
         return 0

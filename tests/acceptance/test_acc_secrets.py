@@ -6,6 +6,8 @@ Each test starts its own daemon: what is checked is how it was started.
 
 from __future__ import annotations
 
+import grp
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -54,6 +56,10 @@ def task_env(jc: JobControl) -> dict[str, str]:
     """The environment the ``printenv`` task saw, from its log."""
     lines = task_log(jc, "printenv").read_text().splitlines()
     return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
 
 
 # ---------------------------------------------------------------- ps
@@ -169,7 +175,7 @@ def test_the_pass_through_list_is_the_operators_to_choose(jc_sqlite: JobControl,
     assert "the pass-through list names JOBCONTROL_TOKEN, which is never passed" in daemon_log
 
 
-def test_a_bad_pass_through_list_starts_nothing(jc_sqlite: JobControl) -> None:
+def test_a_bad_pass_through_list_or_log_group_starts_nothing(jc_sqlite: JobControl) -> None:
     jc = jc_sqlite.upgraded()
     option = jc.fails("daemon", "start", "--pass-env", "PATH,FOO-BAR")
     assert (
@@ -178,4 +184,75 @@ def test_a_bad_pass_through_list_starts_nothing(jc_sqlite: JobControl) -> None:
     ), describe(option)
     variable = jc.fails("daemon", "start", env={**jc.env, "JOBCONTROL_PASS_ENV": "PATH HOME"})
     assert "jobcontrol: JOBCONTROL_PASS_ENV: 'PATH HOME' is neither" in variable.stderr
+    group = jc.fails("daemon", "start", "--log-group", "no-such-group-jc")
+    assert "jobcontrol: --log-group 'no-such-group-jc': no such group" in group.stderr
     assert jc.live_daemons() == []
+
+
+# ---------------------------------------------------------------- file modes
+
+
+def test_what_the_daemon_writes_is_private_under_umask_022(tmp_path: Path, make_jc: MakeJC) -> None:
+    db = tmp_path / "data" / "jobcontrol.db"  # nor the file nor its directory exist yet
+    jc = make_jc(f"sqlite:///{db}")
+    jc.ok("daemon", "start", umask=0o022)
+    jc.ok("load", str(write(jc.base / "jobs.yaml", PRINTENV)))
+    log = task_log(jc, "printenv")
+    assert "password=hunter2" in log.read_text()
+
+    state = jc.state_dir
+    found = {
+        "database directory": (db.parent, 0o700),
+        "database": (db, 0o600),
+        "its WAL": (Path(f"{db}-wal"), 0o600),
+        "its shared memory": (Path(f"{db}-shm"), 0o600),
+        "its daemon lock": (Path(f"{db}.daemon.lock"), 0o600),
+        "state directory": (state, 0o700),
+        "daemon log": (next(state.glob("daemon-*.log")), 0o600),
+        "pid file": (next(state.glob("daemon-*.pid")), 0o600),
+        "URL file": (next(state.glob("daemon-*.url")), 0o600),
+        "log root": (state / "logs", 0o700),
+        "job log directory": (log.parent, 0o700),
+        "task log": (log, 0o600),
+    }
+    modes = {what: oct(mode(path)) for what, (path, _) in found.items()}
+    assert modes == {what: oct(want) for what, (_, want) in found.items()}
+
+    # The offline CLI creates a database as privately.
+    other = make_jc(f"sqlite:///{tmp_path / 'offline' / 'other.db'}")
+    other.ok("db", "upgrade", umask=0o022)
+    assert oct(mode(tmp_path / "offline" / "other.db")) == oct(0o600)
+    assert oct(mode(tmp_path / "offline")) == oct(0o700)
+
+
+def _a_group_of_ours() -> grp.struct_group:
+    """A group the daemon's user may give files to, other than its own if it can."""
+    primary = os.getgid()
+    if os.geteuid() == 0:
+        others = [g for g in grp.getgrall() if g.gr_gid != primary]
+        return others[0] if others else grp.getgrgid(primary)
+    extra = [gid for gid in os.getgroups() if gid != primary]
+    return grp.getgrgid(extra[0] if extra else primary)
+
+
+def test_log_group_lets_one_group_read_the_task_logs(sqlite_url: str, make_jc: MakeJC) -> None:
+    group = _a_group_of_ours()
+    jc = make_jc(sqlite_url)
+    # Even under a umask that would take the group's bits away.
+    jc.ok("daemon", "start", "--log-group", group.gr_name, umask=0o077)
+    jc.ok("load", str(write(jc.base / "jobs.yaml", PRINTENV)))
+    log = task_log(jc, "printenv")
+
+    state = jc.state_dir
+    shared = {
+        "state directory (passed through, not listed)": (state, 0o710),
+        "log root": (state / "logs", 0o750),
+        "job log directory": (log.parent, 0o750),
+        "task log": (log, 0o640),
+    }
+    seen = {what: (oct(mode(p)), p.stat().st_gid) for what, (p, _) in shared.items()}
+    assert seen == {what: (oct(want), group.gr_gid) for what, (_, want) in shared.items()}
+    # Nothing else is the group's.
+    db = Path(make_url(sqlite_url).database or "")
+    assert oct(mode(db)) == oct(0o600)
+    assert oct(mode(next(state.glob("daemon-*.log")))) == oct(0o600)
