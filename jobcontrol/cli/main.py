@@ -15,7 +15,7 @@ from typing import Any
 from jobcontrol import taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
-from jobcontrol.client.locate import find_daemon
+from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.places import default_db_path, normalise_url, state_dir_default
@@ -181,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _warn_public_secrets(args: argparse.Namespace) -> None:
     """A command line is public (``ps``): say so when it carries a secret."""
+    if args.token:
+        print(f"jobcontrol: {token_option_warning()}", file=sys.stderr)
     if args.db and _has_password(args.db):
         print(
             "jobcontrol: warning: --db puts the database password on the command line, where "

@@ -256,3 +256,19 @@ def test_log_group_lets_one_group_read_the_task_logs(sqlite_url: str, make_jc: M
     db = Path(make_url(sqlite_url).database or "")
     assert oct(mode(db)) == oct(0o600)
     assert oct(mode(next(state.glob("daemon-*.log")))) == oct(0o600)
+
+
+# ---------------------------------------------------------------- the CLI's --token
+
+
+def test_a_token_on_the_command_line_draws_a_warning(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    token = "jc_" + "t" * 43
+    given = jc.ok("--token", token, "ls")
+    token_file = jc.base / "home" / ".config" / "jobcontrol" / "token"
+    assert "warning: --token puts the token on the command line" in given.stderr
+    assert "$JOBCONTROL_TOKEN" in given.stderr
+    assert str(token_file) in given.stderr
+    assert token not in given.stderr
+    quiet = jc.ok("ls", env={**jc.env, "JOBCONTROL_TOKEN": token})
+    assert quiet.stderr == "", describe(quiet)
