@@ -258,6 +258,32 @@ def test_log_group_lets_one_group_read_the_task_logs(sqlite_url: str, make_jc: M
     assert oct(mode(next(state.glob("daemon-*.log")))) == oct(0o600)
 
 
+def test_what_exists_keeps_its_mode_and_the_daemon_says_so(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    group = _a_group_of_ours()
+    db = Path(make_url(jc.url).database or "")
+    state, logs = jc.state_dir, jc.state_dir / "logs"
+    job_dir = logs / "job-1"  # the first job's, from an older daemon
+    job_dir.mkdir(parents=True)
+    for path, was in ((db, 0o644), (state, 0o755), (logs, 0o700), (job_dir, 0o755)):
+        path.chmod(was)
+
+    started = jc.ok("daemon", "start", "--log-group", group.gr_name)
+    warnings = started.stderr
+    assert f"{db} is mode 0644, open to its group and all users: `chmod 600 {db}`" in warnings
+    assert f"{state} is mode 0755, open to its group and all users: `chmod 710 {state}`" in warnings
+    assert f"members of group {group.gr_name} cannot reach the task logs: {logs} is mode 0700" in (
+        warnings
+    )
+    daemon_log = next(state.glob("daemon-*.log")).read_text()
+    assert f"{db} is mode 0644" in daemon_log
+    # Someone may share those on purpose: left as they were. The job log directory is
+    # Job Control's own: it follows --log-group.
+    kept = {path: oct(mode(path)) for path in (db, state, logs)}
+    assert kept == {db: oct(0o644), state: oct(0o755), logs: oct(0o700)}
+    assert (oct(mode(job_dir)), job_dir.stat().st_gid) == (oct(0o750), group.gr_gid)
+
+
 # ---------------------------------------------------------------- the CLI's --token
 
 
