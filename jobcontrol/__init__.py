@@ -13,7 +13,8 @@ import-linter contract in ``pyproject.toml`` keeps it so):
 - ``store``: the database, with the run queue (``store.runqueue``) as the seam;
 - ``definitions``, ``timerexpr``: job definitions and the timer language;
 - ``client``: the admin API's client (light: no engine, no SQLAlchemy);
-- leaves: ``places``, ``views``, ``outage``, ``procs``, ``events``, ``clock``, ``model``, ``errors``.
+- leaves: ``places``, ``views``, ``outage``, ``procs``, ``events``, ``clock``, ``filemodes``,
+  ``taskenv``, ``model``, ``errors``.
 
 The names below are loaded on first use, so ``import jobcontrol.client`` (the
 Qt client's only door) loads no engine, store or SQLAlchemy.

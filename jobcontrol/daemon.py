@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import logging.handlers
 import os
 import select
 import signal
@@ -28,11 +27,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import places, procs
+from jobcontrol import filemodes, places, procs
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.filemodes import LogAccess
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, queries, redact
+from jobcontrol.taskenv import PassEnv
 
 if TYPE_CHECKING:
     from jobcontrol.api.server import ApiServer
@@ -58,6 +59,8 @@ class DaemonOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     config_dir: Path | None = None
+    pass_env: PassEnv = field(default_factory=PassEnv)
+    log_access: LogAccess = field(default_factory=LogAccess)
 
     @property
     def tag(self) -> str:
@@ -79,6 +82,37 @@ class DaemonOptions:
     @property
     def task_logs(self) -> Path:
         return self.log_root or self.state_dir / "logs"
+
+    @property
+    def logs_inside_state_dir(self) -> bool:
+        return self.task_logs.resolve().is_relative_to(self.state_dir.resolve())
+
+    def make_state_dir(self) -> None:
+        """Create the state directory private; with ``--log-group`` and the task logs
+        inside it, the group may pass through it to them (0710), not list it."""
+        gid = self.log_access.gid if self.logs_inside_state_dir else None
+        mode = filemodes.PRIVATE_DIR if gid is None else filemodes.GROUP_PASS_DIR
+        filemodes.make_dir(self.state_dir, mode, gid)
+
+    def file_warnings(self) -> list[str]:
+        """What lets others in that the daemon did not create and so does not change."""
+        from sqlalchemy.engine import make_url
+
+        found = []
+        url = make_url(self.db_url)
+        if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+            found.append(filemodes.looser_than(Path(url.database), filemodes.PRIVATE_FILE))
+        gid = self.log_access.gid
+        inside = self.logs_inside_state_dir
+        state_mode = filemodes.GROUP_PASS_DIR if gid is not None and inside else 0o700
+        found.append(filemodes.looser_than(self.state_dir, state_mode))
+        found.append(filemodes.looser_than(self.task_logs, self.log_access.dir_mode))
+        if gid is not None:
+            reach = "reach the task logs"
+            if inside:
+                found.append(filemodes.group_cannot(self.state_dir, gid, 0o010, reach))
+            found.append(filemodes.group_cannot(self.task_logs, gid, 0o050, reach))
+        return [w for w in found if w]
 
 
 class DatabaseLease:
@@ -104,7 +138,7 @@ class DatabaseLease:
 
     def _acquire_file(self) -> None:
         path = f"{self.store.sqlite_path}.daemon.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = filemodes.open_private(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self._shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -166,8 +200,8 @@ class PidFile:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        filemodes.make_dir(self.path.parent)
+        fd = filemodes.open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -190,16 +224,11 @@ class PidFile:
         return places.live_pid(path)
 
 
-def configure_logging(level: str, stream: TextIO | None = None, file: Path | None = None) -> None:
+def configure_logging(level: str, stream: TextIO | None = None) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     root.handlers.clear()
-    handler: logging.Handler
-    if file is not None:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.handlers.RotatingFileHandler(file, maxBytes=10_000_000, backupCount=5)
-    else:
-        handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(fmt)
     root.addHandler(handler)
     root.setLevel(level.upper())
@@ -223,6 +252,9 @@ class Daemon:
         self.stop_requested = threading.Event()
 
     def start(self) -> Dispatcher:
+        self.opts.make_state_dir()
+        for warning in self.opts.file_warnings():
+            log.warning("%s", warning)
         self.store.upgrade()
         self.lease.acquire()
         try:
@@ -230,7 +262,13 @@ class Daemon:
             from jobcontrol import __version__
 
             config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
-            self.runtime = Runtime(self.store, config, version=__version__)
+            self.runtime = Runtime(
+                self.store,
+                config,
+                version=__version__,
+                pass_env=self.opts.pass_env,
+                log_access=self.opts.log_access,
+            )
             self.dispatcher = self.runtime.start()
             if self.opts.api:
                 self._start_api(self.runtime)
@@ -238,6 +276,9 @@ class Daemon:
             self.stop()
             raise
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
+        log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
+        for name in self.opts.pass_env.ignored():
+            log.warning("the pass-through list names %s, which is never passed to tasks", name)
         return self.dispatcher
 
     def _start_api(self, runtime: Runtime) -> None:
@@ -278,7 +319,7 @@ class Daemon:
             keyfile=self.opts.tls_key,
         )
         url = self.api.start()
-        self.opts.url_file.write_text(url + "\n")
+        filemodes.write_private(self.opts.url_file, url + "\n")
 
     def stop(self) -> None:
         try:
@@ -312,14 +353,20 @@ class Daemon:
 
 
 def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) -> int:
-    """Start ``jobcontrol daemon run`` in the background; returns its pid once it is READY."""
-    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    """Start ``jobcontrol daemon run`` in the background; returns its pid once it is READY.
+
+    ``argv`` must not hold the database URL: it goes in the child's environment
+    (``JOBCONTROL_DB``, which the child drops as it reads it), since a command line
+    is shown to every local user by ``ps`` and the URL may carry a password.
+    """
+    opts.make_state_dir()
     with tempfile.TemporaryDirectory(prefix="jc-notify-") as tmp:
         address = os.path.join(tmp, "notify")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(address)
-        env = {**os.environ, "NOTIFY_SOCKET": address}
-        with open(opts.log_file, "ab") as out:
+        env = {**os.environ, "NOTIFY_SOCKET": address, "JOBCONTROL_DB": opts.db_url}
+        log_fd = filemodes.open_private(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with open(log_fd, "ab") as out:
             child = subprocess.Popen(
                 [sys.executable, "-m", "jobcontrol", *argv],
                 stdin=subprocess.DEVNULL,

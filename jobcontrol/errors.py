@@ -111,5 +111,9 @@ class BadUserNameError(UserError):
     """A user name that is empty, too long or has characters outside the allowed set."""
 
 
+class OptionError(ValidationError):
+    """A command-line option or environment setting that is refused; the message names it."""
+
+
 class TokenFileError(JobControlError):
     """The admin token file could not be written."""

@@ -13,9 +13,11 @@ from typing import Any
 
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
+from jobcontrol.filemodes import LogAccess
 from jobcontrol.outage import OutageState
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue
+from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -30,10 +32,16 @@ class Runtime:
         clock: Clock | None = None,
         timers: TimerService | None = None,
         version: str = "",
+        pass_env: PassEnv | None = None,
+        log_access: LogAccess | None = None,
     ) -> None:
+        """``pass_env``: the daemon's variables its tasks get (default: ``taskenv``'s list);
+        ``log_access``: who may read task logs (default: the daemon's user alone)."""
         self.store = store
         self.config = config
         self.version = version
+        self.pass_env = pass_env or PassEnv()
+        self.log_access = log_access or LogAccess()
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
 
@@ -52,6 +60,8 @@ class Runtime:
                 kill_grace=self.config.kill_grace,
                 poll_interval=self.config.poll_interval,
                 version=self.version,
+                pass_env=self.pass_env,
+                log_access=self.log_access,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
+from jobcontrol.client.locate import token_option_warning
 from jobcontrol_admin.connection import find
 from jobcontrol_admin.session import Session
 from jobcontrol_admin.window import MainWindow
@@ -33,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.token:
+        sys.stderr.write(f"jobcontrol-admin: {token_option_warning()}\n")
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Job Control")
     app.setOrganizationName("jobcontrol")

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jobcontrol import taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
-from jobcontrol.client.locate import find_daemon
+from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.filemodes import LogAccess
 from jobcontrol.places import default_db_path, normalise_url, state_dir_default
 from jobcontrol.store import Store, redact
 from jobcontrol.views import jsonable, run_json
@@ -29,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--db",
-        default=os.environ.get("JOBCONTROL_DB") or default_db_path(),
-        help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB; default %(default)s)",
+        default=None,
+        help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB, which keeps a "
+        f"password out of `ps`; default {default_db_path()})",
     )
     p.add_argument(
         "--state-dir", type=Path, default=None, help="pid file, daemon log and task logs"
@@ -101,6 +104,22 @@ def _parser() -> argparse.ArgumentParser:
         )
         d.add_argument("--tls-key", type=Path, default=None, help="... and this key")
         d.add_argument("--no-api", action="store_true", help="run without the admin API")
+        d.add_argument(
+            "--pass-env",
+            action="append",
+            default=None,
+            metavar="NAME[,NAME|PREFIX*]",
+            help="the daemon's environment variables tasks get (repeatable; env "
+            f"{taskenv.ENV_VAR}; default {','.join(taskenv.DEFAULT_PASS_ENV)}); "
+            "JOBCONTROL_* and NOTIFY_SOCKET never",
+        )
+        d.add_argument(
+            "--log-group",
+            default=None,
+            metavar="GROUP",
+            help="let this group read task logs (0640 in 0750 directories); "
+            "default: the daemon's user alone (0600 in 0700)",
+        )
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
@@ -141,7 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in ("daemon", "demo"):
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    args.db = normalise_url(args.db)
+    _warn_public_secrets(args)
+    # $JOBCONTROL_DB is read once and dropped, so nothing this process starts inherits
+    # it: not a detached daemon's command line, not a daemon's tasks.
+    from_env = os.environ.pop("JOBCONTROL_DB", None)
+    args.db = normalise_url(args.db or from_env or default_db_path())
     try:
         return int(_dispatch(args) or 0)
     except JobControlError as exc:
@@ -154,6 +177,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         # nothing more for the interpreter to fail to flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _warn_public_secrets(args: argparse.Namespace) -> None:
+    """A command line is public (``ps``): say so when it carries a secret."""
+    if args.token:
+        print(f"jobcontrol: {token_option_warning()}", file=sys.stderr)
+    if args.db and _has_password(args.db):
+        print(
+            "jobcontrol: warning: --db puts the database password on the command line, where "
+            "every local user sees it (ps, /proc); set $JOBCONTROL_DB instead",
+            file=sys.stderr,
+        )
+
+
+def _has_password(db: str) -> bool:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if "://" not in db:
+        return False
+    try:
+        return bool(make_url(db).password)
+    except ArgumentError:
+        return False  # Store refuses it with its own message
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
@@ -321,21 +368,15 @@ def _daemon(args: argparse.Namespace) -> int:
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
         if args.port is not None:
             opts.port = args.port
+        opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
+        opts.log_access = LogAccess.for_group(args.log_group)
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
         return 0
     if cmd == "start":
-        argv = [
-            "--db",
-            args.db,
-            "--state-dir",
-            str(opts.state_dir),
-            "daemon",
-            "run",
-            "--slots",
-            str(opts.slots),
-        ]
+        # No --db: the URL (and its password) goes to the daemon in its environment.
+        argv = ["--state-dir", str(opts.state_dir), "daemon", "run", "--slots", str(opts.slots)]
         argv += ["--log-level", opts.log_level] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
@@ -343,6 +384,10 @@ def _daemon(args: argparse.Namespace) -> int:
         argv += ["--no-api"] if args.no_api else []
         if opts.tls_cert and opts.tls_key:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
+        argv += ["--pass-env", opts.pass_env.text]
+        argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
+        for warning in opts.file_warnings():
+            print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)
         print(f"daemon started: pid {pid}, log {opts.log_file}")
         return 0

@@ -63,6 +63,16 @@ def find_token(token: str | None) -> Token:
     return Token(value, f"the token file {path}")
 
 
+def token_option_warning() -> str:
+    """What to say when a token is given with ``--token``: a command line is public."""
+    path = places.default_config_dir() / places.TOKEN_FILE
+    return (
+        "warning: --token puts the token on the command line, where every local user "
+        "sees it (ps, /proc); set $JOBCONTROL_TOKEN instead, or leave the token in the "
+        f"token file {path} (mode 0600), which is read when neither is given"
+    )
+
+
 def locate(
     url: str | None = None,
     token: str | None = None,

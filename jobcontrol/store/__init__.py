@@ -1,6 +1,9 @@
 """The store: one SQLAlchemy engine over SQLite (default) or PostgreSQL.
 
-SQLite is opened in WAL mode with foreign keys on; write transactions start
+SQLite is opened in WAL mode with foreign keys on; a new database file is
+created mode 0600 in a directory created 0700 (SQLite gives its -wal and -shm
+files the database's mode), since it holds the jobs' ``env`` values and the
+token hashes; write transactions start
 with ``BEGIN IMMEDIATE`` so two writers queue on the busy timeout instead of
 failing at commit time. Within one process, SQLite write transactions also
 queue on a lock: SQLite's busy handler polls by sleeping (1, 2, 5, 10, ... ms),
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -25,6 +29,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from jobcontrol import filemodes
 from jobcontrol.errors import StoreError, StoreUnavailable
 from jobcontrol.places import normalise_url
 from jobcontrol.store import schema
@@ -57,6 +62,18 @@ def redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def _create_private(engine: Engine, path: str) -> None:
+    """Before SQLite first opens ``path`` (which would create it under the umask, 0644
+    under the usual 022), create it empty, mode 0600: SQLite then makes its -wal and
+    -shm files with the same mode."""
+
+    def before_connect(*_: Any) -> None:
+        if not os.path.exists(path):
+            filemodes.create_file(path)
+
+    event.listen(engine, "do_connect", before_connect)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_ms: int = SQLITE_BUSY_MS) -> None:
@@ -105,15 +122,17 @@ class Store:
 
     def _make_engine(self, pool_size: int) -> Engine:
         if self.is_sqlite:
-            path = self.url.split("///", 1)[1] if "///" in self.url else ""
-            if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            path = self.sqlite_file
+            if path is not None:
+                filemodes.make_dir(Path(path).parent)
             engine = create_engine(
                 self.url,
                 connect_args={"check_same_thread": False, "timeout": self.busy_timeout},
                 pool_size=pool_size,
                 max_overflow=20,
             )
+            if path is not None:
+                _create_private(engine, path)
             busy_ms = int(self.busy_timeout * 1000)
             event.listen(engine, "connect", lambda c, r: _sqlite_pragmas(c, r, busy_ms))
             # We issue BEGIN ourselves (deferred or IMMEDIATE), so the driver must not.
@@ -125,6 +144,18 @@ class Store:
         if not self.is_sqlite or "///" not in self.url:
             return None
         return self.url.split("///", 1)[1]
+
+    @property
+    def sqlite_file(self) -> str | None:
+        """The SQLite database's file, None for an in-memory one (or PostgreSQL)."""
+        if not self.is_sqlite:
+            return None
+        from sqlalchemy.engine import make_url
+
+        database = make_url(self.url).database
+        if not database or database == ":memory:" or database.startswith("file:"):
+            return None
+        return database
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -173,6 +204,8 @@ class Store:
     def _migration_engine(self) -> Engine:
         engine = create_engine(self.url, poolclass=NullPool)
         if self.is_sqlite:
+            if self.sqlite_file is not None:
+                _create_private(engine, self.sqlite_file)
             event.listen(engine, "connect", _sqlite_pragmas)
         return engine
 

@@ -30,9 +30,11 @@ from typing import Any
 from jobcontrol import events, procs
 from jobcontrol.clock import Clock
 from jobcontrol.errors import StoreUnavailable
+from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
 from jobcontrol.outage import Outage
 from jobcontrol.store.runqueue import Finished, RunQueue, WorkerInfo
+from jobcontrol.taskenv import PassEnv
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class Worker:
         poll_interval: float = 2.0,
         heartbeat_interval: float | None = None,
         version: str = "",
+        pass_env: PassEnv | None = None,
+        log_access: LogAccess | None = None,
     ) -> None:
         self.runqueue = runqueue
         self.store = runqueue.store
@@ -109,7 +113,10 @@ class Worker:
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
         self._log_dirs: set[Path] = set()
-        self._base_env = dict(os.environ)
+        # Read once: os.environ decodes every variable on each read. Only the pass-through
+        # list reaches a task, never the daemon's own secrets (taskenv).
+        self._base_env = (pass_env or PassEnv()).select(os.environ)
+        self.log_access = log_access or LogAccess()
         self._receivers: list[tuple[Any, Any]] = []
         self._give_up_at: float | None = None
 
@@ -129,7 +136,7 @@ class Worker:
         )
 
     def start(self) -> None:
-        self.log_root.mkdir(parents=True, exist_ok=True)
+        self.log_access.make_root(self.log_root)
         self._retry(
             "join the worker registry",
             lambda: self.runqueue.register(self.info(), self.clock.now()),
@@ -351,13 +358,13 @@ class Worker:
 
     def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
         run = active.run
-        env = self._base_env.copy()  # os.environ decodes every variable on each read
+        env = self._base_env.copy()
         env.update(run.env)
         env.update(self._marker(run.id))
         env["JOBCONTROL_JOB"] = run.job_name
         env["JOBCONTROL_JOB_ID"] = str(run.job_id)
         env["JOBCONTROL_LOG"] = str(log_path)
-        with open(log_path, "wb") as out:
+        with self.log_access.open_log(log_path) as out:
             try:
                 proc = procs.spawn(run.command or "", stdout=out, cwd=run.cwd, env=env)
             except OSError as exc:
@@ -412,7 +419,7 @@ class Worker:
     def _log_path(self, run: RunRecord, started: datetime) -> Path:
         job_dir = self.log_root / f"job-{run.job_id}"
         if job_dir not in self._log_dirs:
-            job_dir.mkdir(parents=True, exist_ok=True)
+            self.log_access.make_job_dir(job_dir)
             self._log_dirs.add(job_dir)
         return job_dir / f"{started:%Y%m%d-%H%M%S}-run{run.id}.log"
 

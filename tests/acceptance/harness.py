@@ -117,7 +117,9 @@ class JobControl:
         env: dict[str, str] | None = None,
         timeout: float = COMMAND_TIMEOUT,
         input: str | None = None,
+        umask: int = -1,
     ) -> subprocess.CompletedProcess[str]:
+        """``umask``: the command's (and so a daemon's it starts); -1 keeps the test's."""
         return subprocess.run(
             self.argv(*args, state_dir=state_dir),
             cwd=self.base,
@@ -128,6 +130,7 @@ class JobControl:
             text=True,
             timeout=timeout,
             check=False,
+            umask=umask,
         )
 
     def ok(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
