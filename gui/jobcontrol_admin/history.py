@@ -9,7 +9,8 @@ live, the rest as it is written, read by a thread of its own on a client of
 its own. That thread hands its chunks to the GUI thread through a queued
 signal, as ``feed.EventFeed`` does; it is stopped (its stream aborted, the
 thread joined) when another run is selected, another job shown, or the panel
-shut down.
+shut down. The thread holds no Qt object but the relay it emits on, the
+panel's child (see ``session`` for why that matters).
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ def _read_log(client: Client, run_id: int) -> _LogStart:
 
 
 class _LogRelay(QObject):
-    """Lives on the GUI thread; a follower's thread emits on it, so delivery is queued there."""
+    """The panel's child on the GUI thread; a follower's thread emits on it, so delivery is
+    queued there. Being a child, it is kept (and destroyed) by the panel, never by that thread."""
 
     wake = Signal(object)  # the _Follower with something to take
 
@@ -343,7 +345,7 @@ class HistoryPanel(QWidget):
         self._follower: _Follower | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._closed = False
-        self._relay = _LogRelay()
+        self._relay = _LogRelay(self)
         self._relay.wake.connect(self._take_log, Qt.ConnectionType.QueuedConnection)
 
         self.model = RunTableModel(self)

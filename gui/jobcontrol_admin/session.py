@@ -3,13 +3,26 @@
 Changes (``act``) go through one worker thread, so they reach the daemon in
 the order the operator made them; reads (``read``) use two more, so a slow
 history page never holds up a kill. Each call's result or error comes back
-as a queued signal and is handed to its callbacks on the GUI thread. An error
-nobody handles is emitted as ``error(title, message)``; the window shows it.
+to the GUI thread (a queued signal says it is there) and is handed to its
+callbacks there. An error nobody handles is emitted as ``error(title,
+message)``; the window shows it.
+
+A worker never holds the last reference to anything of the GUI's. Python
+frees an object on whichever thread lets go of it last (or runs the garbage
+collector), and a Qt object Python owns (a panel a callback belongs to, say)
+destroyed on a worker thread crashes the application. So the call and its
+callbacks stay in the session's table, on the GUI thread, until the outcome
+is delivered; a worker lets go of the call before it hands the outcome over,
+and hands that over under a lock the GUI thread takes too, so the GUI thread
+is the last to hold it; no reference cycle is left for the collector. The
+relay a worker emits on is the session's Qt child: its parent keeps it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,18 +42,55 @@ Failed = Callable[[Exception], None]
 
 
 @dataclass
-class _Outcome:
+class _Pending:
+    """A call on its way, as the GUI thread keeps it until its outcome is delivered."""
+
     title: str
-    ok: bool
-    value: Any
+    call: Call
     done: Done | None
     failed: Failed | None
 
 
-class _Relay(QObject):
-    """Lives on the GUI thread; workers emit on it, so delivery is queued to that thread."""
+class _Outcomes:
+    """Finished calls, from the workers to the GUI thread: (key, ok, value or error)."""
 
-    outcome = Signal(object)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: deque[tuple[int, bool, Any]] = deque()
+
+    def put(self, key: int, ok: bool, value: list[Any]) -> None:
+        """Take the value out of the worker's hands (``value`` is left empty)."""
+        with self._lock:
+            self._items.append((key, ok, value.pop()))
+
+    def take(self) -> tuple[int, bool, Any] | None:
+        with self._lock:
+            return self._items.popleft() if self._items else None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class _Relay(QObject):
+    """The session's child on the GUI thread; workers emit on it, so delivery is queued there."""
+
+    ready = Signal()  # one outcome more is waiting
+
+
+def _work(relay: _Relay, outcomes: _Outcomes, client: Client, key: int, box: list[Call]) -> None:
+    """On a worker: run the call, hand its outcome over, keep nothing of the GUI's."""
+    call = box.pop()
+    value: list[Any] = []
+    try:
+        value.append(call(client))
+        ok = True
+    except Exception as exc:  # every failure goes back to the GUI thread
+        value.append(exc)
+        ok = False
+    del call  # the GUI thread still has it, until the outcome is delivered
+    outcomes.put(key, ok, value)
+    relay.ready.emit()
 
 
 class Session(QObject):
@@ -62,8 +112,11 @@ class Session(QObject):
         self.client = client or Client(url, token, timeout=REQUEST_TIMEOUT)
         self._actions = ThreadPoolExecutor(1, thread_name_prefix="jc-admin-act")
         self._reads = ThreadPoolExecutor(2, thread_name_prefix="jc-admin-read")
-        self._relay = _Relay()
-        self._relay.outcome.connect(self._deliver)
+        self._pending: dict[int, _Pending] = {}
+        self._next_key = 0
+        self._outcomes = _Outcomes()
+        self._relay = _Relay(self)
+        self._relay.ready.connect(self._deliver)
         self.closed = False
 
     def new_client(self) -> Client:
@@ -94,28 +147,25 @@ class Session(QObject):
     ) -> None:
         if self.closed:
             return
-        relay, client = self._relay, self.client
+        self._next_key += 1
+        key = self._next_key
+        self._pending[key] = _Pending(title, call, done, failed)
+        pool.submit(_work, self._relay, self._outcomes, self.client, key, [call])
 
-        def work() -> None:
-            try:
-                outcome = _Outcome(title, True, call(client), done, failed)
-            except Exception as exc:  # every failure goes back to the GUI thread
-                outcome = _Outcome(title, False, exc, done, failed)
-            relay.outcome.emit(outcome)
-
-        pool.submit(work)
-
-    @Slot(object)
-    def _deliver(self, outcome: _Outcome) -> None:
-        if self.closed:
+    @Slot()
+    def _deliver(self) -> None:
+        item = self._outcomes.take()
+        if item is None or self.closed:
             return
-        if outcome.ok:
-            if outcome.done is not None:
-                outcome.done(outcome.value)
-        elif outcome.failed is not None:
-            outcome.failed(outcome.value)
+        key, ok, value = item
+        pending = self._pending.pop(key)
+        if ok:
+            if pending.done is not None:
+                pending.done(value)
+        elif pending.failed is not None:
+            pending.failed(value)
         else:
-            self.error.emit(outcome.title, str(outcome.value))
+            self.error.emit(pending.title, str(value))
 
     # ------------------------------------------------------------ life cycle
 
@@ -127,4 +177,6 @@ class Session(QObject):
         for pool in (self._actions, self._reads):
             pool.shutdown(wait=True, cancel_futures=True)
         self.client.close()
-        self._relay.outcome.disconnect(self._deliver)
+        # No worker is left: what they handed over, and the callbacks, go here, on this thread.
+        self._outcomes.clear()
+        self._pending.clear()

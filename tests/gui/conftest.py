@@ -4,11 +4,16 @@
 a free port) on a fresh SQLite database and gives its URL and the admin token
 it wrote on first start. ``no_leaks`` (autouse) fails a test that leaves a
 thread running, a window open or undeleted, or a timer running on the
-application after the test's own teardown (a window's timers go with it).
+application after the test's own teardown (a window's timers go with it), or
+a Qt object Python owns that only a reference cycle keeps: the cyclic garbage
+collector runs on whichever thread happens to allocate, and a Qt object it
+destroys on a worker thread (a later test's, say) crashes the process. The
+check collects such garbage itself, here on the GUI thread.
 """
 
 from __future__ import annotations
 
+import gc
 import re
 import threading
 import time
@@ -17,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QCoreApplication, QEvent, QTimer
+import shiboken6
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
 from tests.acceptance.harness import JobControl, describe
@@ -57,6 +63,24 @@ def _settle(app: QApplication) -> None:
         app.processEvents()
 
 
+def _qt_objects_in_cycles() -> list[str]:
+    """Collect cyclic garbage on the GUI thread; name the live Python-owned Qt objects in it."""
+    flags = gc.get_debug()
+    gc.set_debug(flags | gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = [
+            type(o).__qualname__
+            for o in gc.garbage
+            if isinstance(o, QObject) and shiboken6.isValid(o) and shiboken6.ownedByPython(o)
+        ]
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    gc.collect()  # what was saved for the look above is freed now, still on this thread
+    return found
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(qapp: QApplication) -> Iterator[None]:
     """Set up before (so torn down after) qtbot: then every window the test made is closed."""
@@ -79,3 +103,5 @@ def no_leaks(qapp: QApplication) -> Iterator[None]:
     timers = [t for t in qapp.findChildren(QTimer) if t.isActive() and id(t) not in timers_before]
     assert not timers, f"timers left running: {[t.objectName() for t in timers]}"
     assert not left, f"windows left behind: {[(type(w).__name__, w.objectName()) for w in left]}"
+    cycles = _qt_objects_in_cycles()
+    assert not cycles, f"Qt objects only reference cycles kept (freed on any thread): {cycles}"
