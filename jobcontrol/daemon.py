@@ -218,11 +218,6 @@ class PidFile:
             os.close(self._fd)
             self._fd = None
 
-    @staticmethod
-    def read_live(path: Path) -> int | None:
-        """The pid of the daemon holding ``path``, or None if no live daemon holds it."""
-        return places.live_pid(path)
-
 
 def configure_logging(level: str, stream: TextIO | None = None) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -400,7 +395,7 @@ def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) 
 
 def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) -> int:
     """Stop the daemon of this database; refuses while jobs run unless ``kill_jobs``."""
-    pid = PidFile.read_live(opts.pid_file)
+    pid = places.live_pid(opts.pid_file)
     if pid is None:
         raise JobControlError(f"no daemon is running for {redact(opts.db_url)}")
     if not kill_jobs:

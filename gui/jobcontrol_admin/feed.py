@@ -18,7 +18,7 @@ application), nor the session the client came from.
 Signals (all delivered on the GUI thread):
 
 * ``snapshot(seq, jobs)``: a whole tree; replace the model with it;
-* ``events(list)``: ``jobcontrol.client.api.Event`` objects, in order;
+* ``events(list)``: ``jobcontrol.client.Event`` objects, in order;
 * ``connection(state, message)``: ``"connecting"``, ``"live"``, ``"lost"`` (it retries), or
   ``"refused"`` (the token is not accepted: it stops, as retrying cannot help).
 """

@@ -18,7 +18,7 @@ from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.places import default_db_path, normalise_url, state_dir_default
+from jobcontrol.places import default_db_path, live_pid, normalise_url, state_dir_default
 from jobcontrol.store import Store, redact
 from jobcontrol.views import jsonable, run_json
 
@@ -354,7 +354,6 @@ def _daemon(args: argparse.Namespace) -> int:
     from jobcontrol.daemon import (
         Daemon,
         DaemonOptions,
-        PidFile,
         configure_logging,
         start_detached,
         stop_daemon,
@@ -395,7 +394,7 @@ def _daemon(args: argparse.Namespace) -> int:
         pid = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
         print(f"daemon stopped (pid {pid})")
         return 0
-    live = PidFile.read_live(opts.pid_file)
+    live = live_pid(opts.pid_file)
     if live is None:
         print(f"no daemon is running for {redact(args.db)}")
         return 3  # LSB: program is not running

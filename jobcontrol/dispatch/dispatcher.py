@@ -430,9 +430,6 @@ class Dispatcher:
 
     # ------------------------------------------------------------ requests
 
-    def _node(self, job: JobRef) -> Node:
-        return self.tree.find(job)
-
     def busy_job(self, node: Node) -> Node | None:
         """The job at, above or below ``node`` that is not idle (spec 7.2), or None."""
         for n in (node, *node.ancestors()):
@@ -447,7 +444,7 @@ class Dispatcher:
         """Run a job and its sub-tree now (spec 7.4, DESIGN decision 2); returns the run id."""
 
         def handler() -> int:
-            node = self._node(job)
+            node = self.tree.find(job)
             busy = self.busy_job(node)
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
@@ -460,7 +457,7 @@ class Dispatcher:
         """Kill the run of the nearest sub-tree root at or above the job (spec 8.1); its run id."""
 
         def handler() -> int:
-            node = self._node(job)
+            node = self.tree.find(job)
             for n in (node, *node.ancestors()):
                 tr = self.runs.tree_runs.get(n.id)
                 if tr is not None:
@@ -492,7 +489,7 @@ class Dispatcher:
         """Re-arm a top-level tree (spec 8.2); returns when it will next run."""
 
         def handler() -> datetime | None:
-            node = self._node(job)
+            node = self.tree.find(job)
             if node.parent is not None:
                 raise JobError(node.job.name, "not a top-level job")
             busy = self.busy_job(node)

@@ -400,6 +400,13 @@ class Engine:
         assert self.dispatcher is not None
         return self.dispatcher
 
+    def _attached(self) -> Dispatcher:
+        """The dispatcher, running or not: for what it holds in memory (read even while it
+        stops, as /metrics and a shutdown request do)."""
+        if self.dispatcher is None:
+            raise NotRunningError("Job Control is not running")
+        return self.dispatcher
+
     def _job_name(self, job: JobRef) -> str:
         """The name of a job given by id, for the audit trail (the id when unknown)."""
         if isinstance(job, str) or self.dispatcher is None:
@@ -527,11 +534,11 @@ class Engine:
 
     def busy_jobs(self) -> list[str]:
         """The top-level trees with a run in flight."""
-        return self._require_dispatcher().busy_jobs()
+        return self._attached().busy_jobs()
 
     def dispatcher_gauges(self) -> dict[str, int]:
         """Timers armed, paused (0/1), edits that waited for the tree, handler failures."""
-        d = self._require_dispatcher()
+        d = self._attached()
         return {
             "timers_armed": len(d.tree_timers.armed),
             "paused": 1 if d.paused else 0,
@@ -541,7 +548,7 @@ class Engine:
 
     def outage(self) -> OutageState:
         """Whether the database answers, as the dispatcher sees it."""
-        return self._require_dispatcher().outage.state()
+        return self._attached().outage.state()
 
     # ------------------------------------------------------------ runs and workers
 

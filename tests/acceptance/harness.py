@@ -212,12 +212,12 @@ class JobControl:
     def live_daemons(self, state_dir: Path | None = None) -> list[int]:
         """Pids of live daemons named by pid files in ``state_dir`` (default: every state
         dir this test used)."""
-        from jobcontrol.daemon import PidFile
+        from jobcontrol.places import live_pid
 
         pids = []
         for state in [state_dir] if state_dir else sorted(self.state_dirs):
             for pid_file in state.glob("daemon-*.pid"):
-                pid = PidFile.read_live(pid_file)
+                pid = live_pid(pid_file)
                 if pid is not None and procs.pid_alive(pid):
                     pids.append(pid)
         return pids
