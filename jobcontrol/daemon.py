@@ -61,6 +61,7 @@ class DaemonOptions:
     config_dir: Path | None = None
     pass_env: PassEnv = field(default_factory=PassEnv)
     log_access: LogAccess = field(default_factory=LogAccess)
+    cgroups: str = "auto"  # $JOBCONTROL_CGROUPS: a cgroup per task run where possible, or off
 
     @property
     def tag(self) -> str:
@@ -263,6 +264,7 @@ class Daemon:
                 version=__version__,
                 pass_env=self.opts.pass_env,
                 log_access=self.opts.log_access,
+                cgroups=self.opts.cgroups,
             )
             self.dispatcher = self.runtime.start()
             if self.opts.api:
@@ -305,6 +307,7 @@ class Daemon:
             request_shutdown=lambda force: self.stop_requested.set(),
             metrics=self.metrics,
             database=runtime.database,
+            containment=runtime.containment_view,
         )
         self.api = ApiServer(
             ctx,

@@ -8,7 +8,8 @@ Every signal's sender is the ``Dispatcher``; keyword arguments:
 * ``jobs_deleted``: ``job_ids`` (list of int)
 * ``state_changed``: ``job_id``, ``name``, ``state`` (JobState), ``started``, ``run_id``
 * ``run_started`` / ``run_finished``: ``run`` (dict: id, job_id, job_name, kind,
-  trigger, state, exit_status, root_run_id, parent_run_id, reason, requested_by)
+  trigger, state, exit_status, root_run_id, parent_run_id, reason, requested_by; a task's
+  ``run_finished`` also ``cpu_us`` and ``mem_peak_bytes`` from its cgroup)
 * ``schedule_changed``: ``job_id``, ``name``, ``next_runs`` (armed time or None)
 """
 

@@ -193,6 +193,8 @@ class RunRecord:
     kill_requested: bool = False
     after_run_id: int | None = None
     after_ok_only: bool = False
+    cpu_us: int | None = None  # CPU time (user + system) from the run's cgroup
+    mem_peak_bytes: int | None = None  # peak memory from the run's cgroup
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

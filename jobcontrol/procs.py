@@ -51,16 +51,22 @@ class _ProcStat(NamedTuple):
 
 
 def spawn(
-    command: str, *, stdout: int | IO[bytes], cwd: str | None, env: Mapping[str, str]
+    command: str,
+    *,
+    stdout: int | IO[bytes],
+    cwd: str | None,
+    env: Mapping[str, str],
+    prelude: str = "",
 ) -> subprocess.Popen[bytes]:
     """Run ``/bin/sh -c command`` in a new session, stdout and stderr both to ``stdout``.
 
-    ``env`` is the complete environment. OSError (a missing ``cwd``, ...) propagates.
+    ``env`` is the complete environment; ``prelude`` is shell text run first, on the
+    command's line (a cgroup's join script). OSError (a missing ``cwd``, ...) propagates.
     """
     # No preexec_fn and nothing else that would stop CPython from using vfork: the
     # benchmark compares this against a bare subprocess.run of /bin/sh.
     return subprocess.Popen(
-        ["/bin/sh", "-c", command],
+        ["/bin/sh", "-c", prelude + command],
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=subprocess.STDOUT,
@@ -164,8 +170,10 @@ def kill_tree(
     marker: Mapping[str, str] | None,
     grace: float = 5.0,
     wait_exit: Callable[[float], bool] | None = None,
+    members: Callable[[], Iterable[int]] | None = None,
 ) -> KillReport:
-    """Stop the process group of ``pid``, its descendants and every process carrying ``marker``.
+    """Stop the process group of ``pid``, its descendants and every process carrying ``marker``
+    or listed by ``members()`` (the processes of the run's cgroup).
 
     SIGTERM (and SIGCONT, so stopped processes see it) first; after up to ``grace``
     seconds SIGKILL to whatever is left, re-scanning until nothing is left or
@@ -176,7 +184,7 @@ def kill_tree(
     if marker is not None:
         _marker_needles(marker)  # refuse a bad marker before signalling anything
     start = time.monotonic()
-    known = _collect(pid, marker, ())
+    known = _collect(pid, marker, members() if members is not None else ())
     termed = _send(pid, known, signal.SIGTERM)
     _send(pid, known, signal.SIGCONT, quiet=True)
     log.debug("kill_tree pid=%s: SIGTERM to %s", pid, termed)

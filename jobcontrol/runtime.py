@@ -11,6 +11,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from jobcontrol.cgroups import Containment
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.filemodes import LogAccess
@@ -34,14 +35,18 @@ class Runtime:
         version: str = "",
         pass_env: PassEnv | None = None,
         log_access: LogAccess | None = None,
+        cgroups: str = "auto",
     ) -> None:
         """``pass_env``: the daemon's variables its tasks get (default: ``taskenv``'s list);
-        ``log_access``: who may read task logs (default: the daemon's user alone)."""
+        ``log_access``: who may read task logs (default: the daemon's user alone);
+        ``cgroups``: ``auto`` (a cgroup per task run where the machine allows) or ``off``."""
         self.store = store
         self.config = config
         self.version = version
         self.pass_env = pass_env or PassEnv()
         self.log_access = log_access or LogAccess()
+        self.cgroups = cgroups
+        self.containment: Containment | None = None
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
 
@@ -50,6 +55,8 @@ class Runtime:
         d = self.dispatcher
         d.start()
         if self.config.slots > 0:
+            self.containment = Containment.setup(d.instance_id, self.cgroups)
+            log.info("task runs are contained by %s", self.containment.describe())
             self.worker = Worker(
                 RunQueue(self.store, timedelta(seconds=self.config.lease)),
                 clock=d.clock,
@@ -62,6 +69,7 @@ class Runtime:
                 version=self.version,
                 pass_env=self.pass_env,
                 log_access=self.log_access,
+                containment=self.containment,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
@@ -75,6 +83,12 @@ class Runtime:
                 if kill_running:
                     self.worker.kill_all("killed: the daemon stopped")
                 self.worker.stop(timeout)
+
+    def containment_view(self) -> str:
+        """How this daemon's worker contains task runs (for status)."""
+        if self.containment is None:
+            return "none: this daemon runs no tasks (--slots 0)"
+        return self.containment.describe()
 
     def database(self) -> dict[str, Any]:
         """Whether the database answers, as the dispatcher and the worker see it."""

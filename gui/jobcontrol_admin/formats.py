@@ -24,6 +24,25 @@ def format_time(when: datetime | None) -> str:
     return when.strftime("%d %b %Y %H:%M:%S")
 
 
+def format_cpu(us: object) -> str:
+    """A run's CPU time (microseconds from its cgroup) in seconds, ``0.004 s``; blank for none."""
+    if not isinstance(us, int | float) or us < 0:
+        return ""
+    return f"{us / 1_000_000:.3f} s"
+
+
+def format_bytes(n: object) -> str:
+    """A size in powers of 1024: ``512 B``, ``4.0 KiB``, ``12.3 MiB``; blank for none."""
+    if not isinstance(n, int | float) or n < 0:
+        return ""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return ""  # not reached: the loop returns at GiB
+
+
 def format_duration(ms: object) -> str:
     """``HH:mm:ss.SSS``, with ``1 day, `` or ``N days, `` in front from 24 h; blank for none or 0."""
     if not isinstance(ms, int | float) or ms <= 0:

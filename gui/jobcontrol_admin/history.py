@@ -48,7 +48,13 @@ from PySide6.QtWidgets import (
 )
 
 from jobcontrol.client import ApiError, Client, Event, StreamHandle
-from jobcontrol_admin.formats import format_duration, format_time, parse_time
+from jobcontrol_admin.formats import (
+    format_bytes,
+    format_cpu,
+    format_duration,
+    format_time,
+    parse_time,
+)
 from jobcontrol_admin.session import Session
 
 log = logging.getLogger(__name__)
@@ -56,7 +62,9 @@ log = logging.getLogger(__name__)
 AnyIndex = QModelIndex | QPersistentModelIndex
 RunIdRole = Qt.ItemDataRole.UserRole + 1
 
-COLUMNS = ("Run", "Trigger", "Who", "Started", "Duration", "Status")
+# CPU and Mem peak come from the run's cgroup (blank when the daemon has no cgroups).
+COLUMNS = ("Run", "Trigger", "Who", "Started", "Duration", "CPU", "Mem peak", "Status")
+_RIGHT = tuple(COLUMNS.index(c) for c in ("Run", "Duration", "CPU", "Mem peak"))
 PAGE_SIZE = 50
 JOIN_TIMEOUT = 5.0
 NO_OUTPUT = "(no output)"
@@ -173,7 +181,7 @@ class RunTableModel(QAbstractTableModel):
             return run["id"]
         if role == Qt.ItemDataRole.ToolTipRole and index.column() == COLUMNS.index("Status"):
             return run.get("reason") or None
-        if role == Qt.ItemDataRole.TextAlignmentRole and index.column() in (0, 4):
+        if role == Qt.ItemDataRole.TextAlignmentRole and index.column() in _RIGHT:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None
 
@@ -190,6 +198,10 @@ class RunTableModel(QAbstractTableModel):
             return format_time(parse_time(run.get("started")))
         if name == "Duration":
             return format_duration(run.get("duration_ms"))
+        if name == "CPU":
+            return format_cpu(run.get("cpu_us"))
+        if name == "Mem peak":
+            return format_bytes(run.get("mem_peak_bytes"))
         return status_text(run)
 
 

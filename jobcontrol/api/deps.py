@@ -56,6 +56,8 @@ class ApiContext:
     event_heartbeat: float = 15.0
     # Whether the database answers (``Runtime.database``); None: as the dispatcher sees it.
     database: Callable[[], dict[str, Any]] | None = None
+    # How the daemon's worker contains task runs (``Runtime.containment_view``).
+    containment: Callable[[], str] | None = None
     # Who authenticated (token hash -> user): answers status reads during an outage.
     known_users: dict[str, User] = field(default_factory=dict)
 

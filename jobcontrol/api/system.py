@@ -73,6 +73,7 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
             "outages": db["outages"],
         },
         "version": ctx.version,
+        "containment": ctx.containment() if ctx.containment is not None else None,
         "started": ctx.started.isoformat(),
         "uptime_s": round((now - ctx.started).total_seconds(), 3),
         "tree_state": view["tree_state"],

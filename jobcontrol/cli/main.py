@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import taskenv
+from jobcontrol import cgroups, taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon, token_option_warning
@@ -350,6 +350,17 @@ def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     return 0
 
 
+def _containment(workers: list[dict[str, Any]], pid: int) -> str:
+    """How the running daemon (``pid``) contains task runs, as its embedded worker said."""
+    import socket
+
+    mine = [w for w in workers if w["name"] == f"{socket.gethostname()}:{pid}:embedded"]
+    live = [w for w in mine if w["stopped"] is None]
+    if not live:
+        return "none: this daemon runs no tasks (--slots 0)" if not mine else "unknown"
+    return str(live[0].get("containment") or "unknown")
+
+
 def _daemon(args: argparse.Namespace) -> int:
     from jobcontrol.daemon import (
         Daemon,
@@ -369,6 +380,7 @@ def _daemon(args: argparse.Namespace) -> int:
             opts.port = args.port
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
         opts.log_access = LogAccess.for_group(args.log_group)
+        opts.cgroups = cgroups.resolve_mode(os.environ)
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -402,12 +414,15 @@ def _daemon(args: argparse.Namespace) -> int:
     try:
         from jobcontrol.service.engine import Engine
 
-        active, armed = Engine(store).daemon_view()
+        engine = Engine(store)
+        active, armed = engine.daemon_view()
+        workers = engine.workers()
     finally:
         store.dispose()
     print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
     url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
     print(f"admin API: {url}/api/v1" if url else "admin API: off")
+    print(f"task containment: {_containment(workers, live)}")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")
     for run in active:
         print(

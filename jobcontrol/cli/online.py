@@ -296,6 +296,8 @@ def _status(client: Client, args: argparse.Namespace) -> int:
         f"daemon version {s['version']}, up {s['uptime_s']:.0f}s, tree state {s['tree_state']}",
         f"timers: {'paused' if s['paused'] else 'running'}, {s['timers_armed']} armed",
     ]
+    if s.get("containment"):
+        lines.insert(1, f"task containment: {s['containment']}")
     lines += [f"  {t['job']} at {out.when(t['at'])}" for t in s["next_timers"]]
     lines.append(f"runs in flight: {len(s['runs_in_flight'])}")
     lines += [

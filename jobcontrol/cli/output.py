@@ -21,6 +21,27 @@ def duration(ms: Any) -> str:
     return f"{ms / 1000:.1f}s" if ms < 60_000 else f"{ms // 60_000}m{(ms % 60_000) // 1000:02d}s"
 
 
+def cpu_time(us: Any) -> str:
+    """A run's CPU time (microseconds) briefly: ``0.004s``, ``12.3s``, ``4m05s``."""
+    if us is None:
+        return ""
+    if us < 1_000_000:
+        return f"{us / 1_000_000:.3f}s"
+    return duration(us // 1000)
+
+
+def size(n: Any) -> str:
+    """Bytes briefly, in powers of 1024: ``512B``, ``4.0K``, ``12.3M``, ``1.5G``."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{int(value)}B" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}G"  # pragma: no cover - the loop returns at G
+
+
 def names(jobs: Sequence[str], shown: int = 3) -> str:
     more = f" (+{len(jobs) - shown} more)" if len(jobs) > shown else ""
     return ", ".join(jobs[:shown]) + more
@@ -66,7 +87,8 @@ def table_jobs(jobs: Sequence[Mapping[str, Any]]) -> str:
 
 def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:
     """Runs as ``run_json`` (or the API) gives them."""
-    headers = ["RUN", "TRIGGER", "STATE", "EXIT", "STARTED", "DURATION", "BY", "REASON"]
+    headers = ["RUN", "TRIGGER", "STATE", "EXIT", "STARTED", "DURATION", "CPU", "MEM PEAK"]
+    headers += ["BY", "REASON"]
     rows = [
         [
             str(r["id"]),
@@ -75,6 +97,8 @@ def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:
             "" if r["exit_status"] is None else str(r["exit_status"]),
             when(r["started"] or r["created"]),
             duration(r["duration_ms"]),
+            cpu_time(r.get("cpu_us")),
+            size(r.get("mem_peak_bytes")),
             r["requested_by"] or "",
             r["reason"] or "",
         ]

@@ -171,7 +171,7 @@ class TreeRuns:
             tr.current_task = frame
             if adopted is not None and adopted.state.is_final:
                 tr.current_task = None  # it ran and ended before we got here
-                return self._finish(frame, adopted.exit_status or 0, adopted.state)
+                return self._finish(frame, adopted.exit_status or 0, adopted.state, adopted)
             if state is RunState.QUEUED:
                 self.d.tx.offers.append(run_id)
             self._queue_ahead(frame)
@@ -363,11 +363,16 @@ class TreeRuns:
         return False
 
     def _finish(
-        self, frame: Frame, status: int | None = None, recorded: RunState | None = None
+        self,
+        frame: Frame,
+        status: int | None = None,
+        recorded: RunState | None = None,
+        row: RunRecord | None = None,
     ) -> int:
         """Record a job's end (spec 7.6 ``finally``); returns its status.
 
-        ``recorded``: the state a task's run row already says (its worker wrote it).
+        ``recorded``: the state a task's run row already says (its worker wrote it);
+        ``row``: that row, whose CPU time and peak memory the finished event carries.
         """
         node, tr = frame.node, frame.tree_run
         if frame.ahead is not None:
@@ -393,6 +398,8 @@ class TreeRuns:
         self.frames.pop(frame.run_id, None)
         self.d.set_job_state(node, JobState.IDLE, None, None)
         info = run_info(frame.run_id, node, tr, state, exit_status=status, duration_ms=duration)
+        if row is not None:
+            info.update(cpu_us=row.cpu_us, mem_peak_bytes=row.mem_peak_bytes)
         self.d.tx.after(lambda: events.run_finished.send(self.d, run=info))
         log.info("Job %s completed exit status %s", job.name, status)
         return status
@@ -424,7 +431,7 @@ class TreeRuns:
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
-        self._propagate(frame, self._finish(frame, status, row.state))
+        self._propagate(frame, self._finish(frame, status, row.state, row))
 
     def reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""

@@ -41,6 +41,7 @@ class WorkerInfo:
     started: datetime
     queues: list[str] | None = None  # None: every queue
     proc_start: int | None = None
+    containment: str | None = None  # how it contains task runs (cgroups.py)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class RunQueue:
             "started": info.started,
             "heartbeat": now,
             "stopped": None,
+            "containment": info.containment,
         }
         with self.store.write() as conn:
             updated = conn.execute(
@@ -348,6 +350,7 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
                 "heartbeat": w.heartbeat,
                 "heartbeat_age_s": round((now - w.heartbeat).total_seconds(), 3),
                 "stopped": w.stopped,
+                "containment": w.containment,
                 "runs": runs,
             }
         )

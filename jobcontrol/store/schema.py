@@ -124,6 +124,9 @@ run = Table(
     # with ``after_ok_only`` only when it ends with status 0.
     Column("after_run_id", BigInteger),
     Column("after_ok_only", Boolean),
+    # What the task run used, from its cgroup (null without one): CPU time, peak memory.
+    Column("cpu_us", BigInteger),
+    Column("mem_peak_bytes", BigInteger),
     Index("ix_run_job_history", "job_id", "id"),
     Index("ix_run_claim", "state", "queue", "priority", "id"),
     Index("ix_run_parent", "parent_run_id"),
@@ -147,6 +150,8 @@ worker = Table(
     Column("started", UTCDateTime, nullable=False),
     Column("heartbeat", UTCDateTime, nullable=False),
     Column("stopped", UTCDateTime),
+    # How it contains its task runs: a cgroup, or the fallback and why (cgroups.py).
+    Column("containment", Text),
 )
 
 meta = Table(

@@ -22,12 +22,13 @@ import subprocess
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events, procs
+from jobcontrol import cgroups, events, procs
+from jobcontrol.cgroups import Containment, RunCgroup
 from jobcontrol.clock import Clock
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.filemodes import LogAccess
@@ -54,6 +55,8 @@ class TaskOutcome:
     state: RunState
     signal: int | None
     reason: str | None
+    cpu_us: int | None = None  # from the run's cgroup, when it had one
+    mem_peak_bytes: int | None = None
 
 
 @dataclass
@@ -63,6 +66,7 @@ class _Active:
     kill_reason: str | None = None
     pid: int | None = None
     finishing: bool = False
+    cgroup: RunCgroup | None = None
 
 
 class Worker:
@@ -85,6 +89,7 @@ class Worker:
         version: str = "",
         pass_env: PassEnv | None = None,
         log_access: LogAccess | None = None,
+        containment: Containment | None = None,
     ) -> None:
         self.runqueue = runqueue
         self.store = runqueue.store
@@ -117,6 +122,8 @@ class Worker:
         # list reaches a task, never the daemon's own secrets (taskenv).
         self._base_env = (pass_env or PassEnv()).select(os.environ)
         self.log_access = log_access or LogAccess()
+        # Each run in a cgroup of its own where the daemon set that up (cgroups.py).
+        self.containment = containment or Containment.fallback("not set up for this worker")
         self._receivers: list[tuple[Any, Any]] = []
         self._give_up_at: float | None = None
 
@@ -133,6 +140,7 @@ class Worker:
             started=self.clock.now(),
             queues=self.queues,
             proc_start=procs.start_time(pid),
+            containment=self.containment.describe(),
         )
 
     def start(self) -> None:
@@ -173,6 +181,7 @@ class Worker:
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
+        self.containment.close()
         try:
             self.runqueue.deregister(self.name, self.clock.now())
         except StoreUnavailable as exc:
@@ -218,15 +227,26 @@ class Worker:
         proc = active.proc
         assert proc is not None
 
-        def killer() -> None:
-            procs.kill_tree(
-                proc.pid,
-                marker=self._marker(active.run.id),
-                grace=self.kill_grace,
-                wait_exit=lambda t: _wait(proc, t),
-            )
+        threading.Thread(
+            target=self._kill_processes,
+            args=(active, proc),
+            name=f"jc-kill-{active.run.id}",
+            daemon=True,
+        ).start()
 
-        threading.Thread(target=killer, name=f"jc-kill-{active.run.id}", daemon=True).start()
+    def _kill_processes(self, active: _Active, proc: subprocess.Popen[bytes]) -> None:
+        """TERM, grace, KILL: the process group, the marked processes and the run's cgroup;
+        then ``cgroup.kill`` for whatever forked meanwhile."""
+        cg = active.cgroup
+        procs.kill_tree(
+            proc.pid,
+            marker=self._marker(active.run.id),
+            grace=self.kill_grace,
+            wait_exit=lambda t: _wait(proc, t),
+            members=cg.pids if cg is not None else None,
+        )
+        if cg is not None:
+            cg.kill()
 
     def _marker(self, run_id: int) -> dict[str, str]:
         return {"JOBCONTROL_RUN_ID": str(run_id), "JOBCONTROL_INSTANCE": self.instance_id}
@@ -257,6 +277,7 @@ class Worker:
             self._stop.wait(max(0.0, min(next_poll, next_beat) - time.monotonic()))
 
     def _beat(self) -> None:
+        self.containment.sweep()  # cgroups of ended runs, once what they left behind ended
         with self._cond:
             mine = [rid for rid, a in self._active.items() if not a.finishing]
         try:
@@ -366,7 +387,15 @@ class Worker:
         env["JOBCONTROL_LOG"] = str(log_path)
         with self.log_access.open_log(log_path) as out:
             try:
-                proc = procs.spawn(run.command or "", stdout=out, cwd=run.cwd, env=env)
+                active.cgroup = cg = self.containment.create(run.id)
+            except cgroups.ContainmentError as exc:  # refused, never run uncontained
+                out.write(f"jobcontrol: not started: {exc}\n".encode())
+                return TaskOutcome(cgroups.JOIN_FAILED_STATUS, RunState.FAILED, None, str(exc))
+            prelude = cg.join_script() if cg is not None else ""
+            try:
+                proc = procs.spawn(
+                    run.command or "", stdout=out, cwd=run.cwd, env=env, prelude=prelude
+                )
             except OSError as exc:
                 out.write(f"jobcontrol: cannot start {run.command!r}: {exc}\n".encode())
                 return TaskOutcome(127, RunState.FAILED, None, f"cannot start: {exc}")
@@ -383,14 +412,22 @@ class Worker:
                 with self._cond:
                     if active.kill_reason is None:
                         active.kill_reason = "timeout"
-                procs.kill_tree(
-                    proc.pid,
-                    marker=self._marker(run.id),
-                    grace=self.kill_grace,
-                    wait_exit=lambda t: _wait(proc, t),
-                )
+                self._kill_processes(active, proc)
                 rc = proc.wait()
-        return _outcome(run, rc, active.kill_reason, timed_out)
+        outcome = _outcome(run, rc, active.kill_reason, timed_out)
+        return self._contained(active, outcome, log_path) if cg is not None else outcome
+
+    def _contained(self, active: _Active, outcome: TaskOutcome, log_path: Path) -> TaskOutcome:
+        """What the run's cgroup says: its usage, or that the task never joined it."""
+        cg = active.cgroup
+        assert cg is not None
+        usage = cg.usage()
+        self.containment.release(cg)
+        if outcome.exit_status == cgroups.JOIN_FAILED_STATUS:
+            refused = cgroups.join_failure(log_path)
+            if refused is not None:
+                return TaskOutcome(outcome.exit_status, RunState.FAILED, None, refused)
+        return replace(outcome, cpu_us=usage.cpu_us, mem_peak_bytes=usage.mem_peak_bytes)
 
     def _wait_recording_pid(
         self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: Path
@@ -451,6 +488,8 @@ class Worker:
             "log_path": kept,
             "pid": active.pid,
             "lease_until": None,
+            "cpu_us": outcome.cpu_us,
+            "mem_peak_bytes": outcome.mem_peak_bytes,
         }
         run_id = active.run.id
         # Take the next task along unless stopping, or it may be for a queue not served here.

@@ -1,0 +1,444 @@
+"""Task runs in cgroups: each run its own cgroup, killed whole, its CPU time and peak memory read.
+
+Where the machine allows it (a writable cgroup v2 hierarchy: root, or a systemd unit with
+``Delegate=yes``), every task run gets a cgroup of its own,
+``<the daemon's cgroup>/jobcontrol-<instance>/run-<id>``. The task's shell puts itself
+there before it runs the command (``echo $$ > .../cgroup.procs``, a builtin: no extra
+fork or exec, nothing that stops ``subprocess`` from using vfork), so everything the task
+starts is in it, whatever it does to its session or environment. Kill ends with
+``cgroup.kill``, which no process escapes. At the run's end its CPU time (``cpu.stat``)
+and peak memory (``memory.peak``) are read and the cgroup is removed.
+
+Memory is a controller: when the cgroup v2 hierarchy does not have it (a hybrid layout
+keeps the controllers on cgroup v1), the run also joins a cgroup of its own in the v1
+``memory`` hierarchy, read from ``memory.max_usage_in_bytes``. Without either, the peak is
+not recorded.
+
+When cgroups cannot be used (no cgroup2 mount, not writable, no ``cgroup.kill``), or
+``$JOBCONTROL_CGROUPS=off``, nothing here is used: kill falls back to the process group
+and the environment marker (``procs``), and ``Containment.describe`` says why.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobcontrol.errors import OptionError
+
+log = logging.getLogger(__name__)
+
+# The daemon's setting: "auto" (cgroups where they work, else the fallback) or "off".
+ENV_VAR = "JOBCONTROL_CGROUPS"
+MODES = ("auto", "off")
+# The exit status, and the line in the task's log, of a task whose shell could not join
+# its cgroup: it stops before the command, and the worker records the run as refused.
+JOIN_FAILED_STATUS = 125
+JOIN_FAILED_LINE = "jobcontrol: not started: the task could not join its cgroup"
+FALLBACK = "process group + environment marker"
+
+_MOUNTINFO = "/proc/self/mountinfo"
+_SELF_CGROUP = "/proc/self/cgroup"
+_EMPTY_WAIT = 5.0  # how long kill waits for a killed cgroup to empty before giving up on it
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class ContainmentError(RuntimeError):
+    """A run's cgroup could not be made: the run is refused rather than run uncontained."""
+
+
+@dataclass(frozen=True)
+class RunUsage:
+    """What a run used, from its cgroup: CPU time (user + system) and peak memory."""
+
+    cpu_us: int | None = None
+    mem_peak_bytes: int | None = None
+
+
+@dataclass
+class RunCgroup:
+    """One run's cgroup (v2), and its v1 memory cgroup in a hybrid layout."""
+
+    path: Path
+    memory_v1: Path | None = None
+
+    def join_script(self) -> str:
+        """Shell text that puts the shell into the cgroup(s), or stops it with a reason."""
+        targets = [self.path] + ([self.memory_v1] if self.memory_v1 is not None else [])
+        writes = " && ".join(f"echo $$ >{shlex.quote(str(p / 'cgroup.procs'))}" for p in targets)
+        fail = f"{{ echo {shlex.quote(JOIN_FAILED_LINE)} >&2; exit {JOIN_FAILED_STATUS}; }}"
+        return f"{{ {writes}; }} || {fail}; "
+
+    def pids(self) -> list[int]:
+        """The processes in the run's cgroup now (none once it is gone)."""
+        try:
+            text = (self.path / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return [int(line) for line in text.split()]
+
+    def populated(self) -> bool:
+        try:
+            text = (self.path / "cgroup.events").read_text()
+        except FileNotFoundError:
+            return False
+        return "populated 1" in text
+
+    def kill(self, wait: float = _EMPTY_WAIT) -> bool:
+        """SIGKILL every process in the cgroup at once; True once it is empty."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except FileNotFoundError:
+            return True  # removed already: nothing is left in it
+        deadline = time.monotonic() + wait
+        while self.populated():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "cgroup %s still has processes %.1f s after cgroup.kill", self.path, wait
+                )
+                return False
+            time.sleep(0.005)
+        return True
+
+    def usage(self) -> RunUsage:
+        """CPU time and peak memory so far; a figure that cannot be read is None (logged)."""
+        cpu = _read_key(self.path / "cpu.stat", "usage_usec")
+        peak: int | None = None
+        if self.memory_v1 is not None:
+            peak = _read_int(self.memory_v1 / "memory.max_usage_in_bytes")
+        elif (self.path / "memory.peak").exists():
+            peak = _read_int(self.path / "memory.peak")
+        return RunUsage(cpu_us=cpu, mem_peak_bytes=peak)
+
+    def remove(self) -> bool:
+        """Remove the cgroup(s); False while processes remain (they are left running)."""
+        done = True
+        for path in (self.path, self.memory_v1):
+            if path is None:
+                continue
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    log.warning("cannot remove cgroup %s: %s", path, exc)
+                done = False
+        return done
+
+
+@dataclass
+class Containment:
+    """How a worker contains its task runs: cgroups under ``base``, or the fallback."""
+
+    base: Path | None
+    memory_base: Path | None = None
+    reason: str = ""  # why the fallback is in force, or what is missing (memory)
+    _lingering: dict[int, RunCgroup] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def enabled(self) -> bool:
+        return self.base is not None
+
+    @classmethod
+    def fallback(cls, reason: str) -> Containment:
+        return cls(base=None, reason=reason)
+
+    @classmethod
+    def setup(cls, instance_id: str, mode: str = "auto") -> Containment:
+        """Cgroups for this database's runs if this machine lets us, else the fallback."""
+        check_mode(mode)
+        if mode == "off":
+            return cls.fallback(f"cgroups turned off by ${ENV_VAR}=off")
+        try:
+            return _setup(f"jobcontrol-{_SAFE.sub('_', instance_id)}")
+        except _Unavailable as exc:
+            return cls.fallback(str(exc))
+
+    def describe(self) -> str:
+        """One line for status: which mechanism kills task runs, and why."""
+        if self.base is None:
+            return f"{FALLBACK} ({self.reason})"
+        if self.memory_base is not None:
+            memory = f"memory from cgroup v1 {self.memory_base}"
+        elif self.reason:
+            memory = f"no peak memory: {self.reason}"
+        else:
+            memory = "memory.peak"
+        return f"cgroup {self.base} (cgroup.kill; {memory})"
+
+    def create(self, run_id: int) -> RunCgroup | None:
+        """A fresh cgroup for ``run_id`` (None under the fallback); ContainmentError if
+        it cannot be made, so the run is refused rather than run uncontained."""
+        if self.base is None:
+            return None
+        cg = RunCgroup(self.base / f"run-{run_id}")
+        if self.memory_base is not None:
+            cg.memory_v1 = self.memory_base / f"run-{run_id}"
+        for path in (cg.path, cg.memory_v1):
+            if path is None:
+                continue
+            try:
+                path.mkdir()
+            except FileExistsError:
+                # Left by an earlier try of the same run (a crash): reuse it if empty.
+                if path == cg.path and cg.populated():
+                    raise ContainmentError(f"cgroup {path} already holds processes") from None
+            except OSError as exc:
+                cg.remove()
+                raise ContainmentError(f"cannot create cgroup {path}: {exc.strerror}") from exc
+        return cg
+
+    def release(self, cg: RunCgroup) -> None:
+        """The run ended: remove its cgroup, or keep it until the processes it left end."""
+        if not cg.remove():
+            with self._lock:
+                self._lingering[id(cg)] = cg
+
+    def sweep(self) -> None:
+        """Remove the cgroups of ended runs whose background processes have ended since."""
+        with self._lock:
+            for key, cg in list(self._lingering.items()):
+                if cg.remove():
+                    del self._lingering[key]
+
+    def close(self) -> None:
+        """The worker stops: remove what is empty, the base included (if it is empty)."""
+        self.sweep()
+        for path in (self.base, self.memory_base):
+            if path is None:
+                continue
+            try:
+                path.rmdir()
+            except OSError as exc:
+                if exc.errno not in (errno.EBUSY, errno.ENOENT, errno.ENOTEMPTY):
+                    log.warning("cannot remove cgroup %s: %s", path, exc)
+
+    def kill_leftovers(self, run_ids: Iterable[int] | None) -> list[int]:
+        """Kill whatever is left in the cgroups of ``run_ids`` (None: of every run) that an
+        earlier daemon of this database left behind; the pids that were in them."""
+        if self.base is None:
+            return []
+        if run_ids is None:
+            paths = sorted(self.base.glob("run-*"))
+        else:
+            paths = [self.base / f"run-{i}" for i in run_ids]
+        found: list[int] = []
+        for path in paths:
+            if not path.is_dir():
+                continue
+            cg = RunCgroup(path, self.memory_base / path.name if self.memory_base else None)
+            found += cg.pids()
+            cg.kill()
+            cg.remove()
+        return found
+
+
+def resolve_mode(environ: Mapping[str, str]) -> str:
+    """The daemon's cgroups setting from ``$JOBCONTROL_CGROUPS`` (default ``auto``)."""
+    return check_mode(environ.get(ENV_VAR, "auto").strip().lower() or "auto")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise OptionError(f"${ENV_VAR}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+class _Unavailable(Exception):
+    """Why cgroups cannot contain task runs here."""
+
+
+def _setup(name: str) -> Containment:
+    mount = _cgroup2_mount()
+    own = _own_cgroup(mount)
+    base = own / name
+    try:
+        base.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise _Unavailable(f"cannot create cgroup {base}: {exc.strerror}") from exc
+    try:
+        if not (base / "cgroup.kill").exists():
+            raise _Unavailable("the kernel has no cgroup.kill (it needs Linux 5.14)")
+        _probe(base)
+    except _Unavailable:
+        _rmdir_quietly(base)
+        raise
+    memory_reason = _enable_memory(own, base)
+    memory_base: Path | None = None
+    if memory_reason:
+        memory_base, v1_reason = _memory_v1(name)
+        memory_reason = "" if memory_base is not None else f"{memory_reason}; {v1_reason}"
+    return Containment(base=base, memory_base=memory_base, reason=memory_reason)
+
+
+def _cgroup2_mount() -> tuple[Path, str]:
+    """The cgroup2 mount point and the hierarchy path it shows (its root)."""
+    try:
+        lines = Path(_MOUNTINFO).read_text().splitlines()
+    except OSError as exc:
+        raise _Unavailable(f"cannot read {_MOUNTINFO}: {exc.strerror}") from exc
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        if rest.split(" ", 1)[0] == "cgroup2":
+            parts = fields.split()
+            return Path(_unescape(parts[4])), _unescape(parts[3])
+    raise _Unavailable("no cgroup2 file system is mounted")
+
+
+def _own_cgroup(mount: tuple[Path, str]) -> Path:
+    """The directory of the daemon's own cgroup v2 ("0::/path" in /proc/self/cgroup)."""
+    point, root = mount
+    for line in _self_cgroup_lines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            rel = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
+            if rel.startswith(".."):
+                raise _Unavailable(f"the daemon's cgroup {path} is outside the cgroup2 mount")
+            return point / rel if rel not in (".", "") else point
+    raise _Unavailable("the daemon is in no cgroup v2 (no 0:: line in /proc/self/cgroup)")
+
+
+def _self_cgroup_lines() -> list[str]:
+    try:
+        return Path(_SELF_CGROUP).read_text().splitlines()
+    except OSError as exc:
+        raise _Unavailable(f"cannot read {_SELF_CGROUP}: {exc.strerror}") from exc
+
+
+def _probe(base: Path) -> None:
+    """Check, once, that a task's shell can join a cgroup under ``base`` (permissions on
+    the source and target, delegation): what the worker will do for every run."""
+    probe = RunCgroup(base / f"probe-{os.getpid()}")
+    try:
+        probe.path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise _Unavailable(f"cannot create cgroup {probe.path}: {exc.strerror}") from exc
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", probe.join_script() + "exit 0"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _Unavailable(f"cannot test joining cgroup {probe.path}: {exc}") from exc
+    finally:
+        probe.kill(wait=1.0)
+        probe.remove()
+    if done.returncode != 0:
+        error = done.stderr.decode(errors="replace").strip().splitlines()
+        raise _Unavailable(f"a task cannot join cgroup {probe.path}: {error[0] if error else ''}")
+
+
+def _enable_memory(own: Path, base: Path) -> str:
+    """Turn on the memory controller for the runs' cgroups; "" when on, else why not."""
+    try:
+        available = (own / "cgroup.controllers").read_text().split()
+    except OSError as exc:
+        return f"cannot read {own / 'cgroup.controllers'}: {exc.strerror}"
+    if "memory" not in available:
+        return "the cgroup2 hierarchy has no memory controller"
+    for path in (own, base):
+        try:
+            if "memory" not in (path / "cgroup.subtree_control").read_text().split():
+                (path / "cgroup.subtree_control").write_text("+memory")
+        except OSError as exc:
+            # EBUSY: the daemon's own cgroup holds processes ("no internal processes");
+            # run the daemon in a leaf of its delegated cgroup to get memory accounting.
+            return f"cannot enable memory in {path}: {exc.strerror}"
+    return ""
+
+
+def _memory_v1(name: str) -> tuple[Path | None, str]:
+    """A hybrid layout's cgroup v1 memory hierarchy for the runs: (base, why not)."""
+    try:
+        lines = Path(_MOUNTINFO).read_text().splitlines()
+    except OSError as exc:
+        return None, f"cannot read {_MOUNTINFO}: {exc.strerror}"
+    mount: tuple[Path, str] | None = None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = rest.split()
+        if len(parts) >= 3 and parts[0] == "cgroup" and "memory" in parts[2].split(","):
+            f = fields.split()
+            mount = Path(_unescape(f[4])), _unescape(f[3])
+            break
+    if mount is None:
+        return None, "no cgroup v1 memory hierarchy either"
+    own: Path | None = None
+    for line in _self_cgroup_lines():
+        _hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if "memory" in controllers.split(","):
+            rel = os.path.relpath(path, mount[1]) if mount[1] != "/" else path.lstrip("/")
+            if not rel.startswith(".."):
+                own = mount[0] / rel if rel not in (".", "") else mount[0]
+    if own is None:
+        return None, "the daemon's cgroup v1 memory cgroup is unknown"
+    base = own / name
+    try:
+        base.mkdir(exist_ok=True)
+    except OSError as exc:
+        return None, f"cannot create {base}: {exc.strerror}"
+    return base, ""
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        log.debug("left %s in place", path)
+
+
+def _unescape(text: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return None
+
+
+def _read_key(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return None
+    log.warning("%s has no %s", path, key)
+    return None
+
+
+def join_failure(log_path: Path | None) -> str | None:
+    """Why a task's shell could not join its cgroup, from the head of its log (or None)."""
+    if log_path is None:
+        return None
+    try:
+        with open(log_path, "rb") as f:
+            head = f.read(4096).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    if JOIN_FAILED_LINE not in head:
+        return None
+    before = head[: head.index(JOIN_FAILED_LINE)]
+    return f"not started: cannot join its cgroup: {before[-1] if before else 'unknown error'}"

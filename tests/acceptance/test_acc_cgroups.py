@@ -1,0 +1,206 @@
+"""Kill that really kills: each task run in a cgroup of its own (the real daemon and CLI).
+
+A task that starts ``(env -i setsid ... &)`` leaves a process that dropped the environment
+marker and left the task's session: only its cgroup still knows it belongs to the run.
+These tests need a writable cgroup v2 hierarchy (root, as in CI); without one they are
+skipped, saying why, and the fallback tests still run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcontrol import procs
+from jobcontrol.cgroups import Containment
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+
+START_WAIT = 30.0
+
+
+def _cgroups_here() -> str:
+    probe = Containment.setup("acceptance-probe")
+    probe.close()
+    return "" if probe.enabled else probe.describe()
+
+
+_WHY_NOT = _cgroups_here()
+needs_cgroups = pytest.mark.skipif(bool(_WHY_NOT), reason=f"no cgroups here: {_WHY_NOT}")
+
+
+def escaper_yaml(pid_file: Path, *, timeout: str | None = None) -> str:
+    """A task whose child drops the marker (``env -i``) and its session (``setsid``), then
+    writes its pid and lingers; the task itself sleeps."""
+    escape = f"(env -i setsid sh -c 'echo $$ >{pid_file}; exec sleep 305' &); sleep 300"
+    lines = [
+        "jobs:",
+        "  - name: Escape",
+        "    active: true",
+        f"    command: {json.dumps(escape)}",
+    ]
+    if timeout:
+        lines.append(f"    timeout: {timeout}")
+    return "\n".join(lines) + "\n"
+
+
+USAGE = """\
+jobs:
+  - name: Hungry
+    active: true
+    command: >-
+      python3 -c "import time; x = b'x' * (64 << 20);
+      t = time.process_time();
+      exec('while time.process_time() - t < 0.3: pass')"
+"""
+
+
+@pytest.fixture
+def escapees() -> Iterator[list[int]]:
+    """Pids of escaped processes the test saw; any still alive afterwards are killed."""
+    found: list[int] = []
+    yield found
+    for pid in found:
+        if procs.pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def read_escapee(jc: JobControl, pid_file: Path, escapees: list[int]) -> int:
+    assert wait_until(
+        lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), START_WAIT
+    ), f"the escaping child never wrote {pid_file}"
+    pid = int(pid_file.read_text())
+    escapees.append(pid)
+    assert procs.pid_alive(pid)
+    assert pid not in jc.marked(), "it dropped the environment marker"
+    assert os.getsid(pid) == pid, "it left the task's session"
+    return pid
+
+
+def last_run(jc: JobControl, job: str, state: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    def ended() -> bool:
+        runs = jc.history(job)
+        found[:] = runs[:1]
+        return bool(runs) and runs[0]["state"] == state
+
+    assert wait_until(ended, START_WAIT), found
+    return found[0]
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_kill_ends_a_child_that_left_the_session_and_dropped_the_marker(
+    jc_sqlite: JobControl, escapees: list[int]
+) -> None:
+    jc = jc_sqlite
+    pid_file = jc.base / "escaped.pid"
+    jc.upgraded().load(write(jc.base / "escape.yaml", escaper_yaml(pid_file)))
+    jc.ok("daemon", "start")
+    status = jc.ok("daemon", "status").stdout
+    assert "task containment: cgroup /" in status, status
+    assert "cgroup.kill" in status, status
+
+    jc.ok("run", "Escape")
+    escaped = read_escapee(jc, pid_file, escapees)
+    jc.ok("kill", "Escape")
+
+    run = last_run(jc, "Escape", "killed")
+    assert run["exit_status"] == 255, run
+    assert wait_until(
+        lambda: not procs.pid_alive(escaped), START_WAIT
+    ), f"pid {escaped} survived the kill"
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_timeout_ends_a_child_that_left_the_session_and_dropped_the_marker(
+    jc_sqlite: JobControl, escapees: list[int]
+) -> None:
+    jc = jc_sqlite
+    pid_file = jc.base / "escaped.pid"
+    jc.upgraded().load(write(jc.base / "escape.yaml", escaper_yaml(pid_file, timeout="3s")))
+    jc.ok("daemon", "start")
+    jc.ok("run", "Escape")
+    escaped = read_escapee(jc, pid_file, escapees)
+
+    run = last_run(jc, "Escape", "failed")
+    assert run["exit_status"] == 124, run
+    assert run["reason"] == "timed out after 3s", run
+    assert wait_until(
+        lambda: not procs.pid_alive(escaped), START_WAIT
+    ), f"pid {escaped} survived the timeout"
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_cpu_time_and_peak_memory_are_recorded_and_shown(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    jc.upgraded().load(write(jc.base / "usage.yaml", USAGE))
+    jc.ok("daemon", "start")
+    online = jc.ok("status", "--json")
+    assert json.loads(online.stdout)["containment"].startswith("cgroup /"), describe(online)
+    jc.ok("run", "Hungry")
+    run = last_run(jc, "Hungry", "succeeded")  # through the daemon's API
+    assert run["cpu_us"] >= 300_000, run
+    assert run["mem_peak_bytes"] >= 64 << 20, run
+    table = jc.ok("history", "Hungry").stdout
+    header, row = table.splitlines()[:2]
+    assert "CPU" in header, table
+    assert "MEM PEAK" in header, table
+    cpu = row[header.index("CPU") :].split()[0]
+    mem = row[header.index("MEM PEAK") :].split()[0]
+    assert float(cpu.removesuffix("s")) >= 0.3, table
+    assert mem.endswith("M"), table
+    assert float(mem[:-1]) >= 64, table
+
+    jc.ok("daemon", "stop")
+    stored = jc.history("Hungry")[0]  # from the database, no daemon
+    assert (stored["cpu_us"], stored["mem_peak_bytes"]) == (run["cpu_us"], run["mem_peak_bytes"])
+
+
+FALLBACK_ESCAPER = """\
+jobs:
+  - name: Marked
+    active: true
+    command: setsid sleep 1000 & sleep 1000
+"""
+
+
+@pytest.mark.timeout(180)
+def test_with_cgroups_off_kill_still_ends_what_the_marker_finds(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    jc.env["JOBCONTROL_CGROUPS"] = "off"
+    jc.upgraded().load(write(jc.base / "marked.yaml", FALLBACK_ESCAPER))
+    jc.ok("daemon", "start")
+    status = jc.ok("daemon", "status").stdout
+    assert (
+        "task containment: process group + environment marker "
+        "(cgroups turned off by $JOBCONTROL_CGROUPS=off)"
+    ) in status, status
+    jc.ok("run", "Marked")
+    assert wait_until(lambda: len({os.getsid(p) for p in jc.marked()}) >= 2, START_WAIT)
+    jc.ok("kill", "Marked")
+    run = last_run(jc, "Marked", "killed")
+    assert (run["cpu_us"], run["mem_peak_bytes"]) == (None, None), run
+    jc.assert_no_task_processes()
+
+
+def test_an_unknown_cgroups_setting_is_refused_before_anything_starts(
+    jc_sqlite: JobControl,
+) -> None:
+    jc = jc_sqlite
+    jc.upgraded()
+    jc.env["JOBCONTROL_CGROUPS"] = "maybe"
+    refused = jc.fails("daemon", "start")
+    assert "$JOBCONTROL_CGROUPS='maybe': expected one of auto, off" in refused.stderr, describe(
+        refused
+    )
+    assert jc.live_daemons() == []
+    assert list(jc.state_dir.glob("daemon-*.pid")) == []
