@@ -421,12 +421,13 @@ class Worker:
         """What the run's cgroup says: its usage, or that the task never joined it."""
         cg = active.cgroup
         assert cg is not None
-        usage = cg.usage()
-        self.containment.release(cg)
+        refused = None
         if outcome.exit_status == cgroups.JOIN_FAILED_STATUS:
             refused = cgroups.join_failure(log_path)
-            if refused is not None:
-                return TaskOutcome(outcome.exit_status, RunState.FAILED, None, refused)
+        usage = cg.usage() if refused is None else None
+        self.containment.release(cg)
+        if usage is None:
+            return TaskOutcome(outcome.exit_status, RunState.FAILED, None, refused)
         return replace(outcome, cpu_us=usage.cpu_us, mem_peak_bytes=usage.mem_peak_bytes)
 
     def _wait_recording_pid(

@@ -103,9 +103,6 @@ def test_kill_ends_a_child_that_left_the_session_and_dropped_the_marker(
     pid_file = jc.base / "escaped.pid"
     jc.upgraded().load(write(jc.base / "escape.yaml", escaper_yaml(pid_file)))
     jc.ok("daemon", "start")
-    status = jc.ok("daemon", "status").stdout
-    assert "task containment: cgroup /" in status, status
-    assert "cgroup.kill" in status, status
 
     jc.ok("run", "Escape")
     escaped = read_escapee(jc, pid_file, escapees)
@@ -116,6 +113,9 @@ def test_kill_ends_a_child_that_left_the_session_and_dropped_the_marker(
     assert wait_until(
         lambda: not procs.pid_alive(escaped), START_WAIT
     ), f"pid {escaped} survived the kill"
+    status = jc.ok("daemon", "status").stdout
+    assert "task containment: cgroup /" in status, status
+    assert "cgroup.kill" in status, status
 
 
 @needs_cgroups
