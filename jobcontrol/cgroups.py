@@ -224,6 +224,17 @@ class Containment:
                 if exc.errno not in (errno.EBUSY, errno.ENOENT, errno.ENOTEMPTY):
                     log.warning("cannot remove cgroup %s: %s", path, exc)
 
+    def run_ids(self) -> list[int]:
+        """The runs that have a cgroup under ``base`` now (this daemon's or an earlier one's)."""
+        if self.base is None:
+            return []
+        found = []
+        for path in self.base.glob("run-*"):
+            suffix = path.name.removeprefix("run-")
+            if suffix.isdigit():
+                found.append(int(suffix))
+        return sorted(found)
+
     def kill_leftovers(self, run_ids: Iterable[int] | None) -> list[int]:
         """Kill whatever is left in the cgroups of ``run_ids`` (None: of every run) that an
         earlier daemon of this database left behind; the pids that were in them."""

@@ -16,7 +16,7 @@ from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.outage import OutageState
-from jobcontrol.store import Store
+from jobcontrol.store import Store, queries
 from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import Worker
@@ -57,6 +57,7 @@ class Runtime:
         if self.config.slots > 0:
             self.containment = Containment.setup(d.instance_id, self.cgroups)
             log.info("task runs are contained by %s", self.containment.describe())
+            self._kill_cgroup_leftovers(self.containment)
             self.worker = Worker(
                 RunQueue(self.store, timedelta(seconds=self.config.lease)),
                 clock=d.clock,
@@ -75,6 +76,19 @@ class Runtime:
             self.worker.wake()  # runs queued before it listened
         return d
 
+    def _kill_cgroup_leftovers(self, containment: Containment) -> None:
+        """After recovery: what is left in the cgroups of runs no longer active (an earlier
+        daemon's, lost) is killed, escapees the environment marker cannot find included."""
+        found = containment.run_ids()
+        if not found:
+            return
+        with self.store.read() as conn:
+            active = {r.id for r in queries.active_runs(conn)}
+        stale = [i for i in found if i not in active]
+        killed = containment.kill_leftovers(stale)
+        if killed:
+            log.warning("killed %d leftover process(es) in the cgroups of lost runs", len(killed))
+
     def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
         try:
             self.dispatcher.stop(kill_running=kill_running, timeout=timeout)
@@ -83,6 +97,8 @@ class Runtime:
                 if kill_running:
                     self.worker.kill_all("killed: the daemon stopped")
                 self.worker.stop(timeout)
+            if self.containment is not None:
+                self.containment.close()  # the worker closed it too, unless it was replaced
 
     def containment_view(self) -> str:
         """How this daemon's worker contains task runs (for status)."""

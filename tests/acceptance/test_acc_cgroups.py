@@ -19,7 +19,7 @@ import pytest
 
 from jobcontrol import procs
 from jobcontrol.cgroups import Containment
-from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
 
 START_WAIT = 30.0
 
@@ -136,6 +136,31 @@ def test_timeout_ends_a_child_that_left_the_session_and_dropped_the_marker(
     assert wait_until(
         lambda: not procs.pid_alive(escaped), START_WAIT
     ), f"pid {escaped} survived the timeout"
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_crash_recovery_ends_a_child_that_left_the_session_and_dropped_the_marker(
+    jc_sqlite: JobControl, escapees: list[int]
+) -> None:
+    jc = jc_sqlite
+    pid_file = jc.base / "escaped.pid"
+    jc.upgraded().load(write(jc.base / "escape.yaml", escaper_yaml(pid_file)))
+    first = pid_from(jc.ok("daemon", "start").stdout)
+    jc.ok("run", "Escape")
+    escaped = read_escapee(jc, pid_file, escapees)
+    lost_id = last_run(jc, "Escape", "running")["id"]
+
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(first), START_WAIT)
+    assert procs.pid_alive(escaped), "kill -9 of the daemon leaves its tasks running"
+
+    jc.ok("daemon", "start")
+    assert wait_until(
+        lambda: not procs.pid_alive(escaped), START_WAIT
+    ), f"pid {escaped} of lost run {lost_id} survived the recovery"
+    lost = next(r for r in jc.history("Escape") if r["id"] == lost_id)
+    assert (lost["state"], lost["exit_status"]) == ("lost", 255), lost
 
 
 @needs_cgroups
