@@ -119,6 +119,7 @@ class Store:
         self.engine = self._make_engine(pool_size)
         # Taken before a connection is checked out, so a waiter holds no connection.
         self._write_lock = threading.RLock() if self.is_sqlite else None
+        self._local = threading.local()  # a pinned thread's connection (``pinned``)
 
     def _make_engine(self, pool_size: int) -> Engine:
         if self.is_sqlite:
@@ -174,16 +175,56 @@ class Store:
         """A read transaction: one consistent snapshot."""
         yield from self._transaction("BEGIN")
 
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within the block, this thread's transactions share one connection.
+
+        For the threads on every task's path (the dispatcher, a worker's slots):
+        checking a connection out of the pool and back costs more than a short
+        transaction does. A connection that failed is closed and replaced.
+        """
+        self._local.pinned = True
+        try:
+            yield
+        finally:
+            self._local.pinned = False
+            self._unpin()
+
+    def _unpin(self) -> None:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                conn.close()
+
     def _transaction(self, sqlite_begin: str) -> Iterator[Connection]:
+        if getattr(self._local, "pinned", False):
+            yield from self._pinned_transaction(sqlite_begin)
+            return
         try:
             with self.engine.connect() as conn:
-                if self.is_sqlite:
-                    yield from _sqlite_txn(conn, sqlite_begin)
-                else:
-                    with conn.begin():
-                        yield conn
+                yield from self._in(conn, sqlite_begin)
         except SQLAlchemyError as exc:
             raise wrap_error(exc) from exc
+
+    def _pinned_transaction(self, sqlite_begin: str) -> Iterator[Connection]:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        try:
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._local.conn = self.engine.connect()
+            yield from self._in(conn, sqlite_begin)
+        except (SQLAlchemyError, StoreError) as exc:
+            self._unpin()  # the database failed it: the next transaction starts afresh
+            if isinstance(exc, StoreError):
+                raise
+            raise wrap_error(exc) from exc
+
+    def _in(self, conn: Connection, sqlite_begin: str) -> Iterator[Connection]:
+        if self.is_sqlite:
+            yield from _sqlite_txn(conn, sqlite_begin)
+        else:
+            with conn.begin():
+                yield conn
 
     def upgrade(self) -> None:
         """Create or migrate the schema to the newest revision (Alembic)."""

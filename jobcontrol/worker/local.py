@@ -152,7 +152,11 @@ class Worker:
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
 
     def _spawn_thread(self, target: Any, name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
+        def run() -> None:
+            with self.store.pinned():
+                target()
+
+        t = threading.Thread(target=run, name=name, daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -471,7 +475,8 @@ class Worker:
         finally:
             with self._cond:
                 self._active.pop(run_id, None)
-                self._cond.notify_all()
+                if self._stopping:  # the heartbeat waits for the last run to be recorded
+                    self._cond.notify_all()
         if result is None:
             return None
         if not result.recorded:
