@@ -231,6 +231,21 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def refuse_unprepared_file(store: Store) -> None:
+    """A SQLite file that exists without Job Control's schema is refused, as ``load`` does.
+
+    The daemon creates the schema at start only in a file it creates itself: an empty
+    file (or someone else's database) given by mistake would otherwise become a new
+    Job Control database with no jobs and a newly minted admin token.
+    """
+    path = store.unprepared_file()
+    if path is not None:
+        raise JobControlError(
+            f"{path} exists but has no Job Control schema: run `jobcontrol db upgrade` "
+            "if it is meant to be a Job Control database (nothing was changed)"
+        )
+
+
 class Daemon:
     """Everything one daemon holds: the lease, the pid file, the dispatcher."""
 
@@ -247,6 +262,7 @@ class Daemon:
         self.stop_requested = threading.Event()
 
     def start(self) -> Dispatcher:
+        refuse_unprepared_file(self.store)  # before anything is created or written
         self.opts.make_state_dir()
         for warning in self.opts.file_warnings():
             log.warning("%s", warning)

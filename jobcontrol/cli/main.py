@@ -261,6 +261,16 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
     raise AssertionError(args.command)
 
 
+def _refuse_unprepared(db: str) -> None:
+    from jobcontrol.daemon import refuse_unprepared_file
+
+    store = Store(db)  # connects to nothing until asked
+    try:
+        refuse_unprepared_file(store)
+    finally:
+        store.dispose()
+
+
 def _require_schema(store: Store) -> None:
     if store.current_revision() is None:
         raise JobControlError(
@@ -385,6 +395,7 @@ def _daemon(args: argparse.Namespace) -> int:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
         argv += ["--pass-env", opts.pass_env.text]
         argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
+        _refuse_unprepared(args.db)  # one line here rather than in the daemon's log
         for warning in opts.file_warnings():
             print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)
