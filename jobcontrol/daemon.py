@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from sqlalchemy import text
 
 from jobcontrol import filemodes, places, procs
+from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
@@ -61,6 +62,7 @@ class DaemonOptions:
     config_dir: Path | None = None
     pass_env: PassEnv = field(default_factory=PassEnv)
     log_access: LogAccess = field(default_factory=LogAccess)
+    disk_low: LowMark = field(default_factory=lambda: LowMark.parse(DEFAULT_LOW))
 
     @property
     def tag(self) -> str:
@@ -82,6 +84,13 @@ class DaemonOptions:
     @property
     def task_logs(self) -> Path:
         return self.log_root or self.state_dir / "logs"
+
+    def disk_space(self) -> dict[str, DiskSpace]:
+        """Free space where the daemon writes, for /healthz, /status and /metrics."""
+        return {
+            "state_dir": disk_space("state directory", self.state_dir, self.disk_low),
+            "log_root": disk_space("log root", self.task_logs, self.disk_low),
+        }
 
     @property
     def logs_inside_state_dir(self) -> bool:
@@ -321,6 +330,7 @@ class Daemon:
             request_shutdown=lambda force: self.stop_requested.set(),
             metrics=self.metrics,
             database=runtime.database,
+            disk=self.opts.disk_space,
         )
         self.api = ApiServer(
             ctx,
