@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from jobcontrol.diskspace import DiskSpace
 from jobcontrol.errors import (
     AlreadyRunningError,
     BusyError,
@@ -60,6 +61,8 @@ class ApiContext:
     containment: Callable[[], str] | None = None
     # Who authenticated (token hash -> user): answers status reads during an outage.
     known_users: dict[str, User] = field(default_factory=dict)
+    # Free space of the state directory and log root (``DaemonOptions.disk_space``).
+    disk: Callable[[], dict[str, DiskSpace]] | None = None
 
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:

@@ -143,3 +143,17 @@ def test_migration_0004_adds_usage_and_containment_and_keeps_the_runs(db_url: st
             assert conn.execute(sa.text("SELECT job_name FROM run")).scalar_one() == "old"
     finally:
         engine.dispose()
+
+
+def test_a_task_that_cannot_start_leaves_no_cgroup_behind(jc_sqlite: JC, tmp_path: Path) -> None:
+    jc = jc_sqlite
+    containment = _worker_containment(jc)
+    if not containment.enabled:
+        pytest.skip(f"no cgroups here: {containment.describe()}")
+    jc.create(task("t", "true", active=True, cwd=str(tmp_path / "no-such-dir")))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("t")
+    jc.rec.run_finished("t", since=mark)
+    assert jc.run(run_id).exit_status == 127
+    assert containment.base is not None
+    assert not (containment.base / f"run-{run_id}").exists()
