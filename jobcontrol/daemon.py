@@ -270,11 +270,26 @@ class Daemon:
         except BaseException:
             self.stop()
             raise
+        self._warn_slash_names()
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
         log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
         for name in self.opts.pass_env.ignored():
             log.warning("the pass-through list names %s, which is never passed to tasks", name)
         return self.dispatcher
+
+    def _warn_slash_names(self) -> None:
+        """Jobs named with '/' before it was refused keep working; say how to rename them."""
+        with self.store.read() as conn:
+            found = queries.jobs_named_with(conn, "/")
+        for job_id, name in found:
+            log.warning(
+                "job %r (id %d) has '/' in its name, which new names may not (the API may take "
+                "it for a path separator: name it by its id); rename it with "
+                "`jobcontrol set %d name=NEW`",
+                name,
+                job_id,
+                job_id,
+            )
 
     def _start_api(self, runtime: Runtime) -> None:
         from jobcontrol import __version__
