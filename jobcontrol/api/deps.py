@@ -44,6 +44,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class ConnectionStats:
+    """The API server's connections, for /metrics (kept by ``api.server``'s protocol)."""
+
+    limit: int = 0  # the most it holds open at once (0: not served by ApiServer)
+    open: int = 0
+    refused: int = 0  # connections refused because ``limit`` were open
+    header_timeouts: int = 0  # connections closed because their headers did not arrive in time
+
+
+@dataclass
 class ApiContext:
     """The daemon's parts the API serves; one per app."""
 
@@ -62,6 +72,7 @@ class ApiContext:
     database: Callable[[], dict[str, Any]] | None = None
     # Who authenticated (token hash -> user): answers status reads during an outage.
     known_users: dict[str, User] = field(default_factory=dict)
+    connections: ConnectionStats = field(default_factory=ConnectionStats)
 
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:
