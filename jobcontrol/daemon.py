@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -45,6 +46,23 @@ log = logging.getLogger(__name__)
 
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
 DEFAULT_PORT = 8640
+MIN_API_CONNECTIONS = 8
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit, as a server should (systemd leaves
+    services at 1024 soft); returns (before, after). Tasks inherit the raised limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("could not raise the open-files limit from %d to %d: %s", soft, target, exc)
+        return soft, soft
+    log.info("open-files limit raised from %d to %d (the hard limit)", soft, target)
+    return soft, target
 
 
 @dataclass
@@ -64,6 +82,9 @@ class DaemonOptions:
     log_access: LogAccess = field(default_factory=LogAccess)
     cgroups: str = "auto"  # $JOBCONTROL_CGROUPS: a cgroup per task run where possible, or off
     disk_low: LowMark = field(default_factory=lambda: LowMark.parse(DEFAULT_LOW))
+    # The admin API's bounds (``api.server``): None is what the open-files limit allows.
+    api_max_connections: int | None = None
+    api_header_timeout: float = 10.0
 
     @property
     def tag(self) -> str:
@@ -273,6 +294,9 @@ class Daemon:
 
     def start(self) -> Dispatcher:
         refuse_unprepared_file(self.store)  # before anything is created or written
+        raise_open_files_limit()
+        # Checked before anything is made: a bound that cannot hold changes nothing.
+        api_connections = self._api_connections() if self.opts.api else 0
         self.opts.make_state_dir()
         for warning in self.opts.file_warnings():
             log.warning("%s", warning)
@@ -293,17 +317,32 @@ class Daemon:
             )
             self.dispatcher = self.runtime.start()
             if self.opts.api:
-                self._start_api(self.runtime)
+                self._start_api(self.runtime, api_connections)
         except BaseException:
             self.stop()
             raise
+        self._warn_slash_names()
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
         log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
         for name in self.opts.pass_env.ignored():
             log.warning("the pass-through list names %s, which is never passed to tasks", name)
         return self.dispatcher
 
-    def _start_api(self, runtime: Runtime) -> None:
+    def _warn_slash_names(self) -> None:
+        """Jobs named with '/' before it was refused keep working; say how to rename them."""
+        with self.store.read() as conn:
+            found = queries.jobs_named_with(conn, "/")
+        for job_id, name in found:
+            log.warning(
+                "job %r (id %d) has '/' in its name, which new names may not (the API may take "
+                "it for a path separator: name it by its id); rename it with "
+                "`jobcontrol set %d name=NEW`",
+                name,
+                job_id,
+                job_id,
+            )
+
+    def _start_api(self, runtime: Runtime, max_connections: int) -> None:
         from jobcontrol import __version__
         from jobcontrol.api.deps import ApiContext
         from jobcontrol.api.server import ApiServer
@@ -341,9 +380,35 @@ class Daemon:
             port=self.opts.port,
             certfile=self.opts.tls_cert,
             keyfile=self.opts.tls_key,
+            max_connections=max_connections,
+            header_timeout=self.opts.api_header_timeout,
         )
         url = self.api.start()
         filemodes.write_private(self.opts.url_file, url + "\n")
+
+    def _api_connections(self) -> int:
+        """The API's connection limit: never so many that a task run could not get the
+        files it needs (``server.fd_reserve``) however busy the API is."""
+        from jobcontrol.api.server import connection_limit, fd_reserve, open_files_limit
+
+        files, slots = open_files_limit(), self.opts.slots
+        room = files - fd_reserve(slots)
+        wanted = self.opts.api_max_connections
+        if wanted is not None and wanted > room:
+            raise JobControlError(
+                f"--api-max-connections {wanted} is more than the open-files limit ({files}) "
+                f"leaves once {fd_reserve(slots)} are kept for the daemon and its {slots} task "
+                f"slots: at most {max(room, 0)} (raise the limit: ulimit -Hn, LimitNOFILE=)"
+            )
+        if room < MIN_API_CONNECTIONS:
+            log.warning(
+                "the open-files limit (%d) leaves room for only %d admin API connections "
+                "with %d task slots; raise it (ulimit -Hn, systemd LimitNOFILE=)",
+                files,
+                max(room, 0),
+                slots,
+            )
+        return wanted or connection_limit(files, slots)
 
     def stop(self) -> None:
         try:

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+ECHO_MAX = 200  # characters of a caller's value an error message repeats
+
+
+def clip(text: str, limit: int = ECHO_MAX) -> str:
+    """``text`` as an error may repeat it: at most ``limit`` characters, saying how many more."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
 
 class JobControlError(Exception):
     """Root of every error Job Control raises on purpose."""
@@ -45,7 +54,7 @@ class JobError(ValidationError):
     def __init__(self, job: str, reason: str) -> None:
         self.job = job
         self.reason = reason
-        super().__init__(f"job {job!r}: {reason}")
+        super().__init__(f"job {clip(repr(job))}: {reason}")
 
 
 class UnknownJobError(JobError):

@@ -61,6 +61,15 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+# What a user who may not change a job's env sees of each value (README, Users and roles).
+ENV_MASK = "********"
+
+
+def masked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The names of ``env`` with every value masked."""
+    return dict.fromkeys(env, ENV_MASK)
+
+
 def run_json(run: Mapping[str, Any]) -> dict[str, Any]:
     """A run (``RunRecord.as_dict()``) as the API and ``--json`` output give it."""
     return {key: jsonable(value) for key, value in run.items()}

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from jobcontrol.api import definitions, jobs, runs, stream, system, workers
 from jobcontrol.api.bodies import MAX_BODY_BYTES
-from jobcontrol.api.deps import ApiContext, install_error_handlers, require
+from jobcontrol.api.deps import ApiContext, TokenGate, install_error_handlers, require
 from jobcontrol.service.users import Action, User
 
 
@@ -22,12 +22,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
-        max_body_size=MAX_BODY_BYTES,
+        # No app-wide body limit: FastAPI checks that before any middleware, so it would
+        # answer 413 before TokenGate's 401. Each router carries the limit instead.
     )
     app.state.ctx = ctx
     install_error_handlers(app)
+    app.add_middleware(TokenGate)  # 401 before any body is read
     for module in (jobs, runs, system, stream, definitions, workers):
-        app.include_router(module.router)
+        app.include_router(module.router, max_body_size=MAX_BODY_BYTES)
 
     @app.get("/api/v1/openapi.json", include_in_schema=False)
     def openapi_document(_user: Annotated[User, Depends(require(Action.READ))]) -> JSONResponse:

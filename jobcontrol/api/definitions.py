@@ -15,7 +15,7 @@ from pydantic import Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES, JobName, NoNul, Strict
-from jobcontrol.api.deps import Context, require
+from jobcontrol.api.deps import Context, require, sees_env
 from jobcontrol.service.loader import export_definitions, load_definitions
 from jobcontrol.service.users import Action, User
 
@@ -52,8 +52,10 @@ def load(
 )
 async def export(
     ctx: Context,
-    _user: Annotated[User, Depends(require(Action.READ))],
+    user: Annotated[User, Depends(require(Action.READ))],
     job: Annotated[JobName | None, Query(description="only this job's sub-tree")] = None,
 ) -> Response:
-    text = await run_in_threadpool(export_definitions, ctx.engine, job)
+    """env values are masked for a user who may not change them (the file says so)."""
+    mask = not sees_env(user)
+    text = await run_in_threadpool(export_definitions, ctx.engine, job, mask_env=mask)
     return Response(text, media_type=YAML)

@@ -13,7 +13,9 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcontrol.diskspace import DiskSpace
 from jobcontrol.errors import (
@@ -29,6 +31,7 @@ from jobcontrol.errors import (
     UnknownJobError,
     UnknownUserError,
     ValidationError,
+    clip,
 )
 from jobcontrol.service import audit
 from jobcontrol.service.engine import Engine
@@ -36,8 +39,19 @@ from jobcontrol.service.eventlog import EventLog
 from jobcontrol.service.metrics import RunMetrics
 from jobcontrol.service.users import Action, User, authenticate
 from jobcontrol.store import Store
+from jobcontrol.views import masked_env
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConnectionStats:
+    """The API server's connections, for /metrics (kept by ``api.server``'s protocol)."""
+
+    limit: int = 0  # the most it holds open at once (0: not served by ApiServer)
+    open: int = 0
+    refused: int = 0  # connections refused because ``limit`` were open
+    header_timeouts: int = 0  # connections closed because their headers did not arrive in time
 
 
 @dataclass
@@ -63,6 +77,7 @@ class ApiContext:
     known_users: dict[str, User] = field(default_factory=dict)
     # Free space of the state directory and log root (``DaemonOptions.disk_space``).
     disk: Callable[[], dict[str, DiskSpace]] | None = None
+    connections: ConnectionStats = field(default_factory=ConnectionStats)
 
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:
@@ -102,17 +117,59 @@ def _bearer(authorization: str | None) -> str:
     return token.strip()
 
 
+def _authenticated(ctx: ApiContext, authorization: str | None) -> User:
+    user = authenticate(ctx.store, _bearer(authorization), known=ctx.known_users)
+    if user is None:
+        raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+    return user
+
+
+# Where TokenGate leaves the user it authenticated, for ``require`` to take.
+USER_KEY = "jobcontrol.user"
+# The only route that answers without a token.
+PUBLIC_PATHS = frozenset({"/healthz"})
+
+
+class TokenGate:
+    """Authenticates every request but ``/healthz`` before anything reads its body.
+
+    FastAPI reads and parses a body before it runs a route's dependencies, so
+    without this a request with no token would learn how its body was malformed
+    (422), or be read whole up to the size limit (413), before being told 401.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        ctx: ApiContext = request.app.state.ctx
+        try:
+            user = await run_in_threadpool(
+                _authenticated, ctx, request.headers.get("authorization")
+            )
+        except StarletteHTTPException as exc:
+            await http_error_response(exc)(scope, receive, send)
+            return
+        except JobControlError as exc:  # the database does not answer: 503, with the reason
+            await refusal_response(exc)(scope, receive, send)
+            return
+        scope[USER_KEY] = user
+        await self.app(scope, receive, send)
+
+
 def require(action: Action) -> Callable[..., User]:
     """A dependency: the authenticated user, who must be allowed ``action`` (401 / 403 otherwise)."""
 
     def dependency(
         request: Request, ctx: Context, authorization: Annotated[str | None, Header()] = None
     ) -> User:
-        user = authenticate(ctx.store, _bearer(authorization), known=ctx.known_users)
-        if user is None:
-            raise HTTPException(
-                401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
-            )
+        user: User | None = request.scope.get(USER_KEY)
+        if user is None:  # an app without the TokenGate
+            user = _authenticated(ctx, authorization)
         if not user.can(action):
             message = f"user {user.name!r} has role {user.role}, which may not {action}"
             if action is not Action.READ:  # a refused change belongs in the audit trail
@@ -128,6 +185,18 @@ def require(action: Action) -> Callable[..., User]:
         return user
 
     return dependency
+
+
+def sees_env(user: User) -> bool:
+    """Env values may hold secrets: only who may change them (an admin) reads them."""
+    return user.can(Action.MODIFY)
+
+
+def env_for(user: User, view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` (a job's detail or a run) with its env values masked unless ``user`` sees them."""
+    if sees_env(user) or not view.get("env"):
+        return view
+    return {**view, "env": masked_env(view["env"])}
 
 
 # Most specific first: the first matching class decides the status.
@@ -154,12 +223,45 @@ def error_status(exc: JobControlError) -> int:
 
 
 def error_body(exc: JobControlError) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": type(exc).__name__, "message": str(exc)}
+    body: dict[str, Any] = {"error": type(exc).__name__, "message": clip(str(exc), MESSAGE_MAX)}
     for attr in ("job", "reason", "line"):
         value = getattr(exc, attr, None)
         if value is not None:
-            body[attr] = value
+            body[attr] = clip(value, MESSAGE_MAX) if isinstance(value, str) else value
     return body
+
+
+# An error answer lists at most this many problems of a malformed request.
+MAX_PROBLEMS = 50
+# Longer messages are cut (a safety net: each value a message repeats is clipped already).
+MESSAGE_MAX = 4000
+
+
+def refusal_response(exc: JobControlError) -> JSONResponse:
+    status = error_status(exc)
+    if status >= 500:
+        log.warning("request failed: %s", exc)
+    return JSONResponse(error_body(exc), status_code=status)
+
+
+def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
+    body = {
+        "error": HTTPStatus(exc.status_code).phrase.replace(" ", ""),
+        "message": clip(str(exc.detail), MESSAGE_MAX),
+        "detail": _clipped(exc.detail),
+    }
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def _clipped(value: Any) -> Any:
+    """``value`` as an error answer may echo it: every string at most ``ECHO_MAX`` characters."""
+    if isinstance(value, str):
+        return clip(value)
+    if isinstance(value, dict):
+        return {clip(str(k)): _clipped(v) for k, v in list(value.items())[:MAX_PROBLEMS]}
+    if isinstance(value, list | tuple):
+        return [_clipped(v) for v in value[:MAX_PROBLEMS]]
+    return value
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -167,31 +269,28 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_refusal(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, JobControlError)
-        status = error_status(exc)
-        if status >= 500:
-            log.warning("request failed: %s", exc)
-        return JSONResponse(error_body(exc), status_code=status)
+        return refusal_response(exc)
 
     async def on_invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
         problems = [
-            f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
-            for err in exc.errors()
+            clip(f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}")
+            for err in errors[:MAX_PROBLEMS]
         ]
+        if len(errors) > MAX_PROBLEMS:
+            problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
         message = "; ".join(problems)
         if request.method not in ("GET", "HEAD", "OPTIONS"):
             _audit_invalid(request, message)
-        body = {"error": "InvalidRequest", "message": message, "detail": exc.errors()}
-        return JSONResponse(jsonable_encoder(body), status_code=422)
+        # The caller's values are echoed clipped: a 9 MB name must not come back whole.
+        detail = _clipped(jsonable_encoder(errors))
+        body = {"error": "InvalidRequest", "message": message, "detail": detail}
+        return JSONResponse(body, status_code=422)
 
     async def on_http(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        body = {
-            "error": HTTPStatus(exc.status_code).phrase.replace(" ", ""),
-            "message": str(exc.detail),
-            "detail": exc.detail,
-        }
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return http_error_response(exc)
 
     app.add_exception_handler(JobControlError, on_refusal)
     app.add_exception_handler(RequestValidationError, on_invalid)
@@ -201,11 +300,13 @@ def install_error_handlers(app: FastAPI) -> None:
 def _audit_invalid(request: Request, message: str) -> None:
     """A change refused as malformed is a refusal too: audit it when we know who asked."""
     ctx: ApiContext = request.app.state.ctx
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return
-    user = authenticate(ctx.store, token.strip())
+    user: User | None = request.scope.get(USER_KEY)
+    if user is None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return
+        user = authenticate(ctx.store, token.strip())
     if user is not None:
         operation = f"{request.method} {request.url.path}"
         audit.record(ctx.store, user.name, operation, [], "refused", message)

@@ -23,7 +23,7 @@ from jobcontrol.api.bodies import (
     NewJobBody,
     OnErrorBody,
 )
-from jobcontrol.api.deps import ApiContext, Context, require
+from jobcontrol.api.deps import ApiContext, Context, env_for, require
 from jobcontrol.api.runs import run_json
 from jobcontrol.model import JobRef, Kind
 from jobcontrol.service.engine import JobChange
@@ -75,7 +75,7 @@ def create_job(
     rec = ctx.engine.create_job(
         body.name, Kind(body.kind), parent=body.parent, user=user.name, **fields
     )
-    return ctx.engine.job_detail(rec.id)
+    return env_for(user, ctx.engine.job_detail(rec.id))
 
 
 @router.patch("/jobs", summary="Modify a batch of jobs in one transaction, all or nothing")
@@ -122,7 +122,7 @@ def set_box_type(ctx: Context, body: BoxTypeBody, user: Admin) -> dict[str, Any]
     return _batch(ctx, user, body.jobs, box_type=body.box_type)
 
 
-# The routes below name a job in the path: a name (URL-encoded; it may hold '/') or an id.
+# The routes below name a job in the path: a name (URL-encoded; never holding '/') or an id.
 # Those with a suffix come before GET /jobs/{job}, which would take the suffix as part of the name.
 
 
@@ -150,7 +150,7 @@ def restart_job(
 def job_runs(
     ctx: Context,
     job: str,
-    _user: Viewer,
+    user: Viewer,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     before: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="the `next` of the previous page")
@@ -158,9 +158,10 @@ def job_runs(
 ) -> dict[str, Any]:
     runs = ctx.engine.history(resolve_job(ctx, job), limit=limit, before_id=before)
     more = len(runs) == limit
-    return {"runs": [run_json(r) for r in runs], "next": runs[-1].id if more else None}
+    return {"runs": [run_json(r, user) for r in runs], "next": runs[-1].id if more else None}
 
 
 @router.get("/jobs/{job:path}", summary="One job's stored fields and live state")
-def get_job(ctx: Context, job: str, _user: Viewer) -> dict[str, Any]:
-    return ctx.engine.job_detail(job)
+def get_job(ctx: Context, job: str, user: Viewer) -> dict[str, Any]:
+    """An env's values are masked for a user who may not change them."""
+    return env_for(user, ctx.engine.job_detail(job))

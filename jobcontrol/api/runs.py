@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
-from jobcontrol.api.deps import ApiContext, Context, require
+from jobcontrol.api.deps import ApiContext, Context, env_for, require
 from jobcontrol.model import RunRecord
 from jobcontrol.service.users import Action, User
 
@@ -36,8 +36,9 @@ FOLLOW_POLL_MAX = 0.25
 TEXT = "text/plain; charset=utf-8"
 
 
-def run_json(run: RunRecord) -> dict[str, Any]:
-    return views.run_json(run.as_dict())
+def run_json(run: RunRecord, user: User) -> dict[str, Any]:
+    """A run as ``user`` may see it (its env snapshot masked unless an admin's)."""
+    return env_for(user, views.run_json(run.as_dict()))
 
 
 def _get_run(ctx: ApiContext, run_id: int) -> RunRecord | None:
@@ -52,7 +53,7 @@ def _known_run(ctx: ApiContext, run_id: int) -> RunRecord:
 
 
 @router.get("/runs/{run_id}", summary="One run, with the runs beneath it")
-def get_run(ctx: Context, run_id: RunId, _user: Viewer) -> dict[str, Any]:
+def get_run(ctx: Context, run_id: RunId, user: Viewer) -> dict[str, Any]:
     run = _known_run(ctx, run_id)
     tree = ctx.engine.tree_run(run.root_run_id or run.id)
     # The runs below this one: those whose chain of parent runs reaches it.
@@ -60,8 +61,8 @@ def get_run(ctx: Context, run_id: RunId, _user: Viewer) -> dict[str, Any]:
     for r in tree:  # ids grow downwards: a parent run is always older than its children
         if r.parent_run_id in below:
             below.add(r.id)
-            children.append(run_json(r))
-    return {"run": run_json(run), "children": children}
+            children.append(run_json(r, user))
+    return {"run": run_json(run, user), "children": children}
 
 
 # ---------------------------------------------------------------- logs

@@ -4,20 +4,177 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
+import resource
 import threading
 import time
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from jobcontrol.api.app import create_app
-from jobcontrol.api.deps import ApiContext
+from jobcontrol.api.deps import ApiContext, ConnectionStats
 from jobcontrol.errors import JobControlError
 
 log = logging.getLogger(__name__)
+
+# A connection must have sent a whole request line and headers this long after it opened
+# (or after it began its next request): uvicorn itself never gives up on one.
+HEADER_TIMEOUT = 10.0
+# asyncio accepts up to this many connections at a time (it is also the listen backlog),
+# before their protocols see them and refuse those over the limit: a few such batches
+# may be open beyond the limit for a moment.
+ACCEPT_BATCH = 16
+# The default connection limit is what the open-files limit leaves once this is kept back
+# for the daemon's own files (database, logs, pipes), those accept batches, and each task
+# slot's files (log file, /dev/null, the spawn's pipe, the child's handles), and never
+# more than MAX_CONNECTIONS.
+FD_RESERVE = 64 + 4 * ACCEPT_BATCH
+FD_PER_SLOT = 8
+MAX_CONNECTIONS = 1000
+MIN_CONNECTIONS = 8
+# A refusal or timeout is logged at most this often (a flood must not flood the log).
+LOG_EVERY = 60.0
+
+
+def fd_reserve(slots: int) -> int:
+    """Open files kept back from the API for the daemon and its task slots."""
+    return FD_RESERVE + FD_PER_SLOT * max(slots, 0)
+
+
+def connection_limit(open_files: int, slots: int) -> int:
+    """The default for ``--api-max-connections``: what ``open_files`` (the soft
+    RLIMIT_NOFILE) leaves after ``fd_reserve``, at most MAX_CONNECTIONS."""
+    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, open_files - fd_reserve(slots)))
+
+
+def open_files_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class _Guard:
+    """What every connection of one server shares: its bounds and their counts."""
+
+    def __init__(self, stats: ConnectionStats, header_timeout: float) -> None:
+        self.stats = stats
+        self.header_timeout = header_timeout
+        self._logged = {"refused": -LOG_EVERY, "timeout": -LOG_EVERY}
+        message = f"the admin API is at its limit of {stats.limit} connections; try again shortly"
+        body = json.dumps({"error": "ServiceUnavailable", "message": message}).encode()
+        self.full = (
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"retry-after: 1\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+
+    def _now_and_then(self, kind: str) -> bool:
+        now = time.monotonic()
+        if now - self._logged[kind] < LOG_EVERY:
+            return False
+        self._logged[kind] = now
+        return True
+
+    def refused(self) -> None:
+        self.stats.refused += 1
+        if self._now_and_then("refused"):
+            log.warning(
+                "the admin API refused connections at its limit of %d open "
+                "(--api-max-connections): %d refused so far",
+                self.stats.limit,
+                self.stats.refused,
+            )
+
+    def timed_out(self) -> None:
+        self.stats.header_timeouts += 1
+        if self._now_and_then("timeout"):
+            log.warning(
+                "the admin API closed connections whose request headers did not arrive "
+                "within %gs (--api-header-timeout): %d so far",
+                self.header_timeout,
+                self.stats.header_timeouts,
+            )
+
+
+_TIMEOUT_ANSWER = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with the two bounds it lacks.
+
+    * A connection beyond the limit is answered 503 and closed at once, so the
+      API never holds more descriptors than the limit, whatever the clients do.
+    * A connection whose request line and headers are not all in within the
+      header timeout (counted from when it opened, or from the first byte of its
+      next request) is answered 408 and closed; one that sent nothing is closed.
+      Once a request's headers are in, the timeout no longer applies (a body or
+      an event stream takes as long as it takes).
+    """
+
+    guard: _Guard  # set on the subclass each server makes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._sent_bytes = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        guard = self.guard
+        if len(self.connections) > guard.stats.limit:
+            self._refused = True
+            guard.refused()
+            transport.write(guard.full)
+            transport.close()
+            return
+        guard.stats.open = len(self.connections)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+        self.guard.stats.open = len(self.connections)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._sent_bytes = True
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm()  # a request whose headers are not all in yet
+        else:
+            self._disarm()
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(
+                self.guard.header_timeout, self._headers_too_slow
+            )
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # still answering the previous request
+        self.guard.timed_out()
+        if self._sent_bytes:
+            self.transport.write(_TIMEOUT_ANSWER)
+        self.transport.close()
+
+
+def _guarded_protocol(guard: _Guard) -> type[_GuardedH11]:
+    return type("GuardedH11", (_GuardedH11,), {"guard": guard})
 
 
 class _QuietServer(uvicorn.Server):
@@ -77,12 +234,26 @@ class ApiServer:
         port: int = 8640,
         certfile: Path | None = None,
         keyfile: Path | None = None,
+        max_connections: int | None = None,
+        header_timeout: float = HEADER_TIMEOUT,
     ) -> None:
+        """``max_connections`` None: ``connection_limit`` of the open-files limit (8 slots)."""
         if (certfile is None) != (keyfile is None):
             raise JobControlError(
                 "TLS needs both a certificate (--tls-cert) and its key (--tls-key)"
             )
+        if max_connections is not None and max_connections < 1:
+            raise JobControlError(
+                f"--api-max-connections must be at least 1, not {max_connections}"
+            )
+        if not 0 < header_timeout < float("inf"):
+            raise JobControlError(
+                f"--api-header-timeout must be a positive number of seconds, not {header_timeout:g}"
+            )
         self.host, self.tls = host, certfile is not None
+        stats = ctx.connections
+        stats.limit = max_connections or connection_limit(open_files_limit(), 8)
+        self.header_timeout = header_timeout
         config = uvicorn.Config(
             _DateHeader(create_app(ctx)),
             host=host,
@@ -93,7 +264,10 @@ class ApiServer:
             lifespan="off",
             access_log=False,
             date_header=False,  # _DateHeader dates each response instead
+            http=_guarded_protocol(_Guard(stats, header_timeout)),
+            backlog=ACCEPT_BATCH,
         )
+        self.max_connections = stats.limit
         self._server = _QuietServer(config)
         self._thread = threading.Thread(target=self._server.run, name="jc-api", daemon=True)
         self.url = ""
@@ -117,7 +291,12 @@ class ApiServer:
         port = self._server.servers[0].sockets[0].getsockname()[1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{'https' if self.tls else 'http'}://{host}:{port}"
-        log.info("admin API at %s/api/v1", self.url)
+        log.info(
+            "admin API at %s/api/v1: at most %d connections, request headers within %gs",
+            self.url,
+            self.max_connections,
+            self.header_timeout,
+        )
         return self.url
 
     @property

@@ -185,6 +185,7 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     if db["ok"]:
         queued = ctx.engine.count_queued()
     d = ctx.engine.dispatcher_gauges()
+    conns = ctx.connections
     return {
         "jobcontrol_queue_depth": ("Task runs queued for a free slot.", queued),
         "jobcontrol_timers_armed": ("Top-level trees scheduled.", d["timers_armed"]),
@@ -208,6 +209,19 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             d["failures"],
         ),
         **_disk_gauges(ctx),
+        "jobcontrol_api_connections": ("Connections the admin API holds open.", conns.open),
+        "jobcontrol_api_connections_limit": (
+            "The most connections the admin API holds open at once.",
+            conns.limit,
+        ),
+        "jobcontrol_api_connections_refused_total": (
+            "Connections refused because the admin API held its limit.",
+            conns.refused,
+        ),
+        "jobcontrol_api_header_timeouts_total": (
+            "Connections closed because their request headers did not arrive in time.",
+            conns.header_timeouts,
+        ),
     }
 
 

@@ -105,6 +105,22 @@ def _parser() -> argparse.ArgumentParser:
         d.add_argument("--tls-key", type=Path, default=None, help="... and this key")
         d.add_argument("--no-api", action="store_true", help="run without the admin API")
         d.add_argument(
+            "--api-max-connections",
+            type=int,
+            default=None,
+            metavar="N",
+            help="the most connections the admin API holds open (default: what the "
+            "open-files limit leaves after a reserve for task runs, at most 1000)",
+        )
+        d.add_argument(
+            "--api-header-timeout",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="close a connection whose request headers are not in within this "
+            "(default %(default)g)",
+        )
+        d.add_argument(
             "--pass-env",
             action="append",
             default=None,
@@ -393,6 +409,17 @@ def _daemon(args: argparse.Namespace) -> int:
         opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
+        if args.api_max_connections is not None and args.api_max_connections < 1:
+            raise JobControlError(
+                f"--api-max-connections must be at least 1, not {args.api_max_connections}"
+            )
+        if not 0 < args.api_header_timeout < float("inf"):
+            raise JobControlError(
+                "--api-header-timeout must be a positive number of seconds, "
+                f"not {args.api_header_timeout:g}"
+            )
+        opts.api_max_connections = args.api_max_connections
+        opts.api_header_timeout = args.api_header_timeout
         if args.port is not None:
             opts.port = args.port
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
@@ -411,6 +438,9 @@ def _daemon(args: argparse.Namespace) -> int:
         )
         argv += ["--listen", opts.host, "--port", str(opts.port)]
         argv += ["--no-api"] if args.no_api else []
+        argv += ["--api-header-timeout", f"{opts.api_header_timeout:g}"]
+        if opts.api_max_connections is not None:
+            argv += ["--api-max-connections", str(opts.api_max_connections)]
         if opts.tls_cert and opts.tls_key:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
         argv += ["--pass-env", opts.pass_env.text]

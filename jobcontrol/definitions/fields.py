@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobcontrol.definitions.commands import check_command
-from jobcontrol.errors import CommandError, JobError, ScheduleError
+from jobcontrol.errors import CommandError, JobError, ScheduleError, clip
 from jobcontrol.model import EDITABLE_FIELDS, BoxType, Misfire, OnError
 from jobcontrol.timerexpr.expression import validate_timer
 
@@ -68,6 +68,17 @@ def check_name(job: str, value: Any) -> str:
     if any(not ch.isprintable() for ch in value):
         raise JobError(job or value, "the name must not contain control characters")
     return value
+
+
+# The API names a job in a URL path, where '/' separates the parts (``/jobs/{job}/runs``).
+SLASH_REASON = "a job name must not contain '/' (the API names jobs in URL paths)"
+
+
+def check_new_name(job: str, value: str) -> None:
+    """Refuse a name a job is about to get (create, rename) that holds '/'. A job named
+    with '/' before this rule keeps its name until renamed (README, Behaviour)."""
+    if "/" in value:
+        raise JobError(job or value, f"cannot be named {clip(repr(value))}: {SLASH_REASON}")
 
 
 def _env(job: str, value: Any) -> dict[str, str]:

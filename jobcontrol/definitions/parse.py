@@ -22,7 +22,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.dump import dump_definitions
 from jobcontrol.definitions.durations import format_duration, parse_duration
-from jobcontrol.errors import CommandError, DefinitionError, ScheduleError
+from jobcontrol.errors import CommandError, DefinitionError, ScheduleError, clip
 from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
 from jobcontrol.timerexpr.expression import validate_timer
 
@@ -252,7 +252,7 @@ class _Parser:
             self.fail(node, None, "a job needs a 'name'")
         problem = _name_problem(name)
         if problem is not None:
-            self.fail(value_node, None, f"invalid job name {name!r}: {problem}")
+            self.fail(value_node, None, f"invalid job name {clip(repr(name))}: {problem}")
         if name in self.name_lines:
             first = self.name_lines[name]
             self.fail(value_node, name, f"duplicate job name (first at line {first})")
@@ -320,6 +320,8 @@ def _name_problem(name: str) -> str | None:
         return "must not start or end with spaces"
     if any(unicodedata.category(ch) in _BAD_NAME_CATEGORIES for ch in name):
         return "must not contain control or line-break characters"
+    if "/" in name:
+        return "must not contain '/' (the API names jobs in URL paths)"
     return None
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from jobcontrol.clock import Clock, SystemClock
-from jobcontrol.definitions.fields import check_name, normalise_fields
+from jobcontrol.definitions.fields import check_name, check_new_name, normalise_fields
 from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
 from jobcontrol.errors import (
     BusyError,
@@ -198,6 +198,7 @@ class Engine:
         changes = [(c, normalise_fields(self._job_name(c.job), c.fields)) for c in batch.changes]
         for c, _ in creates:
             check_name(c.name, c.name)
+            check_new_name(c.name, c.name)
         result = BatchResult()
         with self._edit() as (conn, struct, change):
             now = self.clock.now()
@@ -315,6 +316,8 @@ class Engine:
         self._check_kind(name, entry.kind, fields, creating=False)
         if "parent_id" in fields:
             fields["parent_id"] = self._check_move(struct, entry, fields["parent_id"])
+        if "name" in fields and fields["name"] != name:
+            check_new_name(name, fields["name"])
         if "name" in fields and fields["name"] != name and fields["name"] in struct.by_name:
             raise JobError(
                 name, f"cannot rename to {fields['name']!r}: a job with that name exists"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jobcontrol.definitions.parse import (
@@ -16,7 +17,7 @@ from jobcontrol.model import JobRecord, Kind
 from jobcontrol.service import audit
 from jobcontrol.service.engine import Batch, BatchResult, Engine, JobChange, NewJob
 from jobcontrol.store import queries
-from jobcontrol.views import tree_order
+from jobcontrol.views import ENV_MASK, masked_env, tree_order
 
 
 def load_definitions(
@@ -96,8 +97,16 @@ def _dropped(
     return dropped
 
 
-def export_definitions(engine: Engine, job: str | None = None) -> str:
-    """YAML for every tree, or for the sub-tree rooted at ``job``."""
+# Heads an export whose env values are masked, so that nobody loads it back unawares.
+MASKED_HEADER = (
+    f"# env values are masked ({ENV_MASK}): this user may not read them.\n"
+    "# Loading this file would set them to the mask.\n"
+)
+
+
+def export_definitions(engine: Engine, job: str | None = None, *, mask_env: bool = False) -> str:
+    """YAML for every tree, or for the sub-tree rooted at ``job``; ``mask_env`` masks
+    the values of every env (for a user who may not read them)."""
     with engine.store.read() as conn:
         records = queries.load_all_jobs(conn)
     if job is not None:
@@ -105,7 +114,11 @@ def export_definitions(engine: Engine, job: str | None = None) -> str:
         if root is None:
             raise UnknownJobError(job)
         records = _subtree(records, root)
-    return dump_definitions([r for r, _ in tree_order(records)])
+    ordered = [r for r, _ in tree_order(records)]
+    if not mask_env:
+        return dump_definitions(ordered)
+    ordered = [dataclasses.replace(r, env=masked_env(r.env)) if r.env else r for r in ordered]
+    return MASKED_HEADER + dump_definitions(ordered)
 
 
 def _subtree(records: list[JobRecord], root: JobRecord) -> list[JobRecord]:

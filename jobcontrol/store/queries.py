@@ -199,6 +199,12 @@ def job_ids_by_name(conn: Connection, names: Iterable[str]) -> dict[str, int]:
     return found
 
 
+def jobs_named_with(conn: Connection, text: str) -> list[tuple[int, str]]:
+    """(id, name) of the jobs whose name contains ``text``."""
+    stmt = select(job.c.id, job.c.name).where(job.c.name.contains(text, autoescape=True))
+    return [(r.id, r.name) for r in conn.execute(stmt.order_by(job.c.id))]
+
+
 def parent_links(conn: Connection) -> dict[int, int | None]:
     return {r.id: r.parent_id for r in conn.execute(select(job.c.id, job.c.parent_id))}
 

@@ -89,11 +89,11 @@ def test_tree_lists_every_job_in_tree_order_with_live_state(api: Api) -> None:
 
 def test_one_job_by_name_or_id_with_its_stored_fields(api: Api) -> None:
     ids = api.jc.create(
-        box("Nightly/ETL jobs"),
+        box("Nightly: ETL jobs"),
         task(
             "load",
             "echo hi",
-            "Nightly/ETL jobs",
+            "Nightly: ETL jobs",
             description="loads",
             queue="etl",
             priority=5,
@@ -102,15 +102,17 @@ def test_one_job_by_name_or_id_with_its_stored_fields(api: Api) -> None:
         ),
     )
     by_name = api.client.get(
-        f"{V1}/jobs/{quote('Nightly/ETL jobs', safe='')}", headers=api.headers("viewer")
+        f"{V1}/jobs/{quote('Nightly: ETL jobs', safe='')}", headers=api.headers("viewer")
     )
     assert by_name.status_code == 200
-    assert by_name.json()["id"] == ids["Nightly/ETL jobs"]
+    assert by_name.json()["id"] == ids["Nightly: ETL jobs"]
     assert by_name.json()["kind"] == "box"
     load = api.client.get(f"{V1}/jobs/{ids['load']}", headers=api.headers("viewer")).json()
     assert load["name"] == "load"
     assert (load["description"], load["queue"], load["priority"]) == ("loads", "etl", 5)
-    assert (load["timeout"], load["env"], load["state"]) == (90.0, {"A": "1"}, "idle")
+    assert (load["timeout"], load["env"], load["state"]) == (90.0, {"A": "********"}, "idle")
+    as_admin = api.client.get(f"{V1}/jobs/{ids['load']}", headers=api.headers("admin")).json()
+    assert as_admin["env"] == {"A": "1"}  # only who may change env values reads them
     assert load["updated_by"] == "tester"
     assert load["version"] == 1
 

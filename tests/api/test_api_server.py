@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
 import subprocess
+import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -12,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobcontrol.api.server import ApiServer
+from jobcontrol.api.server import ApiServer, connection_limit, fd_reserve
 from jobcontrol.errors import JobControlError
 from tests.api.conftest import Api
+from tests.integration.helpers import poll_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,3 +81,103 @@ def test_tls_when_given_a_certificate_and_key(api: Api, tmp_path: Path) -> None:
 def test_tls_needs_both_the_certificate_and_the_key(api: Api, tmp_path: Path) -> None:
     with pytest.raises(JobControlError, match="both a certificate"):
         ApiServer(api.ctx, port=0, certfile=tmp_path / "cert.pem")
+
+
+# ---------------------------------------------------------------- bounds (issue 9, item 2)
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    """What the server sends before it closes the connection (fails if it does not in time)."""
+    sock.settimeout(timeout)
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def test_a_connection_whose_headers_never_finish_is_closed_after_the_timeout(api: Api) -> None:
+    server = ApiServer(api.ctx, port=0, header_timeout=0.5)
+    url = server.start()
+    try:
+        silent, partial = _connect(url), _connect(url)
+        partial.sendall(b"GET /api/v1/tree HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        opened = time.monotonic()
+        assert _read_until_closed(partial, 10).startswith(b"HTTP/1.1 408 ")
+        assert _read_until_closed(silent, 10) == b""  # sent nothing: closed, no answer
+        assert time.monotonic() - opened >= 0.4
+        assert api.ctx.connections.header_timeouts == 2
+
+        # The timeout starts again with the next request on a kept-alive connection.
+        kept = _connect(url)
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.settimeout(10)
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200 ")
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # ... and never the blank line
+        assert _read_until_closed(kept, 10).startswith(b"HTTP/1.1 408 ")
+        assert api.ctx.connections.header_timeouts == 3
+    finally:
+        server.stop()
+
+
+def test_a_request_whose_headers_are_in_is_not_cut_by_the_header_timeout(api: Api) -> None:
+    server = ApiServer(api.ctx, port=0, header_timeout=0.3)
+    url = server.start()
+    api.ctx.event_heartbeat = 0.1
+    try:
+        with httpx.stream(
+            "GET", f"{url}/api/v1/events", headers=api.headers("viewer"), timeout=10
+        ) as events:
+            assert events.status_code == 200
+            deadline = time.monotonic() + 1.5  # five header timeouts
+            keepalives = 0
+            for line in events.iter_lines():
+                keepalives += line == ": keepalive"
+                if time.monotonic() > deadline:
+                    break
+            assert keepalives >= 5
+        assert api.ctx.connections.header_timeouts == 0
+    finally:
+        server.stop()
+
+
+def test_connections_over_the_limit_are_refused_with_503_and_counted(api: Api) -> None:
+    server = ApiServer(api.ctx, port=0, max_connections=3, header_timeout=30)
+    url = server.start()
+    held = [_connect(url) for _ in range(3)]
+    try:
+        for sock in held:  # each is seen by the server before the next one arrives
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.settimeout(10)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+        over = _connect(url)
+        answer = _read_until_closed(over, 10)
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert b"limit of 3 connections" in answer
+        assert api.ctx.connections.refused == 1
+        assert api.ctx.connections.open == 3
+        held.pop().close()
+        poll_until("the server to see the close", lambda: api.ctx.connections.open == 2)
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200  # room again
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def test_bad_bounds_are_refused(api: Api) -> None:
+    with pytest.raises(JobControlError, match="--api-max-connections must be at least 1"):
+        ApiServer(api.ctx, port=0, max_connections=0)
+    with pytest.raises(JobControlError, match="--api-header-timeout must be a positive"):
+        ApiServer(api.ctx, port=0, header_timeout=0)
+
+
+def test_the_default_limit_keeps_files_back_for_task_runs() -> None:
+    assert connection_limit(256, 8) == 256 - fd_reserve(8)
+    assert connection_limit(1024, 8) == 1024 - fd_reserve(8)
+    assert connection_limit(1 << 20, 8) == 1000
+    assert connection_limit(100, 8) == 8  # the least it serves (the daemon warns)

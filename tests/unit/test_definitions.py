@@ -365,6 +365,18 @@ REFUSALS = [
         ["job 'a'", "'max_log_files' must be between 1 and"],
         id="max-log-files",
     ),
+    pytest.param(
+        "jobs:\n  - name: a\n    children:\n      - name: nightly/db\n        command: ls\n",
+        4,
+        ["invalid job name 'nightly/db'", "must not contain '/'"],
+        id="slash-in-name",
+    ),
+    pytest.param(
+        "jobs:\n  - name: " + "n" * 100_000 + "\n",
+        2,
+        ["invalid job name 'nnn", "(99802 more characters)"],
+        id="huge-name-clipped",
+    ),
 ]
 
 
@@ -589,7 +601,10 @@ no_surrogates = st.characters(blacklist_categories=("Cs",))
 plain_text = st.text(no_surrogates, max_size=30)
 no_nul_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"))
 job_names = st.text(
-    st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=40
+    # '/' is refused in a name (the API names jobs in URL paths)
+    st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"), blacklist_characters="/"),
+    min_size=1,
+    max_size=40,
 ).filter(lambda name: name == name.strip())
 command_lines = st.sampled_from(
     [

@@ -1,0 +1,174 @@
+"""An unauthenticated slow-header flood against the real daemon (issue 9, item 2).
+
+Hundreds of connections that send part of a request and never finish it used
+to exhaust the daemon's file descriptors: timer runs then failed with "Too many
+open files" and an ABORT tree stayed unscheduled. Now the API holds at most a
+bounded number of connections (below the descriptor limit, keeping what task
+runs need in reserve), closes one whose headers do not arrive in time, and the
+daemon raises its soft descriptor limit to the hard one at start.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import socket
+import sqlite3
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+
+pytestmark = pytest.mark.timeout(240)
+
+SOFT, HARD = 128, 256  # the daemon starts with these; it raises its soft limit to HARD
+FLOOD = 400  # well over HARD
+HEADER_TIMEOUT = 3  # seconds (--api-header-timeout; the default is 10)
+
+TREE = """\
+jobs:
+  - name: Ticker
+    timer: every 1s
+    active: true
+    on_error: abort
+    children:
+      - name: tick
+        active: true
+        command: echo tick
+"""
+
+
+def _limited(soft: int, hard: int) -> Callable[[], None]:
+    def preexec() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return preexec
+
+
+def _open_files_limit(pid: int) -> tuple[int, int]:
+    text = Path(f"/proc/{pid}/limits").read_text()
+    match = re.search(r"Max open files\s+(\d+)\s+(\d+)", text)
+    assert match, text
+    return int(match.group(1)), int(match.group(2))
+
+
+def _runs(db: str, after: int) -> list[tuple[int, str, str | None]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT id, state, reason FROM run WHERE job_name = 'tick' AND id > ? ORDER BY id",
+            (after,),
+        ).fetchall()
+    return [(int(i), str(s), r) for i, s, r in rows]
+
+
+def _flood(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` connections, each with a request line and half a header, never finished."""
+    held = []
+    for _ in range(count):
+        sock = socket.create_connection((host, port), timeout=10)
+        sock.sendall(b"GET /api/v1/tree HTTP/1.1\r\nHost: flood\r\nX-Slow: ")
+        held.append(sock)
+    return held
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed this connection (EOF, maybe after an error answer)."""
+    sock.settimeout(0.01)
+    try:
+        while data := sock.recv(4096):
+            del data
+    except TimeoutError:
+        return False
+    except OSError:
+        return True  # reset
+    return True
+
+
+def test_a_slow_header_flood_stops_neither_the_runs_nor_the_api(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(jc.base / "ticker.yaml", TREE))
+    db = jc.url.removeprefix("sqlite:///")
+
+    started = subprocess.run(
+        jc.argv("daemon", "start", "--api-header-timeout", str(HEADER_TIMEOUT)),
+        cwd=jc.base,
+        env=jc.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited(SOFT, HARD),
+        check=False,
+    )
+    assert started.returncode == 0, describe(started)
+    (pid,) = jc.live_daemons()
+    assert _open_files_limit(pid) == (HARD, HARD), "the soft limit is raised to the hard one"
+    url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+    auth = {"Authorization": f"Bearer {token}"}
+
+    assert wait_until(lambda: _runs(db, 0), 30), "the timer runs before the flood"
+    before = _runs(db, 0)[-1][0]
+    flood = _flood(host, int(port), FLOOD)
+    try:
+        # Runs go on while the flood is held: every one succeeds, none is refused a file.
+        assert wait_until(lambda: len(_runs(db, before)) >= 4, 60), _runs(db, before)
+        failed = [r for r in _runs(db, before) if r[1] not in ("succeeded", "running", "queued")]
+        assert not failed, failed
+
+        # The server closes what never finished its headers, and answers again.
+        assert wait_until(lambda: all(_closed_by_server(s) for s in flood), 30)
+        with httpx.Client(base_url=url, timeout=10) as http:
+            assert http.get("/healthz").json() == {"status": "ok"}
+            assert http.get("/api/v1/tree", headers=auth).status_code == 200
+            metrics = http.get("/metrics", headers=auth).text
+        refused = re.search(r"^jobcontrol_api_connections_refused_total (\d+)", metrics, re.M)
+        timed_out = re.search(r"^jobcontrol_api_header_timeouts_total (\d+)", metrics, re.M)
+        limit = re.search(r"^jobcontrol_api_connections_limit (\d+)", metrics, re.M)
+        assert refused, metrics
+        assert timed_out, metrics
+        assert limit, metrics
+        assert int(limit.group(1)) < HARD
+        assert int(refused.group(1)) + int(timed_out.group(1)) >= FLOOD
+        assert int(timed_out.group(1)) >= 1
+    finally:
+        for sock in flood:
+            sock.close()
+
+    # The ABORT tree is still scheduled, and its runs went on all along.
+    with sqlite3.connect(db) as conn:
+        (next_runs,) = conn.execute("SELECT next_runs FROM job WHERE name = 'Ticker'").fetchone()
+    assert next_runs is not None
+    assert all(r[1] in ("succeeded", "running", "queued") for r in _runs(db, before))
+    log = next(jc.state_dir.glob("daemon-*.log")).read_text()
+    assert "Too many open files" not in log
+    assert "refused connections" in log
+
+
+def test_api_bounds_that_cannot_hold_are_refused_at_start(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    zero = jc.fails("daemon", "start", "--api-max-connections", "0")
+    assert "--api-max-connections must be at least 1, not 0" in zero.stderr
+    never = jc.fails("daemon", "start", "--api-header-timeout", "0")
+    assert "--api-header-timeout must be a positive number of seconds" in never.stderr
+    # More connections than the open-files limit leaves once task runs get their share.
+    too_many = subprocess.run(
+        jc.argv("daemon", "start", "--api-max-connections", "200"),
+        cwd=jc.base,
+        env=jc.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited(HARD, HARD),
+        check=False,
+    )
+    assert too_many.returncode != 0, describe(too_many)
+    assert "--api-max-connections 200 is more than the open-files limit (256)" in too_many.stderr
+    assert jc.live_daemons() == []
+    assert not (jc.base / "home" / ".config" / "jobcontrol" / "token").exists()  # nothing made
