@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from jobcontrol import taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
@@ -25,23 +27,57 @@ from jobcontrol.views import jsonable, run_json
 log = logging.getLogger(__name__)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="jobcontrol", description="Job Control: job trees on a schedule."
-    )
-    p.add_argument(
+def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--db``, ``--state-dir``, ``-v``, ``--url``, ``--token``: taken before the command
+    and after it (on every subcommand). Only the top level has defaults: below, an option
+    that is not given leaves the value alone, and one that is given wins."""
+    group = p.add_argument_group("global options (before or after the command)")
+    unset: Any = None if top else argparse.SUPPRESS
+    group.add_argument(
         "--db",
-        default=None,
+        default=unset,
         help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB, which keeps a "
         f"password out of `ps`; default {default_db_path()})",
     )
-    p.add_argument(
-        "--state-dir", type=Path, default=None, help="pid file, daemon log and task logs"
+    group.add_argument(
+        "--state-dir", type=Path, default=unset, help="pid file, daemon log and task logs"
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    cli_online.add_global_options(p)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="log at DEBUG level",
+    )
+    cli_online.add_global_options(group, default=unset)
 
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p``, depth first."""
+    found = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += [child, *_subparsers(child)]
+    return found
+
+
+def _parser() -> argparse.ArgumentParser:
+    from jobcontrol import __version__
+
+    p = argparse.ArgumentParser(
+        prog="jobcontrol", description="Job Control: job trees on a schedule."
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _global_options(p, top=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _commands(sub)
+    for child in _subparsers(p):
+        _global_options(child, top=False)
+    return p
+
+
+def _commands(sub: Any) -> None:
     db = sub.add_parser("db", help="the database schema").add_subparsers(
         dest="db_command", required=True
     )
@@ -123,7 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
-    dsub.add_parser("status", help="is a daemon running on this database, and what is it doing")
+    status = dsub.add_parser(
+        "status", help="is a daemon running on this database, and what is it doing"
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
     demo = sub.add_parser(
         "demo", help="run the sample trees in the foreground on a scratch SQLite database"
@@ -131,7 +170,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", type=Path, default=None, help="keep the database and logs here")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     demo.add_argument("--slots", type=int, default=8)
-    return p
 
 
 def _access_parsers(sub: Any) -> None:
@@ -214,11 +252,58 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         target = find_daemon(args.url, args.db, args.state_dir)
         if target is not None or args.command in cli_online.DAEMON_ONLY:
             return cli_online.run(args, target)
-    store = Store(args.db)
+    # Only `db upgrade` makes a database: a read or an edit of one that is not there
+    # is a mistyped --db, refused before anything is created.
+    store = open_store(args.db, create=args.command == "db")
     try:
         return _offline(args, store)
     finally:
         store.dispose()
+
+
+def _sqlite_file(db: str) -> Path | None:
+    """The file of a SQLite URL (None for PostgreSQL or an in-memory database)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db)
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    return None if database.startswith("file:") else Path(database)
+
+
+def open_store(db: str, *, create: bool) -> Store:
+    """The database of ``--db``, checked to answer, or a one-line refusal saying why not.
+
+    ``create``: a SQLite file that does not exist yet may be made (else it is refused,
+    and nothing, not even its directory, is created).
+    """
+    path = _sqlite_file(db)
+    if path is not None and not path.exists():
+        if not create:
+            raise JobControlError(
+                f"no database at {path}: check --db (or $JOBCONTROL_DB); "
+                "`jobcontrol db upgrade` creates one"
+            )
+        return Store(db)  # new: nothing there yet to check
+    store = Store(db)
+    try:
+        store.current_revision()  # connects: a server that does not answer, a file that is no database
+    except SQLAlchemyError as exc:
+        store.dispose()
+        raise JobControlError(database_problem(db, path, exc)) from None
+    return store
+
+
+def database_problem(db: str, path: Path | None, exc: Exception) -> str:
+    """What went wrong opening the database, in one line (drivers' messages have several)."""
+    cause = getattr(exc, "orig", None) or exc
+    text = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+    if path is not None:
+        if "not a database" in text:
+            return f"{path} is not a Job Control database ({text})"
+        return f"cannot open the database {path}: {text}"
+    return f"cannot reach the database {redact(db)}: {text}"
 
 
 def _offline(args: argparse.Namespace, store: Store) -> int | None:
@@ -362,6 +447,9 @@ def _daemon(args: argparse.Namespace) -> int:
     opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     cmd = args.daemon_command
     if cmd in ("run", "start"):
+        # A server that does not answer, or a file that is no database, is said in one
+        # line here, before the daemon (or its detached child) touches anything.
+        open_store(args.db, create=True).dispose()
         opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
@@ -394,19 +482,38 @@ def _daemon(args: argparse.Namespace) -> int:
         pid = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
         print(f"daemon stopped (pid {pid})")
         return 0
+    return _daemon_status(args, opts)
+
+
+def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
     live = live_pid(opts.pid_file)
     if live is None:
-        print(f"no daemon is running for {redact(args.db)}")
+        if args.json:
+            print(json.dumps({"running": False, "database": redact(args.db)}, indent=2))
+        else:
+            print(f"no daemon is running for {redact(args.db)}")
         return 3  # LSB: program is not running
-    store = Store(args.db)
+    store = open_store(args.db, create=False)
     try:
         from jobcontrol.service.engine import Engine
 
         active, armed = Engine(store).daemon_view()
     finally:
         store.dispose()
-    print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
     url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
+    if args.json:
+        status = {
+            "running": True,
+            "pid": live,
+            "database": redact(args.db),
+            "log": str(opts.log_file),
+            "api": f"{url}/api/v1" if url else None,
+            "runs_in_flight": [run_json(run.as_dict()) for run in active],
+            "trees_scheduled": armed,
+        }
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
     print(f"admin API: {url}/api/v1" if url else "admin API: off")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")
     for run in active:
