@@ -20,7 +20,14 @@ from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.places import default_db_path, live_pid, normalise_url, state_dir_default
+from jobcontrol.places import (
+    default_config_dir,
+    default_db_path,
+    live_pid,
+    normalise_url,
+    state_dir_default,
+    token_file,
+)
 from jobcontrol.store import Store, redact
 from jobcontrol.views import jsonable, run_json
 
@@ -181,8 +188,13 @@ def _access_parsers(sub: Any) -> None:
     ulist = usub.add_parser("list", help="name, role, created, last seen")
     ulist.add_argument("--json", action="store_true")
     usub.add_parser("remove", help="remove a user (its token stops working)").add_argument("name")
-    usub.add_parser("token", help="a new token for a user, replacing the old one").add_argument(
-        "name"
+    token = usub.add_parser("token", help="a new token for a user, replacing the old one")
+    token.add_argument("name")
+    token.add_argument(
+        "--write",
+        action="store_true",
+        help="write it to this database's token file (mode 0600), where the CLI and the "
+        "admin client find it, instead of printing it",
     )
 
     aud = sub.add_parser("audit", help="the audit trail, newest first")
@@ -198,11 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in ("daemon", "demo"):
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    _warn_public_secrets(args)
     # $JOBCONTROL_DB is read once and dropped, so nothing this process starts inherits
     # it: not a detached daemon's command line, not a daemon's tasks.
     from_env = os.environ.pop("JOBCONTROL_DB", None)
+    given = args.db
     args.db = normalise_url(args.db or from_env or default_db_path())
+    _warn_public_secrets(args, given)
     try:
         return int(_dispatch(args) or 0)
     except JobControlError as exc:
@@ -217,11 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
-def _warn_public_secrets(args: argparse.Namespace) -> None:
+def _warn_public_secrets(args: argparse.Namespace, given_db: str | None) -> None:
     """A command line is public (``ps``): say so when it carries a secret."""
     if args.token:
-        print(f"jobcontrol: {token_option_warning()}", file=sys.stderr)
-    if args.db and _has_password(args.db):
+        print(f"jobcontrol: {token_option_warning(args.db)}", file=sys.stderr)
+    if given_db and _has_password(given_db):
         print(
             "jobcontrol: warning: --db puts the database password on the command line, where "
             "every local user sees it (ps, /proc); set $JOBCONTROL_DB instead",
@@ -383,6 +396,11 @@ def _user(args: argparse.Namespace, store: Store) -> int:
     if cmd == "add":
         user, token = users.add_user(store, args.name, args.role, by=by)
         print(f"added user {user.name!r} with role {user.role}; token:")
+    elif args.write:
+        path = token_file(default_config_dir(), store.url)
+        users.new_token(store, args.name, by=by, write_to=path)
+        print(f"new token for user {args.name!r} written to {path} (the old one no longer works)")
+        return 0
     else:
         token = users.new_token(store, args.name, by=by)
         print(f"new token for user {args.name!r} (the old one no longer works):")
@@ -447,9 +465,6 @@ def _daemon(args: argparse.Namespace) -> int:
     opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     cmd = args.daemon_command
     if cmd in ("run", "start"):
-        # A server that does not answer, or a file that is no database, is said in one
-        # line here, before the daemon (or its detached child) touches anything.
-        open_store(args.db, create=True).dispose()
         opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
@@ -457,6 +472,14 @@ def _daemon(args: argparse.Namespace) -> int:
             opts.port = args.port
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
         opts.log_access = LogAccess.for_group(args.log_group)
+        # Refused in one line here, before the daemon (or its detached child) touches
+        # anything: a port asked for that is taken, a server that does not answer, a
+        # file that is no database. (A SQLite file not there yet is the daemon's to make.)
+        if opts.api:
+            opts.api_port()
+        sqlite_file = _sqlite_file(args.db)
+        if sqlite_file is None or sqlite_file.exists():
+            open_store(args.db, create=False).dispose()
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -467,7 +490,9 @@ def _daemon(args: argparse.Namespace) -> int:
         argv += ["--log-level", opts.log_level] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
-        argv += ["--listen", opts.host, "--port", str(opts.port)]
+        argv += ["--listen", opts.host]
+        # None asked for: the daemon picks the default port, or a free one if it is taken.
+        argv += ["--port", str(opts.port)] if opts.port is not None else []
         argv += ["--no-api"] if args.no_api else []
         if opts.tls_cert and opts.tls_key:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
@@ -477,6 +502,8 @@ def _daemon(args: argparse.Namespace) -> int:
             print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)
         print(f"daemon started: pid {pid}, log {opts.log_file}")
+        if opts.api and opts.url_file.exists():
+            print(f"admin API: {opts.url_file.read_text().strip()}/api/v1")
         return 0
     if cmd == "stop":
         pid = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, target: Target | None) -> int:
         raise JobControlError(_no_daemon(args))
     from jobcontrol.client import ApiError, Client, DaemonUnreachableError
 
-    token = find_token(args.token)
+    token = find_token(args.token, args.db)
     try:
         with Client(target.url, token.value) as client:
             return COMMAND_HANDLERS[args.command](client, args)

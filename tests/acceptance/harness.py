@@ -237,6 +237,13 @@ class JobControl:
                     pids.append(pid)
         return pids
 
+    @property
+    def token_file(self) -> Path:
+        """Where the daemon of this database leaves its first-start admin token."""
+        from jobcontrol.places import token_file
+
+        return token_file(self.base / "home" / ".config" / "jobcontrol", self.url)
+
     def instance(self) -> str | None:
         """The database's instance id, once it has a schema (it never changes after)."""
         if self._instance is None:

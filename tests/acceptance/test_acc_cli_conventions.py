@@ -74,7 +74,7 @@ def test_global_options_work_after_the_subcommand(jc_sqlite: JobControl, tmp_pat
     # --url and --token after the command reach the daemon.
     jc.ok("daemon", "start")
     url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
-    token = next((jc.base / "home" / ".config" / "jobcontrol").glob("token*")).read_text().strip()
+    token = jc.token_file.read_text().strip()
     online = jc.bare("status", "--json", "--url", url, "--token", token)
     assert online.returncode == 0, describe(online)
     assert json.loads(online.stdout)["timers_armed"] == 1
