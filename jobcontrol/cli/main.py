@@ -171,6 +171,12 @@ def _commands(sub: Any) -> None:
     )
     status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
+    completion = sub.add_parser(
+        "completion",
+        help='a shell completion script: eval "$(jobcontrol completion bash)" (see the README)',
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
+
     demo = sub.add_parser(
         "demo", help="run the sample trees in the foreground on a scratch SQLite database"
     )
@@ -255,6 +261,11 @@ def _has_password(db: str) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
+    if args.command == "completion":
+        from jobcontrol.cli.completion import script
+
+        sys.stdout.write(script(_parser(), args.shell))
+        return 0
     if args.command == "demo":
         from jobcontrol.cli.demo import run_demo
 

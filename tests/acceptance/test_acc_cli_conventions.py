@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -194,3 +196,91 @@ def test_a_mistyped_db_creates_no_database(
         assert not path.exists()
     assert not in_new_dir.parent.exists()
     assert sorted(p.name for p in real.parent.iterdir()) == before
+
+
+# ---------------------------------------------------------------- shell completion
+
+# (words typed, the word being completed last) -> what must be offered
+COMPLETIONS = [
+    (["jobcontrol", ""], {"ls", "load", "daemon", "user", "completion", "history"}),
+    (["jobcontrol", "daemon", "st"], {"start", "stop", "status"}),
+    (["jobcontrol", "--db", "x.db", "daemon", "status", "--j"], {"--json"}),
+    (["jobcontrol", "ls", "--"], {"--json", "--db", "--state-dir", "--url", "--token"}),
+    (["jobcontrol", "user", "token", "admin", "--w"], {"--write"}),
+    (["jobcontrol", "completion", ""], {"bash", "zsh"}),
+    (["jobcontrol", "load", "defs/tr"], {"defs/trees.yaml"}),
+    (["jobcontrol", "ls", "--db", "defs/"], {"defs/trees.yaml"}),
+]
+
+
+def completion_script(jc: JobControl, shell: str) -> str:
+    result = jc.bare("completion", shell)
+    assert result.returncode == 0, describe(result)
+    assert result.stderr == "", describe(result)
+    return result.stdout
+
+
+def test_bash_completion(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    script = write(tmp_path / "jobcontrol.bash", completion_script(jc_sqlite, "bash"))
+    write(tmp_path / "defs" / "trees.yaml", ONE_TREE)
+    for words, wanted in COMPLETIONS:
+        probe = (
+            f"source {script}\n"
+            'COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))\n'
+            '_jobcontrol; printf "%s\\n" "${COMPREPLY[@]}"\n'
+        )
+        result = subprocess.run(
+            ["bash", "--norc", "-c", probe, "bash", *words],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 0, describe(result)
+        assert result.stderr == "", describe(result)
+        offered = set(result.stdout.split())
+        assert wanted <= offered, f"{words}: offered {sorted(offered)}"
+        if words[-1]:  # a started word: only what it starts
+            assert all(w.startswith(words[-1]) for w in offered), f"{words}: {offered}"
+    # The value of an option that is no file is not guessed.
+    probe = f"source {script}; COMP_WORDS=(jobcontrol history --limit ''); COMP_CWORD=3; _jobcontrol; echo ${{#COMPREPLY[@]}}"
+    result = subprocess.run(
+        ["bash", "--norc", "-c", probe], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip() == "0", describe(result)
+
+
+ZSH_PROBE = """\
+fpath=({funcs} $fpath)
+autoload -U compinit && compinit -u -D
+compadd() {{ [[ $1 == -- ]] && shift; print -rl -- "$@"; }}
+_files() {{ print -rl -- {funcs_parent}/defs/*(N); }}
+words=("$@"); CURRENT=$#words
+_jobcontrol
+"""
+
+
+def test_zsh_completion(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    zsh = shutil.which("zsh")
+    if zsh is None:
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail("CI=true but zsh is not installed (.ci/run installs it)")
+        pytest.skip("zsh is not installed")
+    # Installed the way the README says: a file _jobcontrol in a directory of $fpath.
+    write(tmp_path / "zfunc" / "_jobcontrol", completion_script(jc_sqlite, "zsh"))
+    write(tmp_path / "defs" / "trees.yaml", ONE_TREE)
+    probe = ZSH_PROBE.format(funcs=tmp_path / "zfunc", funcs_parent=tmp_path)
+    for words, wanted in COMPLETIONS:
+        result = subprocess.run(
+            [zsh, "-f", "-c", probe, "zsh", *words],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 0, describe(result)
+        offered = {Path(w).name if "defs" in w else w for w in result.stdout.split()}
+        wanted = {Path(w).name if "defs" in w else w for w in wanted}
+        assert wanted <= offered, f"{words}: offered {sorted(offered)}"
