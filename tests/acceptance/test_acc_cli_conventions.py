@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,29 @@ def test_zsh_completion(jc_sqlite: JobControl, tmp_path: Path) -> None:
         offered = {Path(w).name if "defs" in w else w for w in result.stdout.split()}
         wanted = {Path(w).name if "defs" in w else w for w in wanted}
         assert wanted <= offered, f"{words}: offered {sorted(offered)}"
+
+
+# ---------------------------------------------------------------- jobcontrol-admin without Qt
+
+NO_QT = '''\
+"""Stands for an install without the gui extra: PySide6 is not there."""
+raise ModuleNotFoundError("No module named 'PySide6'", name="PySide6")
+'''
+
+
+def test_jobcontrol_admin_without_the_gui_extra_says_how_to_install_it(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    write(tmp_path / "no-qt" / "PySide6" / "__init__.py", NO_QT)
+    env = {**jc_sqlite.env, "PYTHONPATH": str(tmp_path / "no-qt")}
+    script = Path(sys.executable).parent / "jobcontrol-admin"
+    for argv in ([str(script)], [sys.executable, "-m", "jobcontrol_admin"]):
+        result = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 1, describe(result)
+        assert "Traceback" not in result.stderr, describe(result)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, describe(result)
+        assert "the gui extra" in lines[0], describe(result)
+        assert "pip install 'jobcontrol[gui]'" in lines[0], describe(result)
