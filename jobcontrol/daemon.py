@@ -10,6 +10,7 @@ the daemon.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -74,7 +75,9 @@ class DaemonOptions:
     log_level: str = "INFO"
     api: bool = True
     host: str = "127.0.0.1"
-    port: int = field(default_factory=lambda: int(os.environ.get("JOBCONTROL_PORT", DEFAULT_PORT)))
+    # None: $JOBCONTROL_PORT, else DEFAULT_PORT when it is free, else any free port
+    # (see ``api_port``).
+    port: int | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     config_dir: Path | None = None
@@ -124,6 +127,28 @@ class DaemonOptions:
         gid = self.log_access.gid if self.logs_inside_state_dir else None
         mode = filemodes.PRIVATE_DIR if gid is None else filemodes.GROUP_PASS_DIR
         filemodes.make_dir(self.state_dir, mode, gid)
+
+    def api_port(self) -> int:
+        """The port the admin API will listen on, checked before anything is touched.
+
+        A port that was asked for (``--port``, ``$JOBCONTROL_PORT``) and is taken is
+        refused; without one, DEFAULT_PORT when free, else 0 (any free port), so the
+        daemons of several databases run side by side (clients find each by its URL file).
+        """
+        asked = self.asked_port()
+        if asked is not None:
+            if asked and _port_taken(self.host, asked):
+                raise JobControlError(
+                    f"the admin API cannot listen on {self.host} port {asked}: it is in use "
+                    "(by the daemon of another database?); give another --port, or --port 0 "
+                    "for any free one"
+                )
+            return asked
+        return 0 if _port_taken(self.host, DEFAULT_PORT) else DEFAULT_PORT
+
+    def asked_port(self) -> int | None:
+        """``--port``, else ``$JOBCONTROL_PORT``, else None."""
+        return self.port if self.port is not None else _port_from_env()
 
     def file_warnings(self) -> list[str]:
         """What lets others in that the daemon did not create and so does not change."""
@@ -297,6 +322,8 @@ class Daemon:
         raise_open_files_limit()
         # Checked before anything is made: a bound that cannot hold changes nothing.
         api_connections = self._api_connections() if self.opts.api else 0
+        # Before anything is created or changed: a port that is taken is refused here.
+        port = self.opts.api_port() if self.opts.api else 0
         self.opts.make_state_dir()
         for warning in self.opts.file_warnings():
             log.warning("%s", warning)
@@ -317,7 +344,7 @@ class Daemon:
             )
             self.dispatcher = self.runtime.start()
             if self.opts.api:
-                self._start_api(self.runtime, api_connections)
+                self._start_api(self.runtime, port, api_connections)
         except BaseException:
             self.stop()
             raise
@@ -342,22 +369,15 @@ class Daemon:
                 job_id,
             )
 
-    def _start_api(self, runtime: Runtime, max_connections: int) -> None:
+    def _start_api(self, runtime: Runtime, port: int, max_connections: int) -> None:
         from jobcontrol import __version__
         from jobcontrol.api.deps import ApiContext
         from jobcontrol.api.server import ApiServer
         from jobcontrol.service.engine import Engine
         from jobcontrol.service.eventlog import EventLog
         from jobcontrol.service.metrics import RunMetrics
-        from jobcontrol.service.users import ensure_admin_token
 
         dispatcher = runtime.dispatcher
-
-        token_file = ensure_admin_token(
-            self.store, self.opts.config_dir or places.default_config_dir()
-        )
-        if token_file is not None:
-            log.warning("first start: created user 'admin'; its token is in %s", token_file)
         self.eventlog = EventLog(dispatcher)
         self.eventlog.start()
         self.metrics = RunMetrics(dispatcher)
@@ -377,13 +397,22 @@ class Daemon:
         self.api = ApiServer(
             ctx,
             host=self.opts.host,
-            port=self.opts.port,
+            port=port,
             certfile=self.opts.tls_cert,
             keyfile=self.opts.tls_key,
             max_connections=max_connections,
             header_timeout=self.opts.api_header_timeout,
         )
         url = self.api.start()
+        if self.opts.asked_port() is None and port != DEFAULT_PORT:
+            log.warning(
+                "port %s is in use (the daemon of another database?): the admin API is at %s; "
+                "local clients find it by themselves, give --port for a fixed one",
+                DEFAULT_PORT,
+                url,
+            )
+        # Only once it listens: a daemon that cannot serve leaves no token behind.
+        self._token_file()
         filemodes.write_private(self.opts.url_file, url + "\n")
 
     def _api_connections(self) -> int:
@@ -409,6 +438,29 @@ class Daemon:
                 slots,
             )
         return wanted or connection_limit(files, slots)
+
+    def _token_file(self) -> None:
+        """This database's token file: made on first start, or adopted from the one
+        token file of older versions when that token is one of this database's."""
+        from jobcontrol.service.users import adopt_legacy_token, ensure_admin_token
+
+        config_dir = self.opts.config_dir or places.default_config_dir()
+        token_file = ensure_admin_token(self.store, config_dir)
+        if token_file is not None:
+            log.warning("first start: created user 'admin'; its token is in %s", token_file)
+            return
+        try:
+            adopted = adopt_legacy_token(self.store, config_dir)
+        except (OSError, JobControlError) as exc:
+            log.warning("the token file of an older version was not adopted: %s", exc)
+            return
+        if adopted is not None:
+            log.warning(
+                "the token in %s (kept by older versions for every database) is this "
+                "database's: copied to %s",
+                config_dir / places.TOKEN_FILE,
+                adopted,
+            )
 
     def stop(self) -> None:
         try:
@@ -439,6 +491,34 @@ class Daemon:
             log.info("JobControl shutdown request")
         finally:
             self.stop()
+
+
+def _port_from_env() -> int | None:
+    value = os.environ.get("JOBCONTROL_PORT", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise JobControlError(f"$JOBCONTROL_PORT={value!r} is not a port number") from None
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """True if something listens on ``host``:``port`` (bound as the server binds it)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return True
+        raise JobControlError(
+            f"the admin API cannot listen on {host} port {port}: {exc.strerror or exc}"
+        ) from None
+    return False
 
 
 def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) -> int:

@@ -11,7 +11,9 @@ import fcntl
 import hashlib
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+# The one token file of versions before tokens were kept per database (still read).
 TOKEN_FILE = "token"
 
 
@@ -37,17 +39,35 @@ def default_config_dir() -> Path:
     return Path(base) / "jobcontrol"
 
 
-def read_token_file(config_dir: Path) -> str | None:
-    """The token in ``config_dir/token``, or None when there is no such file."""
+def read_token_file(path: Path) -> str | None:
+    """The token in the file ``path``, or None when there is no such file."""
     try:
-        return (config_dir / TOKEN_FILE).read_text().strip() or None
+        return path.read_text().strip() or None
     except FileNotFoundError:
         return None
 
 
+def database_identity(db_url: str) -> str:
+    """The database a (normalised) URL names: the URL without its password, which can
+    change while the database stays the same."""
+    parts = urlsplit(db_url)
+    if parts.password is None:
+        return db_url
+    netloc = parts.netloc.rpartition("@")[2]
+    if parts.username is not None:
+        netloc = f"{parts.username}@{netloc}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def daemon_tag(db_url: str) -> str:
-    """The daemon's files are named after its (normalised) database URL."""
-    return hashlib.sha256(db_url.encode()).hexdigest()[:10]
+    """A database's daemon files and token file are named after its identity."""
+    return hashlib.sha256(database_identity(db_url).encode()).hexdigest()[:10]
+
+
+def token_file(config_dir: Path, db_url: str) -> Path:
+    """Where the admin token of this database is kept for its local clients: one file
+    per database, so two databases of one user never overwrite each other's."""
+    return config_dir / f"{TOKEN_FILE}-{daemon_tag(db_url)}"
 
 
 def pid_file(state_dir: Path, db_url: str) -> Path:

@@ -12,12 +12,13 @@ import signal
 import sys
 from pathlib import Path
 
-from PySide6.QtWidgets import QApplication
-
 from jobcontrol.client.locate import token_option_warning
-from jobcontrol_admin.connection import find
-from jobcontrol_admin.session import Session
-from jobcontrol_admin.window import MainWindow
+
+# What to say when Qt is not installed (the entry point is installed with or without it).
+NO_QT = (
+    "jobcontrol-admin: the admin client needs Qt (PySide6), which comes with the gui "
+    "extra: pip install 'jobcontrol[gui]'"
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,7 +36,27 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.token:
-        sys.stderr.write(f"jobcontrol-admin: {token_option_warning()}\n")
+        sys.stderr.write(f"jobcontrol-admin: {token_option_warning(args.db)}\n")
+    try:
+        import PySide6.QtWidgets  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "PySide6":
+            raise
+        sys.stderr.write(NO_QT + "\n")
+        return 1
+    except ImportError as exc:  # there, but it cannot load (a missing system library)
+        sys.stderr.write(f"jobcontrol-admin: cannot load Qt (PySide6): {exc}\n")
+        return 1
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from PySide6.QtWidgets import QApplication
+
+    from jobcontrol_admin.connection import find
+    from jobcontrol_admin.session import Session
+    from jobcontrol_admin.window import MainWindow
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Job Control")
     app.setOrganizationName("jobcontrol")

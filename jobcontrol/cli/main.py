@@ -12,36 +12,79 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from jobcontrol import cgroups, diskspace, taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.places import default_db_path, live_pid, normalise_url, state_dir_default
+from jobcontrol.places import (
+    default_config_dir,
+    default_db_path,
+    live_pid,
+    normalise_url,
+    state_dir_default,
+    token_file,
+)
 from jobcontrol.store import Store, redact
 from jobcontrol.views import jsonable, run_json
 
 log = logging.getLogger(__name__)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="jobcontrol", description="Job Control: job trees on a schedule."
-    )
-    p.add_argument(
+def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--db``, ``--state-dir``, ``-v``, ``--url``, ``--token``: taken before the command
+    and after it (on every subcommand). Only the top level has defaults: below, an option
+    that is not given leaves the value alone, and one that is given wins."""
+    group = p.add_argument_group("global options (before or after the command)")
+    unset: Any = None if top else argparse.SUPPRESS
+    group.add_argument(
         "--db",
-        default=None,
+        default=unset,
         help="SQLite path or postgresql+psycopg:// URL (env JOBCONTROL_DB, which keeps a "
         f"password out of `ps`; default {default_db_path()})",
     )
-    p.add_argument(
-        "--state-dir", type=Path, default=None, help="pid file, daemon log and task logs"
+    group.add_argument(
+        "--state-dir", type=Path, default=unset, help="pid file, daemon log and task logs"
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    cli_online.add_global_options(p)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="log at DEBUG level",
+    )
+    cli_online.add_global_options(group, default=unset)
 
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p``, depth first."""
+    found = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += [child, *_subparsers(child)]
+    return found
+
+
+def _parser() -> argparse.ArgumentParser:
+    from jobcontrol import __version__
+
+    p = argparse.ArgumentParser(
+        prog="jobcontrol", description="Job Control: job trees on a schedule."
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _global_options(p, top=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _commands(sub)
+    for child in _subparsers(p):
+        _global_options(child, top=False)
+    return p
+
+
+def _commands(sub: Any) -> None:
     db = sub.add_parser("db", help="the database schema").add_subparsers(
         dest="db_command", required=True
     )
@@ -146,7 +189,16 @@ def _parser() -> argparse.ArgumentParser:
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
-    dsub.add_parser("status", help="is a daemon running on this database, and what is it doing")
+    status = dsub.add_parser(
+        "status", help="is a daemon running on this database, and what is it doing"
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+
+    completion = sub.add_parser(
+        "completion",
+        help='a shell completion script: eval "$(jobcontrol completion bash)" (see the README)',
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
 
     demo = sub.add_parser(
         "demo", help="run the sample trees in the foreground on a scratch SQLite database"
@@ -154,7 +206,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", type=Path, default=None, help="keep the database and logs here")
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     demo.add_argument("--slots", type=int, default=8)
-    return p
 
 
 def _access_parsers(sub: Any) -> None:
@@ -166,8 +217,13 @@ def _access_parsers(sub: Any) -> None:
     ulist = usub.add_parser("list", help="name, role, created, last seen")
     ulist.add_argument("--json", action="store_true")
     usub.add_parser("remove", help="remove a user (its token stops working)").add_argument("name")
-    usub.add_parser("token", help="a new token for a user, replacing the old one").add_argument(
-        "name"
+    token = usub.add_parser("token", help="a new token for a user, replacing the old one")
+    token.add_argument("name")
+    token.add_argument(
+        "--write",
+        action="store_true",
+        help="write it to this database's token file (mode 0600), where the CLI and the "
+        "admin client find it, instead of printing it",
     )
 
     aud = sub.add_parser("audit", help="the audit trail, newest first")
@@ -183,11 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in ("daemon", "demo"):
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    _warn_public_secrets(args)
     # $JOBCONTROL_DB is read once and dropped, so nothing this process starts inherits
     # it: not a detached daemon's command line, not a daemon's tasks.
     from_env = os.environ.pop("JOBCONTROL_DB", None)
+    given = args.db
     args.db = normalise_url(args.db or from_env or default_db_path())
+    _warn_public_secrets(args, given)
     try:
         return int(_dispatch(args) or 0)
     except JobControlError as exc:
@@ -202,11 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
-def _warn_public_secrets(args: argparse.Namespace) -> None:
+def _warn_public_secrets(args: argparse.Namespace, given_db: str | None) -> None:
     """A command line is public (``ps``): say so when it carries a secret."""
     if args.token:
-        print(f"jobcontrol: {token_option_warning()}", file=sys.stderr)
-    if args.db and _has_password(args.db):
+        print(f"jobcontrol: {token_option_warning(args.db)}", file=sys.stderr)
+    if given_db and _has_password(given_db):
         print(
             "jobcontrol: warning: --db puts the database password on the command line, where "
             "every local user sees it (ps, /proc); set $JOBCONTROL_DB instead",
@@ -227,6 +284,11 @@ def _has_password(db: str) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
+    if args.command == "completion":
+        from jobcontrol.cli.completion import script
+
+        sys.stdout.write(script(_parser(), args.shell))
+        return 0
     if args.command == "demo":
         from jobcontrol.cli.demo import run_demo
 
@@ -237,11 +299,58 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         target = find_daemon(args.url, args.db, args.state_dir)
         if target is not None or args.command in cli_online.DAEMON_ONLY:
             return cli_online.run(args, target)
-    store = Store(args.db)
+    # Only `db upgrade` makes a database: a read or an edit of one that is not there
+    # is a mistyped --db, refused before anything is created.
+    store = open_store(args.db, create=args.command == "db")
     try:
         return _offline(args, store)
     finally:
         store.dispose()
+
+
+def _sqlite_file(db: str) -> Path | None:
+    """The file of a SQLite URL (None for PostgreSQL or an in-memory database)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db)
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    return None if database.startswith("file:") else Path(database)
+
+
+def open_store(db: str, *, create: bool) -> Store:
+    """The database of ``--db``, checked to answer, or a one-line refusal saying why not.
+
+    ``create``: a SQLite file that does not exist yet may be made (else it is refused,
+    and nothing, not even its directory, is created).
+    """
+    path = _sqlite_file(db)
+    if path is not None and not path.exists():
+        if not create:
+            raise JobControlError(
+                f"no database at {path}: check --db (or $JOBCONTROL_DB); "
+                "`jobcontrol db upgrade` creates one"
+            )
+        return Store(db)  # new: nothing there yet to check
+    store = Store(db)
+    try:
+        store.current_revision()  # connects: a server that does not answer, a file that is no database
+    except SQLAlchemyError as exc:
+        store.dispose()
+        raise JobControlError(database_problem(db, path, exc)) from None
+    return store
+
+
+def database_problem(db: str, path: Path | None, exc: Exception) -> str:
+    """What went wrong opening the database, in one line (drivers' messages have several)."""
+    cause = getattr(exc, "orig", None) or exc
+    text = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+    if path is not None:
+        if "not a database" in text:
+            return f"{path} is not a Job Control database ({text})"
+        return f"cannot open the database {path}: {text}"
+    return f"cannot reach the database {redact(db)}: {text}"
 
 
 def _offline(args: argparse.Namespace, store: Store) -> int | None:
@@ -331,6 +440,11 @@ def _user(args: argparse.Namespace, store: Store) -> int:
     if cmd == "add":
         user, token = users.add_user(store, args.name, args.role, by=by)
         print(f"added user {user.name!r} with role {user.role}; token:")
+    elif args.write:
+        path = token_file(default_config_dir(), store.url)
+        users.new_token(store, args.name, by=by, write_to=path)
+        print(f"new token for user {args.name!r} written to {path} (the old one no longer works)")
+        return 0
     else:
         token = users.new_token(store, args.name, by=by)
         print(f"new token for user {args.name!r} (the old one no longer works):")
@@ -426,6 +540,14 @@ def _daemon(args: argparse.Namespace) -> int:
         opts.log_access = LogAccess.for_group(args.log_group)
         opts.cgroups = cgroups.resolve_mode(os.environ)
         opts.disk_low = diskspace.LowMark.parse(args.disk_low)
+        # Refused in one line here, before the daemon (or its detached child) touches
+        # anything: a port asked for that is taken, a server that does not answer, a
+        # file that is no database. (A SQLite file not there yet is the daemon's to make.)
+        if opts.api:
+            opts.api_port()
+        sqlite_file = _sqlite_file(args.db)
+        if sqlite_file is None or sqlite_file.exists():
+            open_store(args.db, create=False).dispose()
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -436,7 +558,9 @@ def _daemon(args: argparse.Namespace) -> int:
         argv += ["--log-level", opts.log_level] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
-        argv += ["--listen", opts.host, "--port", str(opts.port)]
+        argv += ["--listen", opts.host]
+        # None asked for: the daemon picks the default port, or a free one if it is taken.
+        argv += ["--port", str(opts.port)] if opts.port is not None else []
         argv += ["--no-api"] if args.no_api else []
         argv += ["--api-header-timeout", f"{opts.api_header_timeout:g}"]
         if opts.api_max_connections is not None:
@@ -451,16 +575,25 @@ def _daemon(args: argparse.Namespace) -> int:
             print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)
         print(f"daemon started: pid {pid}, log {opts.log_file}")
+        if opts.api and opts.url_file.exists():
+            print(f"admin API: {opts.url_file.read_text().strip()}/api/v1")
         return 0
     if cmd == "stop":
         pid = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
         print(f"daemon stopped (pid {pid})")
         return 0
+    return _daemon_status(args, opts)
+
+
+def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
     live = live_pid(opts.pid_file)
     if live is None:
-        print(f"no daemon is running for {redact(args.db)}")
+        if args.json:
+            print(json.dumps({"running": False, "database": redact(args.db)}, indent=2))
+        else:
+            print(f"no daemon is running for {redact(args.db)}")
         return 3  # LSB: program is not running
-    store = Store(args.db)
+    store = open_store(args.db, create=False)
     try:
         from jobcontrol.service.engine import Engine
 
@@ -469,8 +602,21 @@ def _daemon(args: argparse.Namespace) -> int:
         workers = engine.workers()
     finally:
         store.dispose()
-    print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
     url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
+    if args.json:
+        status = {
+            "running": True,
+            "pid": live,
+            "database": redact(args.db),
+            "log": str(opts.log_file),
+            "api": f"{url}/api/v1" if url else None,
+            "runs_in_flight": [run_json(run.as_dict()) for run in active],
+            "trees_scheduled": armed,
+            "containment": _containment(workers, live),
+        }
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
     print(f"admin API: {url}/api/v1" if url else "admin API: off")
     print(f"task containment: {_containment(workers, live)}")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")

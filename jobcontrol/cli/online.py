@@ -47,16 +47,16 @@ SHOW_ORDER = (
 # ---------------------------------------------------------------- arguments
 
 
-def add_global_options(p: argparse.ArgumentParser) -> None:
+def add_global_options(p: argparse._ActionsContainer, *, default: Any = None) -> None:
     p.add_argument(
         "--url",
-        default=None,
+        default=default,
         help="the daemon's admin API (env JOBCONTROL_URL; default: the URL the daemon "
         "of --db left in the state dir)",
     )
     p.add_argument(
         "--token",
-        default=None,
+        default=default,
         help="API token (env JOBCONTROL_TOKEN; default: the token file in the config dir)",
     )
 
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, target: Target | None) -> int:
         raise JobControlError(_no_daemon(args))
     from jobcontrol.client import ApiError, Client, DaemonUnreachableError
 
-    token = find_token(args.token)
+    token = find_token(args.token, args.db)
     try:
         with Client(target.url, token.value) as client:
             return COMMAND_HANDLERS[args.command](client, args)

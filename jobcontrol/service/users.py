@@ -190,14 +190,24 @@ def remove_user(store: Store, name: str, *, by: str | None = None) -> None:
         _note_success(conn, note, f"removed user {name!r} ({row.role})")
 
 
-def new_token(store: Store, name: str, *, by: str | None = None) -> str:
-    """A new token for the user, replacing the old one (which stops working); shown once."""
+def new_token(
+    store: Store, name: str, *, by: str | None = None, write_to: Path | None = None
+) -> str:
+    """A new token for the user, replacing the old one (which stops working); shown once.
+
+    ``write_to``: also write it to this token file (mode 0600), before the change is
+    committed, so a file that cannot be written leaves the old token working.
+    """
     with _maybe_audited(store, by, "user.token") as note:
         token = _new_token()
         with store.write() as conn:
             if not q.set_token(conn, name, hash_token(token), datetime.now(UTC)):
                 raise UnknownUserError(name)
-            _note_success(conn, note, f"new token for user {name!r}")
+            detail = f"new token for user {name!r}"
+            if write_to is not None:
+                write_token_file(write_to, token)
+                detail += f", written to {write_to}"
+            _note_success(conn, note, detail)
     return token
 
 
@@ -273,13 +283,14 @@ def authenticate(
 
 
 def ensure_admin_token(store: Store, config_dir: Path) -> Path | None:
-    """On first start (no users at all): make user 'admin', write its token to
-    ``config_dir/token`` (mode 0600) and return that path. Otherwise do nothing.
+    """On first start (no users at all): make user 'admin', write its token to this
+    database's token file in ``config_dir`` (mode 0600) and return that path.
+    Otherwise do nothing. Another database's token file is never touched.
 
     The file is written before the user is committed, so a failure leaves no
     admin whose token nobody has.
     """
-    path = config_dir / places.TOKEN_FILE
+    path = places.token_file(config_dir, store.url)
     with store.write() as conn:
         if q.count_users(conn) > 0:
             return None
@@ -297,6 +308,25 @@ def ensure_admin_token(store: Store, config_dir: Path) -> Path | None:
         detail = f"first start: user {ADMIN_USER!r} with role admin, token written to {path}"
         audit.record(conn, BOOTSTRAP_USER, "user.add", [], audit.Result.OK, detail)
         write_token_file(path, token)
+    return path
+
+
+def adopt_legacy_token(store: Store, config_dir: Path) -> Path | None:
+    """Versions before tokens were kept per database wrote one ``config_dir/token`` for
+    whichever database started first. When this database has no token file of its own
+    and that file's token is one of this database's users', copy it to this database's
+    file and return that path; otherwise do nothing (the old file is never changed)."""
+    path = places.token_file(config_dir, store.url)
+    if path.exists():
+        return None
+    token = places.read_token_file(config_dir / places.TOKEN_FILE)
+    if token is None or not token.startswith(TOKEN_PREFIX):
+        return None
+    with store.read() as conn:
+        row = q.user_by_token_hash(conn, hash_token(token))
+    if row is None:
+        return None  # another database's token
+    write_token_file(path, token)
     return path
 
 

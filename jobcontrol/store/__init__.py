@@ -37,6 +37,8 @@ from jobcontrol.store import schema
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_MS = 30_000
+# Seconds a PostgreSQL connection attempt may take before it fails (and is retried).
+PG_CONNECT_TIMEOUT = 10
 
 # SQLite errors that pass: another process holds the lock, the disk is full or failing.
 _SQLITE_TRANSIENT = ("locked", "busy", "disk i/o", "disk is full", "unable to open")
@@ -140,7 +142,16 @@ class Store:
             event.listen(engine, "connect", lambda c, r: _sqlite_pragmas(c, r, busy_ms))
             # We issue BEGIN ourselves (deferred or IMMEDIATE), so the driver must not.
             return engine.execution_options(isolation_level="AUTOCOMMIT")
-        return create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+        # libpq waits for a server that does not answer as long as TCP does (minutes):
+        # bound it, unless the URL says otherwise (?connect_timeout=N).
+        connect = {} if "connect_timeout=" in self.url else {"connect_timeout": PG_CONNECT_TIMEOUT}
+        return create_engine(
+            self.url,
+            pool_size=pool_size,
+            max_overflow=20,
+            pool_pre_ping=True,
+            connect_args=connect,
+        )
 
     @property
     def sqlite_path(self) -> str | None:

@@ -133,6 +133,21 @@ class JobControl:
             umask=umask,
         )
 
+    def bare(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``jobcontrol ARGS`` exactly as given: no ``--db`` or ``--state-dir`` put in front."""
+        return subprocess.run(
+            [sys.executable, "-m", "jobcontrol", *map(str, args)],
+            cwd=self.base,
+            env=env or self.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+
     def ok(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run a command that must succeed (exit 0)."""
         result = self.run(*args, **kwargs)
@@ -221,6 +236,13 @@ class JobControl:
                 if pid is not None and procs.pid_alive(pid):
                     pids.append(pid)
         return pids
+
+    @property
+    def token_file(self) -> Path:
+        """Where the daemon of this database leaves its first-start admin token."""
+        from jobcontrol.places import token_file
+
+        return token_file(self.base / "home" / ".config" / "jobcontrol", self.url)
 
     def instance(self) -> str | None:
         """The database's instance id, once it has a schema (it never changes after)."""

@@ -24,7 +24,7 @@ def _api_url(jc: JobControl) -> str:
 def test_the_daemon_serves_the_api_with_a_first_start_admin_token(jc: JobControl) -> None:
     jc.upgraded()
     jc.ok("daemon", "start")
-    token_file = jc.base / "home" / ".config" / "jobcontrol" / "token"
+    token_file = jc.token_file
     assert token_file.exists(), "the first start writes the admin token"
     assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
     token = token_file.read_text().strip()

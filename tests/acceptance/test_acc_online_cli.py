@@ -40,7 +40,7 @@ class Api:
 
     def __init__(self, jc: JobControl) -> None:
         url = (jc.state_dir / next(p.name for p in jc.state_dir.glob("daemon-*.url"))).read_text()
-        token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+        token = jc.token_file.read_text().strip()
         self.http = httpx.Client(
             base_url=url.strip() + "/api/v1",
             headers={"Authorization": f"Bearer {token}"},

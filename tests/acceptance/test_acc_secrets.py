@@ -291,7 +291,7 @@ def test_a_token_on_the_command_line_draws_a_warning(jc_sqlite: JobControl) -> N
     jc = jc_sqlite.upgraded()
     token = "jc_" + "t" * 43
     given = jc.ok("--token", token, "ls")
-    token_file = jc.base / "home" / ".config" / "jobcontrol" / "token"
+    token_file = jc.token_file
     assert "warning: --token puts the token on the command line" in given.stderr
     assert "$JOBCONTROL_TOKEN" in given.stderr
     assert str(token_file) in given.stderr

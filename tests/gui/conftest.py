@@ -50,7 +50,7 @@ def admin_daemon(sqlite_url: str, tmp_path: Path) -> Iterator[AdminDaemon]:
         status = jc.ok("daemon", "status")
         match = re.search(r"admin API: (\S+)/api/v1", status.stdout)
         assert match, describe(status)
-        token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+        token = jc.token_file.read_text().strip()
         yield AdminDaemon(jc, match.group(1), token)
     finally:
         problems = jc.cleanup()

@@ -443,7 +443,7 @@ def test_it_reconnects_after_the_daemon_restarts_and_catches_up(
     try:
         jc.upgraded()
         jc.ok("daemon", "start", "--port", port)
-        token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+        token = jc.token_file.read_text().strip()
         url = f"http://127.0.0.1:{port}"
         with Client(url, token) as c:
             c.create_job("before", "task", command="true")

@@ -121,11 +121,12 @@ def test_first_start_writes_an_admin_token_0600_once(store: Store, tmp_path: Pat
         path = users.ensure_admin_token(store, config)
     finally:
         os.umask(old_umask)
-    assert path == config / "token"
+    assert path == places.token_file(config, store.url)  # this database's own file
+    assert path.name.startswith("token-")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(config.stat().st_mode) == 0o700
-    assert [p.name for p in config.iterdir()] == ["token"]  # no temporary file left
-    token = places.read_token_file(config)
+    assert [p.name for p in config.iterdir()] == [path.name]  # no temporary file left
+    token = places.read_token_file(path)
     assert token is not None
     admin = users.authenticate(store, token)
     assert admin is not None
@@ -134,7 +135,7 @@ def test_first_start_writes_an_admin_token_0600_once(store: Store, tmp_path: Pat
 
     # Users exist: nothing is made, the file is left alone.
     assert users.ensure_admin_token(store, config) is None
-    assert places.read_token_file(config) == token
+    assert places.read_token_file(path) == token
     assert [u.name for u in users.list_users(store)] == ["admin"]
 
 

@@ -52,3 +52,30 @@ def test_server_sent_events_are_parsed_keepalives_skipped() -> None:
         Event(3, "job.created", {"jobs": [1]}),
         Event(None, "resync", {"reason": "gap"}),
     ]
+
+
+def test_a_database_keeps_its_token_file_whatever_its_password() -> None:
+    from pathlib import Path
+
+    from jobcontrol import places
+
+    config = Path("/cfg")
+    a = "postgresql+psycopg://jc:old@db.example:5432/jobs"
+    assert places.database_identity(a) == "postgresql+psycopg://jc@db.example:5432/jobs"
+    same = places.token_file(config, a)
+    assert same == places.token_file(config, "postgresql+psycopg://jc:n%40w@db.example:5432/jobs")
+    assert same == places.token_file(config, "postgresql+psycopg://jc@db.example:5432/jobs")
+    others = {
+        places.token_file(config, url)
+        for url in (
+            "postgresql+psycopg://jc:old@db.example:5432/other",
+            "postgresql+psycopg://jc:old@db2.example:5432/jobs",
+            "postgresql+psycopg://ops:old@db.example:5432/jobs",
+            "sqlite:////var/lib/jobcontrol/jobs.db",
+        )
+    }
+    assert same not in others
+    assert len(others) == 4
+    assert places.token_file(config, places.normalise_url("/tmp/x/../jobs.db")) == (
+        places.token_file(config, "sqlite:////tmp/jobs.db")
+    )

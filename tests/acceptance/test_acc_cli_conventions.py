@@ -1,0 +1,313 @@
+"""The command line's conventions, checked the way a user meets them: the real
+``jobcontrol`` command in a subprocess (issue 9, item 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobcontrol import __version__
+from tests.acceptance.harness import JobControl, describe, write
+
+ONE_TREE = """\
+jobs:
+  - name: Hourly
+    timer: every 1h
+    active: true
+    children:
+      - name: hello
+        active: true
+        command: echo hi
+"""
+
+
+def one_line_refusal(result: subprocess.CompletedProcess[str]) -> str:
+    """A refusal as a user should see it: non-zero, one line on stderr, no traceback."""
+    assert result.returncode != 0, describe(result)
+    assert "Traceback" not in result.stderr, describe(result)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, describe(result)
+    assert lines[0].startswith("jobcontrol: "), describe(result)
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def listing(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+# ---------------------------------------------------------------- global options
+
+
+def test_global_options_work_after_the_subcommand(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(tmp_path / "one.yaml", ONE_TREE))
+    db, state = jc.url, str(jc.state_dir)
+
+    listed = jc.bare("ls", "--json", "--db", db, "--state-dir", state)
+    assert listed.returncode == 0, describe(listed)
+    assert [j["name"] for j in json.loads(listed.stdout)] == ["Hourly", "hello"]
+
+    # Nested commands take them too, and -v (a logged command still answers).
+    status = jc.bare("daemon", "status", "--db", db, "--state-dir", state)
+    assert status.returncode == 3, describe(status)
+    assert f"no daemon is running for {db}" in status.stdout
+    verbose = jc.bare("history", "hello", "-v", "--db", db)
+    assert verbose.returncode == 0, describe(verbose)
+    assert "no runs" in verbose.stdout or verbose.stdout.startswith("RUN"), describe(verbose)
+
+    # Given on both sides, the one nearer the command wins (it is the one the user added last).
+    both = jc.bare("--db", str(tmp_path / "elsewhere.db"), "ls", "--json", "--db", db)
+    assert both.returncode == 0, describe(both)
+    assert [j["name"] for j in json.loads(both.stdout)] == ["Hourly", "hello"]
+
+    # --url and --token after the command reach the daemon.
+    jc.ok("daemon", "start")
+    url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    token = jc.token_file.read_text().strip()
+    online = jc.bare("status", "--json", "--url", url, "--token", token)
+    assert online.returncode == 0, describe(online)
+    assert json.loads(online.stdout)["timers_armed"] == 1
+    assert "warning: --token puts the token on the command line" in online.stderr
+
+
+def test_version(jc_sqlite: JobControl) -> None:
+    result = jc_sqlite.bare("--version")
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.strip() == f"jobcontrol {__version__}"
+
+
+# ---------------------------------------------------------------- daemon status --json
+
+
+def test_daemon_status_json(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(tmp_path / "one.yaml", ONE_TREE))
+    stopped = jc.run("daemon", "status", "--json")
+    assert stopped.returncode == 3, describe(stopped)  # LSB: not running, as without --json
+    assert json.loads(stopped.stdout) == {"running": False, "database": jc.url}
+
+    jc.ok("daemon", "start")
+    [pid] = jc.live_daemons()
+    status = json.loads(jc.ok("daemon", "status", "--json").stdout)
+    url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    assert status["running"] is True
+    assert status["pid"] == pid
+    assert status["database"] == jc.url
+    assert status["api"] == f"{url}/api/v1"
+    assert status["log"] == str(next(jc.state_dir.glob("daemon-*.log")))
+    assert status["runs_in_flight"] == []
+    assert status["trees_scheduled"] == ["Hourly"]
+
+
+# ---------------------------------------------------------------- a database that does not answer
+
+
+def test_an_unreachable_postgresql_is_one_clear_line(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    url = f"postgresql+psycopg://jc:hunter2@127.0.0.1:{port}/jobcontrol"
+    env = {**jc_sqlite.env, "JOBCONTROL_DB": url}  # the password stays off the command line
+    defs = write(tmp_path / "one.yaml", ONE_TREE)
+    state = str(tmp_path / "state")
+    for args in (
+        ["ls"],
+        ["history", "hello"],
+        ["user", "list"],
+        ["load", str(defs)],
+        ["db", "upgrade"],
+        ["daemon", "start"],
+    ):
+        line = one_line_refusal(jc_sqlite.bare("--state-dir", state, *args, env=env))
+        assert f"127.0.0.1:{port}" in line, line
+        assert "hunter2" not in line, line
+        assert "Connection refused" in line or "connection" in line.lower(), line
+    assert not jc_sqlite.live_daemons(Path(state))
+
+
+def test_a_file_that_is_not_a_database_is_one_clear_line(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    path = folder / "notes.txt"
+    path.write_bytes(b"shopping list: eggs, flour, milk\n" * 200)
+    before = listing(folder)
+    defs = write(tmp_path / "one.yaml", ONE_TREE)
+    state = str(tmp_path / "state")
+    for args in (
+        ["ls"],
+        ["user", "list"],
+        ["load", str(defs)],
+        ["db", "upgrade"],
+        ["daemon", "start"],
+    ):
+        line = one_line_refusal(jc_sqlite.bare("--db", path, "--state-dir", state, *args))
+        assert str(path) in line, line
+        assert "not a database" in line, line
+    assert listing(folder) == before  # nothing written beside it, nothing changed in it
+    assert not jc_sqlite.live_daemons(Path(state))
+
+
+# ---------------------------------------------------------------- a mistyped --db
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ls"],
+        ["ls", "--json"],
+        ["history", "hello"],
+        ["export"],
+        ["workers"],
+        ["user", "list"],
+        ["user", "add", "alice", "--role", "viewer"],
+        ["user", "token", "admin"],
+        ["audit"],
+        ["load", "DEFS"],
+    ],
+    ids=lambda a: "-".join(a),
+)
+def test_a_mistyped_db_creates_no_database(
+    jc_sqlite: JobControl, tmp_path: Path, args: list[str]
+) -> None:
+    jc = jc_sqlite.upgraded()  # the user's real database, next to the typo
+    defs = write(tmp_path / "one.yaml", ONE_TREE)
+    args = [str(defs) if a == "DEFS" else a for a in args]
+    real = Path(jc.url.removeprefix("sqlite:///"))
+    typo = real.with_name("jobcontorl.db")
+    in_new_dir = real.parent / "nowhere" / "jobcontrol.db"
+    before = sorted(p.name for p in real.parent.iterdir())
+    for path in (typo, in_new_dir):
+        line = one_line_refusal(jc.bare("--db", path, "--state-dir", jc.state_dir, *args))
+        assert f"no database at {path}" in line, line
+        assert "jobcontrol db upgrade" in line, line
+        assert not path.exists()
+    assert not in_new_dir.parent.exists()
+    assert sorted(p.name for p in real.parent.iterdir()) == before
+
+
+# ---------------------------------------------------------------- shell completion
+
+# (words typed, the word being completed last) -> what must be offered
+COMPLETIONS = [
+    (["jobcontrol", ""], {"ls", "load", "daemon", "user", "completion", "history"}),
+    (["jobcontrol", "daemon", "st"], {"start", "stop", "status"}),
+    (["jobcontrol", "--db", "x.db", "daemon", "status", "--j"], {"--json"}),
+    (["jobcontrol", "ls", "--"], {"--json", "--db", "--state-dir", "--url", "--token"}),
+    (["jobcontrol", "user", "token", "admin", "--w"], {"--write"}),
+    (["jobcontrol", "completion", ""], {"bash", "zsh"}),
+    (["jobcontrol", "load", "defs/tr"], {"defs/trees.yaml"}),
+    (["jobcontrol", "ls", "--db", "defs/"], {"defs/trees.yaml"}),
+]
+
+
+def completion_script(jc: JobControl, shell: str) -> str:
+    result = jc.bare("completion", shell)
+    assert result.returncode == 0, describe(result)
+    assert result.stderr == "", describe(result)
+    return result.stdout
+
+
+def test_bash_completion(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    script = write(tmp_path / "jobcontrol.bash", completion_script(jc_sqlite, "bash"))
+    write(tmp_path / "defs" / "trees.yaml", ONE_TREE)
+    for words, wanted in COMPLETIONS:
+        probe = (
+            f"source {script}\n"
+            'COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))\n'
+            '_jobcontrol; printf "%s\\n" "${COMPREPLY[@]}"\n'
+        )
+        result = subprocess.run(
+            ["bash", "--norc", "-c", probe, "bash", *words],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 0, describe(result)
+        assert result.stderr == "", describe(result)
+        offered = set(result.stdout.split())
+        assert wanted <= offered, f"{words}: offered {sorted(offered)}"
+        if words[-1]:  # a started word: only what it starts
+            assert all(w.startswith(words[-1]) for w in offered), f"{words}: {offered}"
+    # The value of an option that is no file is not guessed.
+    probe = f"source {script}; COMP_WORDS=(jobcontrol history --limit ''); COMP_CWORD=3; _jobcontrol; echo ${{#COMPREPLY[@]}}"
+    result = subprocess.run(
+        ["bash", "--norc", "-c", probe], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip() == "0", describe(result)
+
+
+ZSH_PROBE = """\
+fpath=({funcs} $fpath)
+autoload -U compinit && compinit -u -D
+compadd() {{ [[ $1 == -- ]] && shift; print -rl -- "$@"; }}
+_files() {{ print -rl -- {funcs_parent}/defs/*(N); }}
+words=("$@"); CURRENT=$#words
+_jobcontrol
+"""
+
+
+def test_zsh_completion(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    zsh = shutil.which("zsh")
+    if zsh is None:
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail("CI=true but zsh is not installed (.ci/run installs it)")
+        pytest.skip("zsh is not installed")
+    # Installed the way the README says: a file _jobcontrol in a directory of $fpath.
+    write(tmp_path / "zfunc" / "_jobcontrol", completion_script(jc_sqlite, "zsh"))
+    write(tmp_path / "defs" / "trees.yaml", ONE_TREE)
+    probe = ZSH_PROBE.format(funcs=tmp_path / "zfunc", funcs_parent=tmp_path)
+    for words, wanted in COMPLETIONS:
+        result = subprocess.run(
+            [zsh, "-f", "-c", probe, "zsh", *words],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 0, describe(result)
+        offered = {Path(w).name if "defs" in w else w for w in result.stdout.split()}
+        wanted = {Path(w).name if "defs" in w else w for w in wanted}
+        assert wanted <= offered, f"{words}: offered {sorted(offered)}"
+
+
+# ---------------------------------------------------------------- jobcontrol-admin without Qt
+
+NO_QT = '''\
+"""Stands for an install without the gui extra: PySide6 is not there."""
+raise ModuleNotFoundError("No module named 'PySide6'", name="PySide6")
+'''
+
+
+def test_jobcontrol_admin_without_the_gui_extra_says_how_to_install_it(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    write(tmp_path / "no-qt" / "PySide6" / "__init__.py", NO_QT)
+    env = {**jc_sqlite.env, "PYTHONPATH": str(tmp_path / "no-qt")}
+    script = Path(sys.executable).parent / "jobcontrol-admin"
+    for argv in ([str(script)], [sys.executable, "-m", "jobcontrol_admin"]):
+        result = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 1, describe(result)
+        assert "Traceback" not in result.stderr, describe(result)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, describe(result)
+        assert "the gui extra" in lines[0], describe(result)
+        assert "pip install 'jobcontrol[gui]'" in lines[0], describe(result)
