@@ -56,12 +56,14 @@ class APSchedulerTimers:
     """One APScheduler ``DateTrigger`` job per key; no job store, no cron triggers."""
 
     def __init__(self) -> None:
-        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.executors.debug import DebugExecutor
         from apscheduler.schedulers.background import BackgroundScheduler
 
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
-            executors={"default": ThreadPoolExecutor(4)},
+            # A timer's callback only posts an event to the dispatcher's queue, so it runs
+            # on the scheduler's own thread: no pool thread and no future per firing.
+            executors={"default": DebugExecutor()},
             # Our own misfire policy decides before arming: a timer that is due
             # must fire, however late, and each key fires once.
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from sqlalchemy import text
 
 from jobcontrol import filemodes, places, procs
+from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
@@ -82,6 +83,7 @@ class DaemonOptions:
     # The admin API's bounds (``api.server``): None is what the open-files limit allows.
     api_max_connections: int | None = None
     api_header_timeout: float = 10.0
+    disk_low: LowMark = field(default_factory=lambda: LowMark.parse(DEFAULT_LOW))
 
     @property
     def tag(self) -> str:
@@ -103,6 +105,13 @@ class DaemonOptions:
     @property
     def task_logs(self) -> Path:
         return self.log_root or self.state_dir / "logs"
+
+    def disk_space(self) -> dict[str, DiskSpace]:
+        """Free space where the daemon writes, for /healthz, /status and /metrics."""
+        return {
+            "state_dir": disk_space("state directory", self.state_dir, self.disk_low),
+            "log_root": disk_space("log root", self.task_logs, self.disk_low),
+        }
 
     @property
     def logs_inside_state_dir(self) -> bool:
@@ -252,6 +261,21 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def refuse_unprepared_file(store: Store) -> None:
+    """A SQLite file that exists without Job Control's schema is refused, as ``load`` does.
+
+    The daemon creates the schema at start only in a file it creates itself: an empty
+    file (or someone else's database) given by mistake would otherwise become a new
+    Job Control database with no jobs and a newly minted admin token.
+    """
+    path = store.unprepared_file()
+    if path is not None:
+        raise JobControlError(
+            f"{path} exists but has no Job Control schema: run `jobcontrol db upgrade` "
+            "if it is meant to be a Job Control database (nothing was changed)"
+        )
+
+
 class Daemon:
     """Everything one daemon holds: the lease, the pid file, the dispatcher."""
 
@@ -271,6 +295,7 @@ class Daemon:
         raise_open_files_limit()
         # Checked before anything is made: a bound that cannot hold changes nothing.
         api_connections = self._api_connections() if self.opts.api else 0
+        refuse_unprepared_file(self.store)  # before anything is created or written
         self.opts.make_state_dir()
         for warning in self.opts.file_warnings():
             log.warning("%s", warning)
@@ -344,6 +369,7 @@ class Daemon:
             request_shutdown=lambda force: self.stop_requested.set(),
             metrics=self.metrics,
             database=runtime.database,
+            disk=self.opts.disk_space,
         )
         self.api = ApiServer(
             ctx,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from jobcontrol import diskspace
 from jobcontrol.errors import OptionError
 
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -166,12 +167,17 @@ class LogAccess:
             set_mode(path, self.dir_mode, self.gid)
 
     def open_log(self, path: Path) -> BinaryIO:
-        """A new task log, mode 0600 (0640 of the group) from the first byte."""
+        """A new task log, mode 0600 (0640 of the group) from the first byte.
+
+        ``OSError`` (ENOSPC) when its filesystem has less than ``diskspace.LOG_ROOM`` free:
+        a task does not run without its log.
+        """
         fd = os.open(path, _LOG_FLAGS, self.file_mode)
         try:
             if self.gid is not None:
                 os.fchown(fd, -1, self.gid)
             os.fchmod(fd, self.file_mode)
+            diskspace.require_room(fd)
         except BaseException:
             os.close(fd)
             raise

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from jobcontrol.diskspace import DiskSpace
 from jobcontrol.errors import (
     AlreadyRunningError,
     BusyError,
@@ -73,6 +74,8 @@ class ApiContext:
     # Who authenticated (token hash -> user): answers status reads during an outage.
     known_users: dict[str, User] = field(default_factory=dict)
     connections: ConnectionStats = field(default_factory=ConnectionStats)
+    # Free space of the state directory and log root (``DaemonOptions.disk_space``).
+    disk: Callable[[], dict[str, DiskSpace]] | None = None
 
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 
 from jobcontrol.api.bodies import (
@@ -79,15 +79,18 @@ def create_job(
 
 
 @router.patch("/jobs", summary="Modify a batch of jobs in one transaction, all or nothing")
-def modify_jobs(ctx: Context, body: ModifyBody, user: Viewer) -> dict[str, Any]:
+def modify_jobs(ctx: Context, body: ModifyBody, user: Viewer, request: Request) -> dict[str, Any]:
     fields = {key for change in body.changes for key in change.fields.given()}
     action = Action.for_fields(fields)
     if not user.can(action):
-        raise HTTPException(
-            403,
+        message = (
             f"user {user.name!r} has role {user.role}, which may not {action} "
-            f"(fields: {', '.join(sorted(fields))})",
+            f"(fields: {', '.join(sorted(fields))})"
         )
+        # Refused like any other change the role may not make, so audited like one.
+        operation = f"{request.method} {request.url.path}"
+        ctx.engine.record_refusal(user.name, operation, [c.job for c in body.changes], message)
+        raise HTTPException(403, message)
     changes = [JobChange(c.job, c.fields.given(), c.version) for c in body.changes]
     return _modified(ctx, ctx.engine.modify_jobs(changes, user=user.name))
 

@@ -45,14 +45,28 @@ class ShutdownBody(BaseModel):
 
 @router.get("/healthz", tags=["system"])
 def healthz(ctx: Context) -> JSONResponse:
-    """No authentication: 200 while the dispatcher runs and the database answers, else 503."""
+    """No authentication: 200 while the dispatcher runs and the database answers, else 503.
+
+    Low disk space is said in the body (``status: low disk space``) but keeps 200: the
+    daemon still records every run, and a restart would not free a byte.
+    """
     if not ctx.engine.running:
         return JSONResponse({"status": "stopped"}, status_code=503)
     db = ctx.database_state()
     if not db["ok"]:
         body = {"status": "database unavailable", "reason": db["error"], "since": _iso(db["since"])}
         return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "ok"})
+    if ctx.disk is None:
+        return JSONResponse({"status": "ok"})
+    spaces = ctx.disk()
+    low = [space.describe() for space in spaces.values() if space.low]
+    body = {
+        "status": "low disk space" if low else "ok",
+        "disk": {key: space.as_dict() for key, space in spaces.items()},
+    }
+    if low:
+        body["reason"] = "; ".join(low)
+    return JSONResponse(body)
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -84,6 +98,7 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
             for r in view["runs_in_flight"]
         ],
         "event_seq": ctx.eventlog.last_seq,
+        "disk": {key: d.as_dict() for key, d in ctx.disk().items()} if ctx.disk else None,
     }
 
 
@@ -205,7 +220,23 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             "Connections closed because their request headers did not arrive in time.",
             conns.header_timeouts,
         ),
+        **_disk_gauges(ctx),
     }
+
+
+def _disk_gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
+    if ctx.disk is None:
+        return {}
+    gauges: dict[str, tuple[str, float]] = {}
+    for key, space in ctx.disk().items():
+        what = space.what
+        free = -1 if space.free_bytes is None else space.free_bytes  # -1: cannot be read
+        gauges[f"jobcontrol_{key}_free_bytes"] = (f"Bytes free on the {what}'s filesystem.", free)
+        gauges[f"jobcontrol_{key}_disk_low"] = (
+            f"1 while the {what}'s free space is below --disk-low (or unreadable).",
+            int(space.low),
+        )
+    return gauges
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["system"])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import taskenv
+from jobcontrol import diskspace, taskenv
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon, token_option_warning
@@ -135,6 +135,13 @@ def _parser() -> argparse.ArgumentParser:
             metavar="GROUP",
             help="let this group read task logs (0640 in 0750 directories); "
             "default: the daemon's user alone (0600 in 0700)",
+        )
+        d.add_argument(
+            "--disk-low",
+            default=diskspace.DEFAULT_LOW,
+            metavar="SIZE|PERCENT",
+            help="free space below which /healthz and /metrics report the state directory "
+            "or log root as low (e.g. 2G, 500M, 10%%; default %(default)s)",
         )
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
@@ -277,6 +284,16 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
     raise AssertionError(args.command)
 
 
+def _refuse_unprepared(db: str) -> None:
+    from jobcontrol.daemon import refuse_unprepared_file
+
+    store = Store(db)  # connects to nothing until asked
+    try:
+        refuse_unprepared_file(store)
+    finally:
+        store.dispose()
+
+
 def _require_schema(store: Store) -> None:
     if store.current_revision() is None:
         raise JobControlError(
@@ -396,6 +413,7 @@ def _daemon(args: argparse.Namespace) -> int:
             opts.port = args.port
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
         opts.log_access = LogAccess.for_group(args.log_group)
+        opts.disk_low = diskspace.LowMark.parse(args.disk_low)
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
         Daemon(opts).run_forever()
@@ -415,6 +433,8 @@ def _daemon(args: argparse.Namespace) -> int:
             argv += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
         argv += ["--pass-env", opts.pass_env.text]
         argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
+        argv += ["--disk-low", opts.disk_low.text]
+        _refuse_unprepared(args.db)  # one line here rather than in the daemon's log
         for warning in opts.file_warnings():
             print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)

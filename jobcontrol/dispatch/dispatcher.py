@@ -91,6 +91,9 @@ class Stats:
 
 
 _STOP = object()
+# Events (timer fires, task ends) handled in one transaction at most: a burst of due
+# trees costs one commit per batch, not one per tree.
+MAX_BATCH = 200
 
 
 class Dispatcher:
@@ -227,26 +230,64 @@ class Dispatcher:
         self._queue.put((lambda: self.runs.task_done(run_id), None))
 
     def _loop(self) -> None:
+        with self.store.pinned():
+            self._run_loop()
+
+    def _run_loop(self) -> None:
+        next_poll = time.monotonic() + self.config.poll_interval
         while True:
+            timeout = max(0.0, next_poll - time.monotonic()) if self.runs.tree_runs else None
             try:
                 # Only while runs are in flight is there anything to poll for.
-                item = self._queue.get(
-                    timeout=self.config.poll_interval if self.runs.tree_runs else None
-                )
+                item = self._queue.get(timeout=timeout)
             except queue.Empty:
-                item = (self._poll, None)
+                item = None
             if item is _STOP:
                 return
-            self.stats.events += 1
-            try:
-                self._handle(item)
-            except Exception:
-                # A bug, not the database: logged with its trace, counted for health.
-                self.stats.failures += 1
-                log.exception("dispatcher handler failed")
+            events_, after = self._take_batch(item) if item is not None else ([], None)
+            if item is None or (time.monotonic() >= next_poll and self.runs.tree_runs):
+                # A busy queue must not starve the back-up poll (ends and leases).
+                events_.append(self._poll)
+                next_poll = time.monotonic() + self.config.poll_interval
+            if events_:
+                self._handle_safely(events_, None)
+            if after is _STOP:
+                return
+            if after is not None:
+                self._handle_safely([after[0]], after[1])
             with self._idle_runs:
                 if not self.runs.tree_runs:
                     self._idle_runs.notify_all()
+
+    def _take_batch(self, item: Any) -> tuple[list[Callable[[], Any]], Any]:
+        """The events queued behind ``item`` (timer fires, task ends), to handle in one
+        transaction; and the request or stop that ended the batch, if one did."""
+        fn, fut = item
+        if fut is not None:
+            return [], item
+        batch = [fn]
+        while len(batch) < MAX_BATCH:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, None
+            if nxt is _STOP or nxt[1] is not None:
+                return batch, nxt
+            batch.append(nxt[0])
+        return batch, None
+
+    def _handle_safely(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
+        self.stats.events += len(fns)
+        try:
+            self._handle(fns, fut)
+        except Exception:
+            # A bug, not the database: logged with its trace, counted for health.
+            self.stats.failures += 1
+            log.exception("dispatcher handler failed")
+            if len(fns) > 1:
+                # The batch was rolled back: the events of the others are re-derived
+                # from the database, as after an outage (ends, timers by their misfire).
+                self._ride_out(None, None)
 
     def _poll(self) -> None:
         """The back-up poll: ends that were not announced, and leases that ran out."""
@@ -267,14 +308,20 @@ class Dispatcher:
 
     # ------------------------------------------------------------ outages
 
-    def _ride_out(self, exc: StoreUnavailable, pending: EditChange | None) -> None:
-        """The database went away mid-handler: wait for it, then rebuild from it."""
-        self.outage.failed(exc)
+    def _ride_out(self, exc: StoreUnavailable | None, pending: EditChange | None) -> None:
+        """The database went away mid-handler: wait for it, then rebuild from it.
+
+        Without ``exc``: a batch of events failed on a bug and was rolled back; the
+        rebuild re-derives what those events would have done.
+        """
+        failed = exc is not None
+        if exc is not None:
+            self.outage.failed(exc)
         edits = [pending] if pending is not None else []
-        delay = 0.05
+        delay = 0.05 if exc is not None else 0.0
         while True:
             time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(max(delay * 2, 0.05), 2.0)
             try:
                 with self.protocol.dispatcher_section() as another:
                     if another is not None:
@@ -284,11 +331,13 @@ class Dispatcher:
                     if not edit.done.done():
                         edit.done.set_result(None)  # committed before: the rebuild has it
             except StoreUnavailable as again:
+                failed = True
                 self.outage.failed(again)
                 continue
             break
-        self.outage.recovered()
-        self._leases_judged_after = time.monotonic() + self.config.lease
+        if failed:
+            self.outage.recovered()
+            self._leases_judged_after = time.monotonic() + self.config.lease
 
     def _rebuild(self) -> None:
         """Everything held in memory, re-derived from the database (as after an outage)."""
@@ -333,12 +382,11 @@ class Dispatcher:
             len(self.runs.tree_runs),
         )
 
-    def _handle(self, item: Any) -> None:
-        fn, fut = item if isinstance(item, tuple) else (None, None)
+    def _handle(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
         pending: EditChange | None = None
         try:
             with self.protocol.dispatcher_section() as pending:
-                result, error, tx = self._handle_in_tx(pending, fn)
+                result, error, tx = self._handle_in_tx(pending, fns)
         except StoreUnavailable as exc:
             # Rolled back. A request is refused now (its caller can try again); an
             # edit is committed already, and the rebuild below reflects it.
@@ -365,16 +413,17 @@ class Dispatcher:
             fut.set_exception(error) if error is not None else fut.set_result(result)
 
     def _handle_in_tx(
-        self, pending: EditChange | None, fn: Callable[[], Any] | None
+        self, pending: EditChange | None, fns: list[Callable[[], Any]]
     ) -> tuple[Any, Exception | None, Tx]:
-        """The reaction to a pending edit and one request, in one transaction."""
+        """The reaction to a pending edit and to a request or a batch of events, in one
+        transaction. A request comes alone: its result (or refusal) is returned."""
         result, error = None, None
         with self.store.write() as conn:
             self._tx = tx = Tx(conn)
             try:
                 if pending is not None:
                     self._react(pending)
-                if fn is not None:
+                for fn in fns:
                     try:
                         result = fn()
                     except JobError as exc:  # a refusal: nothing was changed

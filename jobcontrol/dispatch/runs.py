@@ -153,7 +153,7 @@ class TreeRuns:
         is_task = job.kind is Kind.TASK
         adopted = self._adopt_ahead(node, parent) if is_task else None
         if adopted is not None:
-            run_id, state = adopted.id, adopted.state
+            run_id, (state, adopted_status) = adopted
         else:
             state = RunState.QUEUED if is_task else RunState.RUNNING
             run_id = self.insert_run(node, parent, tr, state, now)
@@ -169,9 +169,9 @@ class TreeRuns:
         if is_task:
             log.info("Running Task %s", job.name)
             tr.current_task = frame
-            if adopted is not None and adopted.state.is_final:
+            if adopted is not None and state.is_final:
                 tr.current_task = None  # it ran and ended before we got here
-                return self._finish(frame, adopted.exit_status or 0, adopted.state)
+                return self._finish(frame, adopted_status or 0, state)
             if state is RunState.QUEUED:
                 self.d.tx.offers.append(run_id)
             self._queue_ahead(frame)
@@ -248,16 +248,16 @@ class TreeRuns:
         )
         box.ahead = (nxt.id, run_id)
 
-    def _adopt_ahead(self, node: Node, box: Frame | None) -> RunRecord | None:
+    def _adopt_ahead(self, node: Node, box: Frame | None) -> tuple[int, queries.RunEnd] | None:
         """The run queued ahead for ``node``, released by its predecessor's end; else None."""
         if box is None or box.ahead is None:
             return None
         job_id, run_id = box.ahead
         box.ahead = None
         if job_id == node.id:
-            row = queries.get_run(self.d.tx.conn, run_id)
+            row = queries.run_end(self.d.tx.conn, run_id)
             if row is not None and row.state is not RunState.PENDING:
-                return row
+                return run_id, row
         # Not released (its predecessor was settled, not finished) or not the one due.
         self._cancel_ahead(run_id)
         return None
@@ -413,12 +413,12 @@ class TreeRuns:
         frame = self.frames.get(run_id)
         if frame is None:
             return  # handled already (a wake-up and the back-up poll can both report it)
-        row = queries.get_run(self.d.tx.conn, run_id)
+        row = queries.run_end(self.d.tx.conn, run_id)
         if row is None or row.state in ACTIVE_RUN_STATES:
             return  # not ended yet
         self._task_ended(frame, row)
 
-    def _task_ended(self, frame: Frame, row: RunRecord) -> None:
+    def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
         frame.tree_run.current_task = None
         # The task's own outcome stands: the worker records 255 when it killed the
         # task; one that ended just before a kill keeps its status (its run row says
@@ -431,12 +431,11 @@ class TreeRuns:
         run_ids = [tr.current_task.run_id for tr in self.tree_runs.values() if tr.current_task]
         if not run_ids:
             return
-        rows = queries.get_runs(self.d.tx.conn, run_ids)
-        for row in rows:
-            frame = self.frames.get(row.id)
-            if frame is not None and row.state not in ACTIVE_RUN_STATES:
-                log.debug("task run %s ended without a wake-up; reacting now", row.id)
-                self._task_ended(frame, row)
+        for run_id, end in queries.ended_runs(self.d.tx.conn, run_ids).items():
+            frame = self.frames.get(run_id)
+            if frame is not None:
+                log.debug("task run %s ended without a wake-up; reacting now", run_id)
+                self._task_ended(frame, end)
 
     def kill_tree_run(self, tr: TreeRun, user: str) -> None:
         if tr.killed:

@@ -178,6 +178,13 @@ class Engine:
         """Modify many jobs in one transaction with one dispatcher reaction (Inq's ``modifyJobs``)."""
         return self.apply_batch(Batch(changes=list(changes)), user=user).modified
 
+    def record_refusal(
+        self, user: str, operation: str, jobs: Sequence[JobRef], message: str
+    ) -> None:
+        """Audit a change refused before it reached the engine (a role that may not)."""
+        names = [self._job_name(job) for job in jobs]
+        audit.record(self.store, user, operation, names, audit.Result.REFUSED, message)
+
     def apply_batch(self, batch: Batch, *, user: str) -> BatchResult:
         """Create, modify and delete jobs in one transaction, all or nothing; audited."""
         names = [c.name for c in batch.creates] + [self._job_name(c.job) for c in batch.changes]

@@ -64,14 +64,14 @@ def redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _create_private(engine: Engine, path: str) -> None:
+def _create_private(engine: Engine, path: str, created: threading.Event | None = None) -> None:
     """Before SQLite first opens ``path`` (which would create it under the umask, 0644
     under the usual 022), create it empty, mode 0600: SQLite then makes its -wal and
-    -shm files with the same mode."""
+    -shm files with the same mode. ``created`` is set when this made the file."""
 
     def before_connect(*_: Any) -> None:
-        if not os.path.exists(path):
-            filemodes.create_file(path)
+        if not os.path.exists(path) and filemodes.create_file(path) and created is not None:
+            created.set()
 
     event.listen(engine, "do_connect", before_connect)
 
@@ -116,9 +116,12 @@ class Store:
         self.url = normalise_url(url)
         self.busy_timeout = busy_timeout
         self.is_sqlite = self.url.startswith("sqlite")
+        # Set once this store has created its SQLite file (see ``unprepared_file``).
+        self.created_file = threading.Event()
         self.engine = self._make_engine(pool_size)
         # Taken before a connection is checked out, so a waiter holds no connection.
         self._write_lock = threading.RLock() if self.is_sqlite else None
+        self._local = threading.local()  # a pinned thread's connection (``pinned``)
 
     def _make_engine(self, pool_size: int) -> Engine:
         if self.is_sqlite:
@@ -132,7 +135,7 @@ class Store:
                 max_overflow=20,
             )
             if path is not None:
-                _create_private(engine, path)
+                _create_private(engine, path, self.created_file)
             busy_ms = int(self.busy_timeout * 1000)
             event.listen(engine, "connect", lambda c, r: _sqlite_pragmas(c, r, busy_ms))
             # We issue BEGIN ourselves (deferred or IMMEDIATE), so the driver must not.
@@ -174,16 +177,56 @@ class Store:
         """A read transaction: one consistent snapshot."""
         yield from self._transaction("BEGIN")
 
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within the block, this thread's transactions share one connection.
+
+        For the threads on every task's path (the dispatcher, a worker's slots):
+        checking a connection out of the pool and back costs more than a short
+        transaction does. A connection that failed is closed and replaced.
+        """
+        self._local.pinned = True
+        try:
+            yield
+        finally:
+            self._local.pinned = False
+            self._unpin()
+
+    def _unpin(self) -> None:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                conn.close()
+
     def _transaction(self, sqlite_begin: str) -> Iterator[Connection]:
+        if getattr(self._local, "pinned", False):
+            yield from self._pinned_transaction(sqlite_begin)
+            return
         try:
             with self.engine.connect() as conn:
-                if self.is_sqlite:
-                    yield from _sqlite_txn(conn, sqlite_begin)
-                else:
-                    with conn.begin():
-                        yield conn
+                yield from self._in(conn, sqlite_begin)
         except SQLAlchemyError as exc:
             raise wrap_error(exc) from exc
+
+    def _pinned_transaction(self, sqlite_begin: str) -> Iterator[Connection]:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        try:
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._local.conn = self.engine.connect()
+            yield from self._in(conn, sqlite_begin)
+        except (SQLAlchemyError, StoreError) as exc:
+            self._unpin()  # the database failed it: the next transaction starts afresh
+            if isinstance(exc, StoreError):
+                raise
+            raise wrap_error(exc) from exc
+
+    def _in(self, conn: Connection, sqlite_begin: str) -> Iterator[Connection]:
+        if self.is_sqlite:
+            yield from _sqlite_txn(conn, sqlite_begin)
+        else:
+            with conn.begin():
+                yield conn
 
     def upgrade(self) -> None:
         """Create or migrate the schema to the newest revision (Alembic)."""
@@ -205,9 +248,34 @@ class Store:
         engine = create_engine(self.url, poolclass=NullPool)
         if self.is_sqlite:
             if self.sqlite_file is not None:
-                _create_private(engine, self.sqlite_file)
+                _create_private(engine, self.sqlite_file, self.created_file)
             event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+
+    def unprepared_file(self) -> str | None:
+        """The SQLite file, if it exists without a Job Control schema and this store did
+        not create it (an empty file, someone else's database): None otherwise.
+
+        Read-only, so the file stays as it is (a connection of this store would turn it
+        to WAL mode); a file that is not a SQLite database is a ``StoreError``.
+        """
+        path = self.sqlite_file
+        if path is None or self.created_file.is_set() or not os.path.exists(path):
+            return None
+        if os.path.getsize(path) == 0:
+            return path
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+            ) as conn:
+                found = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+                ).fetchone()
+                if found is not None:
+                    found = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path} is not a usable SQLite database: {exc}") from exc
+        return path if found is None else None
 
     def current_revision(self) -> str | None:
         from alembic.runtime.migration import MigrationContext

@@ -16,7 +16,7 @@ import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
     Connection,
@@ -44,6 +44,7 @@ from jobcontrol.model import (
     RunState,
     Trigger,
 )
+from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import job, run
 
 # ---------------------------------------------------------------- jobs
@@ -246,20 +247,20 @@ def delete_job(conn: Connection, job_id: int) -> None:
 
 def write_schedule(conn: Connection, rows: Sequence[tuple[int, datetime | None, int]]) -> None:
     """The dispatcher's (id, next_runs, job_order) writes after an evaluation."""
-    if not rows:
-        return
-    stmt = (
-        update(job)
-        .where(job.c.id == bindparam("b_id"))
-        .values(next_runs=bindparam("b_next"), job_order=bindparam("b_order"))
-    )
-    conn.execute(stmt, [{"b_id": i, "b_next": n, "b_order": o} for i, n, o in rows])
+    _WRITE_SCHEDULE.execute_many(conn, [{"b_id": i, "b_next": n, "b_order": o} for i, n, o in rows])
+
+
+_WRITE_SCHEDULE = Prepared(
+    update(job)
+    .where(job.c.id == bindparam("b_id"))
+    .values(next_runs=bindparam("b_next"), job_order=bindparam("b_order"))
+)
 
 
 _WRITE_NEXT_RUNS = (
     update(job).where(job.c.id == bindparam("w_id")).values(next_runs=bindparam("v_next"))
 )
-_WRITE_JOB_RESULT = (
+_WRITE_JOB_RESULT = Prepared(
     update(job)
     .where(job.c.id == bindparam("w_id"))
     .values(
@@ -277,8 +278,8 @@ def write_next_runs(conn: Connection, job_id: int, next_runs: datetime | None) -
 def write_job_result(
     conn: Connection, job_id: int, last_ran: datetime, exit_status: int, duration_ms: int
 ) -> None:
-    conn.execute(
-        _WRITE_JOB_RESULT,
+    _WRITE_JOB_RESULT.execute(
+        conn,
         {"w_id": job_id, "v_ran": last_ran, "v_status": exit_status, "v_duration": duration_ms},
     )
 
@@ -288,8 +289,8 @@ def write_job_result(
 _RUN_JSON = ("env",)
 
 
-def run_from_row(row: Row[Any]) -> RunRecord:
-    m = dict(row._mapping)
+def run_from_row(row: Row[Any] | Mapping[str, Any]) -> RunRecord:
+    m = dict(row) if isinstance(row, Mapping) else dict(row._mapping)
     m["kill_requested"] = bool(m.get("kill_requested"))
     m["after_ok_only"] = bool(m.get("after_ok_only"))
     m["kind"] = Kind(m["kind"])
@@ -307,16 +308,63 @@ def insert_run(conn: Connection, values: Mapping[str, Any]) -> int:
     for key in ("kind", "trigger", "state"):
         if key in vals:
             vals[key] = str(vals[key])
-    return int(conn.execute(_INSERT_RUN, vals).scalar_one())
+    unknown = vals.keys() - _RUN_DEFAULTS.keys()
+    if unknown:
+        raise ValueError(f"not columns of a run: {sorted(unknown)}")
+    params = {f"v_{name}": vals.get(name, default) for name, default in _RUN_DEFAULTS.items()}
+    (row,) = _INSERT_RUN.execute(conn, params).fetchall()
+    return int(row[0])
 
 
-_INSERT_RUN = insert(run).returning(run.c.id)
+# Every column is given (the schema's scalar default where the caller gives none), so the
+# insert is one statement compiled once (store.prepared).
+_RUN_DEFAULTS = {
+    col.name: (
+        getattr(col.default, "arg", None)
+        if col.default is not None and col.default.is_scalar
+        else None
+    )
+    for col in run.c
+    if col.name != "id"
+}
+_INSERT_RUN = Prepared(
+    insert(run).values({name: bindparam(f"v_{name}") for name in _RUN_DEFAULTS}).returning(run.c.id)
+)
 _GET_RUN = select(run).where(run.c.id == bindparam("w_id"))
 
 
 def get_run(conn: Connection, run_id: int) -> RunRecord | None:
     row = conn.execute(_GET_RUN, {"w_id": run_id}).first()
     return run_from_row(row) if row else None
+
+
+class RunEnd(NamedTuple):
+    state: RunState
+    exit_status: int | None
+
+
+_GET_RUN_END = Prepared(select(run.c.state, run.c.exit_status).where(run.c.id == bindparam("w_id")))
+
+
+def ended_runs(conn: Connection, run_ids: Sequence[int]) -> dict[int, RunEnd]:
+    """Which of ``run_ids`` have ended, with their state and exit status."""
+    active = [str(s) for s in ACTIVE_RUN_STATES]
+    found: dict[int, RunEnd] = {}
+    ids = list(run_ids)
+    for start in range(0, len(ids), 500):
+        rows = conn.execute(
+            select(run.c.id, run.c.state, run.c.exit_status).where(
+                run.c.id.in_(ids[start : start + 500]), run.c.state.not_in(active)
+            )
+        )
+        found.update((r.id, RunEnd(RunState(r.state), r.exit_status)) for r in rows)
+    return found
+
+
+def run_end(conn: Connection, run_id: int) -> RunEnd | None:
+    """A run's state and exit status: what the dispatcher reacts to (a narrow read)."""
+    rows = _GET_RUN_END.execute(conn, {"w_id": run_id}).fetchall()
+    return RunEnd(RunState(rows[0][0]), rows[0][1]) if rows else None
 
 
 @functools.lru_cache(maxsize=256)

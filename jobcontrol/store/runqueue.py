@@ -24,6 +24,7 @@ from sqlalchemy import Connection, Select, and_, bindparam, select, update
 
 from jobcontrol.model import RunRecord, RunState
 from jobcontrol.store import Store, queries
+from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import run, worker
 
 DEFAULT_LEASE = timedelta(seconds=30)
@@ -69,11 +70,12 @@ _CLAIMED = {
     "host": bindparam("v_host"),
     "lease_until": bindparam("v_lease"),
 }
-_CLAIM_BY_ID = (
+_CLAIM_BY_ID = Prepared(
     update(run)
     .where(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
     .values(_CLAIMED)
-    .returning(*run.c)
+    .returning(*run.c),
+    list(run.c),
 )
 
 
@@ -105,10 +107,12 @@ def _successor(ok: bool) -> Any:
 
 # Released and claimed in one statement: the worker runs it next, with no hop.
 _TAKE_NEXT = {
-    ok: update(run).where(_successor(ok)).values(_CLAIMED).returning(*run.c) for ok in (True, False)
+    ok: Prepared(update(run).where(_successor(ok)).values(_CLAIMED).returning(*run.c), list(run.c))
+    for ok in (True, False)
 }
 _RELEASE_NEXT = {
-    ok: update(run).where(_successor(ok)).values(state=str(RunState.QUEUED)) for ok in (True, False)
+    ok: Prepared(update(run).where(_successor(ok)).values(state=str(RunState.QUEUED)))
+    for ok in (True, False)
 }
 _BEAT = update(worker).where(worker.c.name == bindparam("w_worker"))
 
@@ -187,7 +191,7 @@ class RunQueue:
         params = {"v_started": now, "v_worker": name, "v_host": host, "v_lease": now + self.lease}
         with self.store.write() as conn:
             if run_id is not None:
-                row = conn.execute(_CLAIM_BY_ID, {"w_id": run_id, **params}).first()
+                row = _CLAIM_BY_ID.first(conn, {"w_id": run_id, **params})
                 return [queries.run_from_row(row)] if row else []
             pick = _pick_stmt(queues is not None, not self.store.is_sqlite)
             pick_params: dict[str, Any] = {"w_limit": limit}
@@ -196,7 +200,7 @@ class RunQueue:
             ids: list[int] = list(conn.execute(pick, pick_params).scalars())
             claimed = []
             for candidate in ids:
-                row = conn.execute(_CLAIM_BY_ID, {"w_id": candidate, **params}).first()
+                row = _CLAIM_BY_ID.first(conn, {"w_id": candidate, **params})
                 if row is not None:
                     claimed.append(queries.run_from_row(row))
             return claimed
@@ -241,11 +245,11 @@ class RunQueue:
                 return Finished(False)
             stale = prune_logs(conn, run_id, values, default_max_log_files)
             if take_next is None:
-                conn.execute(_RELEASE_NEXT[ok], {"w_id": run_id})
+                _RELEASE_NEXT[ok].execute(conn, {"w_id": run_id})
                 return Finished(True, stale)
             host, now = take_next
             params = {"w_id": run_id, "v_started": now, "v_worker": name, "v_host": host}
-            row = conn.execute(_TAKE_NEXT[ok], {**params, "v_lease": now + self.lease}).first()
+            row = _TAKE_NEXT[ok].first(conn, {**params, "v_lease": now + self.lease})
             return Finished(True, stale, queries.run_from_row(row) if row else None)
 
 
@@ -262,12 +266,12 @@ def _held(conn: Connection, name: str, run_ids: Sequence[int]) -> list[int]:
 def finish_run(conn: Connection, run_id: int, name: str, values: dict[str, Any]) -> bool:
     params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
     params.update(w_id=run_id, w_worker=name)
-    return conn.execute(_finish_stmt(tuple(sorted(values))), params).rowcount == 1
+    return _finish_stmt(tuple(sorted(values))).execute(conn, params).rowcount == 1
 
 
 @functools.lru_cache(maxsize=16)
-def _finish_stmt(columns: tuple[str, ...]) -> Any:
-    return (
+def _finish_stmt(columns: tuple[str, ...]) -> Prepared:
+    return Prepared(
         update(run)
         .where(run.c.id == bindparam("w_id"), _HELD)
         .values({col: bindparam(f"v_{col}") for col in columns})

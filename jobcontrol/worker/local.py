@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from jobcontrol import events, procs
 from jobcontrol.clock import Clock
@@ -44,6 +44,8 @@ PID_RECORD_DELAY = 0.05
 # The back-up poll backs off on empty polls, doubling up to this many poll intervals.
 POLL_BACKOFF = 5
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
+# The exit status of a task that could not be started (its log, its command, its cwd).
+NOT_STARTED = 127
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,11 @@ class Worker:
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
 
     def _spawn_thread(self, target: Any, name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
+        def run() -> None:
+            with self.store.pinned():
+                target()
+
+        t = threading.Thread(target=run, name=name, daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -364,12 +370,21 @@ class Worker:
         env["JOBCONTROL_JOB"] = run.job_name
         env["JOBCONTROL_JOB_ID"] = str(run.job_id)
         env["JOBCONTROL_LOG"] = str(log_path)
-        with self.log_access.open_log(log_path) as out:
+        try:
+            out = self._open_log(log_path)
+        except OSError as exc:  # no log, no run: a task never runs blind (full disk)
+            log.warning(
+                "task run %s (%s) not started: log %s: %s", run.id, run.job_name, log_path, exc
+            )
+            return TaskOutcome(
+                NOT_STARTED, RunState.FAILED, None, f"log file: {exc.strerror or exc}"
+            )
+        with out:
             try:
                 proc = procs.spawn(run.command or "", stdout=out, cwd=run.cwd, env=env)
             except OSError as exc:
                 out.write(f"jobcontrol: cannot start {run.command!r}: {exc}\n".encode())
-                return TaskOutcome(127, RunState.FAILED, None, f"cannot start: {exc}")
+                return TaskOutcome(NOT_STARTED, RunState.FAILED, None, f"cannot start: {exc}")
             with self._cond:
                 active.proc = proc
                 if active.kill_reason is not None:
@@ -417,11 +432,14 @@ class Worker:
     # ---------------------------------------------------------- logs and the record
 
     def _log_path(self, run: RunRecord, started: datetime) -> Path:
-        job_dir = self.log_root / f"job-{run.job_id}"
+        return self.log_root / f"job-{run.job_id}" / f"{started:%Y%m%d-%H%M%S}-run{run.id}.log"
+
+    def _open_log(self, log_path: Path) -> BinaryIO:
+        job_dir = log_path.parent
         if job_dir not in self._log_dirs:
             self.log_access.make_job_dir(job_dir)
             self._log_dirs.add(job_dir)
-        return job_dir / f"{started:%Y%m%d-%H%M%S}-run{run.id}.log"
+        return self.log_access.open_log(log_path)
 
     def _finish(
         self, active: _Active, outcome: TaskOutcome, started: datetime, log_path: Path | None
@@ -471,7 +489,8 @@ class Worker:
         finally:
             with self._cond:
                 self._active.pop(run_id, None)
-                self._cond.notify_all()
+                if self._stopping:  # the heartbeat waits for the last run to be recorded
+                    self._cond.notify_all()
         if result is None:
             return None
         if not result.recorded:

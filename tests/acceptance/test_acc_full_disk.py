@@ -1,0 +1,161 @@
+"""The state directory on a full filesystem: a real 1 MiB tmpfs under the real daemon.
+
+A task whose log cannot be written does not run: its run is recorded failed with the
+reason, the daemon goes on, and /healthz and /metrics say the space is low. Once space
+is freed, runs succeed again.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.acceptance.harness import JobControl, wait_until, write
+
+pytestmark = pytest.mark.timeout(180)
+
+MakeJC = Callable[[str], JobControl]
+RUN_WAIT = 30.0
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, unmounted after the test (ask for it before ``make_jc``, so the
+    daemon on it is stopped first)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(mount: Path) -> Path:
+    """Write a file until the filesystem is full."""
+    filler = mount / "filler"
+    chunk = b"\0" * 65536
+    with open(filler, "wb", buffering=0) as out:
+        error = None
+        while error is None:
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                error = exc
+    assert error.errno == errno.ENOSPC, error
+    return filler
+
+
+def api_base(jc: JobControl) -> str:
+    return next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+
+
+def health(jc: JobControl) -> tuple[int, dict[str, Any]]:
+    answer = httpx.get(f"{api_base(jc)}/healthz", timeout=10)
+    return answer.status_code, answer.json()
+
+
+def metrics(jc: JobControl) -> dict[str, float]:
+    token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+    answer = httpx.get(
+        f"{api_base(jc)}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    found = {}
+    for line in answer.text.splitlines():
+        if line.startswith("jobcontrol_") and "{" not in line:
+            name, value = line.split()
+            found[name] = float(value)
+    return found
+
+
+def run_and_wait(jc: JobControl, job: str) -> dict[str, Any]:
+    """Run ``job`` now and return its run once it has ended."""
+    before = len(jc.history(job))
+    jc.ok("run", job)
+
+    def ended() -> dict[str, Any] | None:
+        runs = jc.history(job)
+        if len(runs) > before and runs[0]["ended"] is not None:
+            return runs[0]
+        return None
+
+    assert wait_until(ended, RUN_WAIT, interval=0.3), jc.history(job)
+    run = ended()
+    assert run is not None
+    return run
+
+
+def test_a_full_state_directory_fails_runs_with_the_reason_and_the_daemon_goes_on(
+    small_tmpfs: Path, sqlite_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    jc = make_jc(sqlite_url)  # the database elsewhere: only the state directory is full
+    jc.state_dir = small_tmpfs / "state"
+    jc.state_dirs = {jc.state_dir}
+    marker = tmp_path / "the-task-ran"
+    jobs = f"""\
+jobs:
+  - name: Disk
+    children:
+      - name: writer
+        active: true
+        command: touch {marker} && echo wrote
+"""
+    jc.upgraded().load(write(jc.base / "jobs.yaml", jobs))
+    jc.ok("daemon", "start", "--disk-low", "256K")
+
+    status, body = health(jc)
+    assert (status, body["status"]) == (200, "ok"), body
+    assert body["disk"]["state_dir"]["low_below_bytes"] == 256 * 1024
+    assert body["disk"]["log_root"]["low"] is False
+
+    filler = fill(small_tmpfs)
+    failed = run_and_wait(jc, "writer")
+    assert (failed["state"], failed["exit_status"]) == ("failed", 127), failed
+    assert failed["reason"].startswith("log file: No space left on device"), failed
+    assert failed["log_path"] is None
+    assert not marker.exists(), "a task must not run without its log"
+
+    status, body = health(jc)
+    assert (status, body["status"]) == (200, "low disk space"), body
+    assert f"state directory {jc.state_dir}: 0 bytes free" in body["reason"], body
+    assert body["disk"]["log_root"]["low"] is True
+    seen = metrics(jc)
+    assert seen["jobcontrol_state_dir_disk_low"] == 1
+    assert seen["jobcontrol_state_dir_free_bytes"] == 0
+    assert seen["jobcontrol_log_root_disk_low"] == 1
+    assert len(jc.live_daemons()) == 1, "the daemon goes on"
+
+    filler.unlink()
+    ran = run_and_wait(jc, "writer")
+    assert (ran["state"], ran["exit_status"], ran["reason"]) == ("succeeded", 0, None), ran
+    assert Path(ran["log_path"]).read_text() == "wrote\n"
+    assert marker.exists()
+    status, body = health(jc)
+    assert (status, body["status"]) == (200, "ok"), body
+    assert metrics(jc)["jobcontrol_state_dir_disk_low"] == 0
+
+
+def test_a_bad_disk_low_mark_starts_nothing(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    refused = jc.fails("daemon", "start", "--disk-low", "lots")
+    assert "jobcontrol: --disk-low 'lots': not a size" in refused.stderr, refused.stderr
+    assert jc.live_daemons() == []
+    assert not jc.state_dir.exists(), "nothing is created for a refused start"
