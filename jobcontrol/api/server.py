@@ -7,6 +7,7 @@ import ipaddress
 import json
 import logging
 import resource
+import socket
 import threading
 import time
 from email.utils import formatdate
@@ -26,10 +27,13 @@ log = logging.getLogger(__name__)
 # A connection must have sent a whole request line and headers this long after it opened
 # (or after it began its next request): uvicorn itself never gives up on one.
 HEADER_TIMEOUT = 10.0
-# asyncio accepts up to this many connections at a time (it is also the listen backlog),
-# before their protocols see them and refuse those over the limit: a few such batches
-# may be open beyond the limit for a moment.
+# asyncio accepts up to this many connections at a time (uvicorn's ``backlog``), before
+# their protocols see them and refuse those over the limit: a few such batches may be
+# open beyond the limit for a moment.
 ACCEPT_BATCH = 16
+# The kernel's queue of connections not yet accepted, set once the server listens: they
+# hold none of the daemon's files, and clients in it need not retry their SYN.
+LISTEN_BACKLOG = 1024
 # The default connection limit is what the open-files limit leaves once this is kept back
 # for the daemon's own files (database, logs, pipes), those accept batches, and each task
 # slot's files (log file, /dev/null, the spawn's pipe, the child's handles), and never
@@ -288,6 +292,10 @@ class ApiServer:
             if time.monotonic() > deadline:
                 raise JobControlError(f"the admin API did not start within {timeout:g}s")
             time.sleep(0.01)
+        for server in self._server.servers:
+            for listening in server.sockets:
+                with socket.fromfd(listening.fileno(), listening.family, listening.type) as dup:
+                    dup.listen(LISTEN_BACKLOG)  # the same socket: only the queue grows
         port = self._server.servers[0].sockets[0].getsockname()[1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{'https' if self.tls else 'http'}://{host}:{port}"
