@@ -547,6 +547,7 @@ def _daemon(args: argparse.Namespace) -> int:
             opts.api_port()
         sqlite_file = _sqlite_file(args.db)
         if sqlite_file is None or sqlite_file.exists():
+            _refuse_unprepared(args.db)  # read-only: a file without the schema stays as it is
             open_store(args.db, create=False).dispose()
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level)
@@ -570,7 +571,6 @@ def _daemon(args: argparse.Namespace) -> int:
         argv += ["--pass-env", opts.pass_env.text]
         argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
         argv += ["--disk-low", opts.disk_low.text]
-        _refuse_unprepared(args.db)  # one line here rather than in the daemon's log
         for warning in opts.file_warnings():
             print(f"jobcontrol: warning: {warning}", file=sys.stderr)
         pid = start_detached(opts, argv)

@@ -23,7 +23,7 @@ REFUSAL_WAIT = 40.0
 
 
 def token_file(jc: JobControl) -> Path:
-    return jc.base / "home" / ".config" / "jobcontrol" / "token"
+    return jc.token_file
 
 
 def siblings(db: Path) -> list[str]:

@@ -109,7 +109,7 @@ def test_a_slow_header_flood_stops_neither_the_runs_nor_the_api(jc_sqlite: JobCo
     assert _open_files_limit(pid) == (HARD, HARD), "the soft limit is raised to the hard one"
     url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+    token = jc.token_file.read_text().strip()
     auth = {"Authorization": f"Bearer {token}"}
 
     assert wait_until(lambda: _runs(db, 0), 30), "the timer runs before the flood"
@@ -171,4 +171,4 @@ def test_api_bounds_that_cannot_hold_are_refused_at_start(jc_sqlite: JobControl)
     assert too_many.returncode != 0, describe(too_many)
     assert "--api-max-connections 200 is more than the open-files limit (256)" in too_many.stderr
     assert jc.live_daemons() == []
-    assert not (jc.base / "home" / ".config" / "jobcontrol" / "token").exists()  # nothing made
+    assert not jc.token_file.exists()  # nothing made

@@ -73,7 +73,7 @@ def health(jc: JobControl) -> tuple[int, dict[str, Any]]:
 
 
 def metrics(jc: JobControl) -> dict[str, float]:
-    token = (jc.base / "home" / ".config" / "jobcontrol" / "token").read_text().strip()
+    token = jc.token_file.read_text().strip()
     answer = httpx.get(
         f"{api_base(jc)}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
     )
