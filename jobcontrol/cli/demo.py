@@ -14,7 +14,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events
+from jobcontrol import events, filemodes
 from jobcontrol.daemon import Daemon, DaemonOptions, configure_logging
 from jobcontrol.model import JobState
 from jobcontrol.service.engine import Engine
@@ -62,7 +62,7 @@ def run_demo(directory: Path | None, *, duration: float | None, slots: int, verb
     if directory is None:
         tmp = tempfile.TemporaryDirectory(prefix="jobcontrol-demo-")
         directory = Path(tmp.name)
-    directory.mkdir(parents=True, exist_ok=True)
+    filemodes.make_dir(directory)  # private, like a state directory (a given one stays as it is)
     configure_logging("DEBUG" if verbose else "WARNING")
     opts = DaemonOptions(
         db_url=f"sqlite:///{directory / 'demo.db'}", state_dir=directory, slots=slots, api=False

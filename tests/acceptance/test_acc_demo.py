@@ -117,3 +117,14 @@ def test_demo_runs_the_sample_trees_and_stops_cleanly(
 
     assert stamped(lines, r"stopping: .*"), text
     assert re.fullmatch(STAMP + "stopped cleanly", lines[-1]), text
+
+
+def test_a_demo_directory_it_makes_is_private_and_warns_of_nothing(
+    tmp_path: Path, make_jc: Callable[[str], JobControl]
+) -> None:
+    where = tmp_path / "new" / "demo"
+    jc = make_jc(f"sqlite:///{tmp_path / 'unused.db'}")
+    result = jc.run("demo", "--duration", "1", "--dir", str(where))
+    assert result.returncode == 0, result.stderr
+    assert where.stat().st_mode & 0o777 == 0o700
+    assert "open to its group" not in result.stderr, result.stderr
