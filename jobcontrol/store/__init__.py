@@ -37,6 +37,8 @@ from jobcontrol.store import schema
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_MS = 30_000
+# A pinned PostgreSQL connection idle longer than this is pinged before it is used again.
+PING_IDLE = 1.0
 # Seconds a PostgreSQL connection attempt may take before it fails (and is retried).
 PG_CONNECT_TIMEOUT = 10
 
@@ -222,6 +224,17 @@ class Store:
 
     def _pinned_transaction(self, sqlite_begin: str) -> Iterator[Connection]:
         conn: Connection | None = getattr(self._local, "conn", None)
+        now = time.monotonic()
+        if conn is not None and not self.is_sqlite and now - self._local.used > PING_IDLE:
+            # What the pool's pre-ping does at checkout: a server that restarted while this
+            # connection sat idle fails it here, not in the caller's first statement.
+            try:
+                conn.exec_driver_sql("SELECT 1")
+                conn.rollback()
+            except SQLAlchemyError:
+                self._unpin()
+                conn = None
+        self._local.used = now
         try:
             if conn is None or conn.closed or conn.invalidated:
                 conn = self._local.conn = self.engine.connect()
