@@ -296,28 +296,49 @@ def _setup(name: str) -> Containment:
 def _cgroup2_mount() -> tuple[Path, str]:
     """The cgroup2 mount point and the hierarchy path it shows (its root)."""
     try:
-        lines = Path(_MOUNTINFO).read_text().splitlines()
+        mount = _find_mount("cgroup2")
     except OSError as exc:
         raise _Unavailable(f"cannot read {_MOUNTINFO}: {exc.strerror}") from exc
-    for line in lines:
+    if mount is None:
+        raise _Unavailable("no cgroup2 file system is mounted")
+    return mount
+
+
+def _find_mount(fstype: str, option: str | None = None) -> tuple[Path, str] | None:
+    """The first mount of ``fstype`` (with ``option`` among its super options, e.g. a
+    cgroup v1 controller): its mount point and the hierarchy path it shows."""
+    for line in Path(_MOUNTINFO).read_text().splitlines():
         fields, _, rest = line.partition(" - ")
-        if rest.split(" ", 1)[0] == "cgroup2":
-            parts = fields.split()
-            return Path(_unescape(parts[4])), _unescape(parts[3])
-    raise _Unavailable("no cgroup2 file system is mounted")
+        parts = rest.split()
+        if not parts or parts[0] != fstype:
+            continue
+        if option is not None and (len(parts) < 3 or option not in parts[2].split(",")):
+            continue
+        f = fields.split()
+        return Path(_unescape(f[4])), _unescape(f[3])
+    return None
+
+
+def _in_mount(mount: tuple[Path, str], path: str) -> Path | None:
+    """The directory of the cgroup ``path`` (as /proc/self/cgroup shows it) under
+    ``mount``; None when the mount does not show it."""
+    point, root = mount
+    rel = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
+    if rel.startswith(".."):
+        return None
+    return point / rel if rel not in (".", "") else point
 
 
 def _own_cgroup(mount: tuple[Path, str]) -> Path:
     """The directory of the daemon's own cgroup v2 ("0::/path" in /proc/self/cgroup)."""
-    point, root = mount
     for line in _self_cgroup_lines():
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hid == "0" and controllers == "":
-            rel = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
-            if rel.startswith(".."):
+            own = _in_mount(mount, path)
+            if own is None:
                 raise _Unavailable(f"the daemon's cgroup {path} is outside the cgroup2 mount")
-            return point / rel if rel not in (".", "") else point
+            return own
     raise _Unavailable("the daemon is in no cgroup v2 (no 0:: line in /proc/self/cgroup)")
 
 
@@ -376,17 +397,9 @@ def _enable_memory(own: Path, base: Path) -> str:
 def _memory_v1(name: str) -> tuple[Path | None, str]:
     """A hybrid layout's cgroup v1 memory hierarchy for the runs: (base, why not)."""
     try:
-        lines = Path(_MOUNTINFO).read_text().splitlines()
+        mount = _find_mount("cgroup", "memory")
     except OSError as exc:
         return None, f"cannot read {_MOUNTINFO}: {exc.strerror}"
-    mount: tuple[Path, str] | None = None
-    for line in lines:
-        fields, _, rest = line.partition(" - ")
-        parts = rest.split()
-        if len(parts) >= 3 and parts[0] == "cgroup" and "memory" in parts[2].split(","):
-            f = fields.split()
-            mount = Path(_unescape(f[4])), _unescape(f[3])
-            break
     if mount is None:
         return None, "no cgroup v1 memory hierarchy either"
     own: Path | None = None
@@ -394,9 +407,7 @@ def _memory_v1(name: str) -> tuple[Path | None, str]:
         _hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if "memory" in controllers.split(","):
-            rel = os.path.relpath(path, mount[1]) if mount[1] != "/" else path.lstrip("/")
-            if not rel.startswith(".."):
-                own = mount[0] / rel if rel not in (".", "") else mount[0]
+            own = _in_mount(mount, path) or own
     if own is None:
         return None, "the daemon's cgroup v1 memory cgroup is unknown"
     base = own / name

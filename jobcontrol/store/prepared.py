@@ -80,10 +80,8 @@ class Prepared:
             result: Rows = conn.execute(self.stmt, dict(params))
             return result
         c = self._for_sqlite(conn)
-        raw = conn.connection.driver_connection
-        assert raw is not None
         try:
-            cursor = raw.execute(c.sql, _values(c, params))
+            cursor = _driver(conn).execute(c.sql, _values(c, params))
             # Every row now: a statement with RETURNING is done only once stepped to its end.
             return _Fetched(cursor.rowcount, cursor.fetchall())
         except sqlite3.Error as exc:
@@ -97,10 +95,8 @@ class Prepared:
             conn.execute(self.stmt, [dict(p) for p in params])
             return
         c = self._for_sqlite(conn)
-        raw = conn.connection.driver_connection
-        assert raw is not None
         try:
-            raw.executemany(c.sql, [_values(c, p) for p in params])
+            _driver(conn).executemany(c.sql, [_values(c, p) for p in params])
         except sqlite3.Error as exc:
             raise wrap_error(exc) from exc
 
@@ -127,3 +123,9 @@ def _values(c: _Compiled, params: Mapping[str, Any]) -> list[Any]:
         process = c.bind.get(name)
         values.append(value if process is None else process(value))
     return values
+
+
+def _driver(conn: Connection) -> sqlite3.Connection:
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, sqlite3.Connection)
+    return raw

@@ -360,17 +360,20 @@ def ended_runs(conn: Connection, run_ids: Sequence[int]) -> dict[int, RunEnd]:
                 run.c.id.in_(ids[start : start + 500]), run.c.state.not_in(active)
             )
         )
-        found.update(
-            (r.id, RunEnd(RunState(r.state), r.exit_status, r.cpu_us, r.mem_peak_bytes))
-            for r in rows
-        )
+        found.update((r[0], _run_end(r[1:])) for r in rows)
     return found
 
 
 def run_end(conn: Connection, run_id: int) -> RunEnd | None:
     """A run's state and exit status: what the dispatcher reacts to (a narrow read)."""
     rows = _GET_RUN_END.execute(conn, {"w_id": run_id}).fetchall()
-    return RunEnd(RunState(rows[0][0]), *rows[0][1:]) if rows else None
+    return _run_end(rows[0]) if rows else None
+
+
+def _run_end(values: Sequence[Any]) -> RunEnd:
+    """A ``RunEnd`` from the values of ``_END_COLUMNS``, in that order."""
+    state, *rest = values
+    return RunEnd(RunState(state), *rest)
 
 
 @functools.lru_cache(maxsize=256)
@@ -392,15 +395,6 @@ def transition_run(
     params["w_id"] = run_id
     params["w_expected"] = [str(s) for s in expected]
     return conn.execute(_transition_stmt(tuple(sorted(values))), params).rowcount == 1
-
-
-def get_runs(conn: Connection, run_ids: Sequence[int]) -> list[RunRecord]:
-    found: list[RunRecord] = []
-    ids = list(run_ids)
-    for start in range(0, len(ids), 500):
-        rows = conn.execute(select(run).where(run.c.id.in_(ids[start : start + 500])))
-        found.extend(run_from_row(r) for r in rows)
-    return found
 
 
 def unfinished_tree_runs(conn: Connection) -> list[RunRecord]:

@@ -11,9 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,11 @@ import pytest
 from jobcontrol import cgroups, procs
 from jobcontrol.cgroups import Containment, RunCgroup
 from jobcontrol.errors import OptionError
+from tests.unit.test_procs import read_pid, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 WAIT = 10.0
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _why_not() -> str:
@@ -115,8 +106,7 @@ def test_a_setsid_child_without_the_marker_is_in_the_runs_cgroup_and_cgroup_kill
         cg, f"(env -i setsid sh -c 'echo $$ >{pid_file}; exec sleep 305' &); exit 0", tmp_path / "l"
     )
     assert proc.wait(WAIT) == 0
-    assert wait_until(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"))
-    escaped = int(pid_file.read_text())
+    escaped = read_pid(pid_file)
     stray.append(escaped)
     assert os.getsid(escaped) == escaped
     assert wait_until(lambda: cg.pids() == [escaped]), cg.pids()
@@ -173,8 +163,7 @@ def test_a_cgroup_left_populated_by_a_background_process_is_removed_once_it_ends
     pid_file = tmp_path / "bg.pid"
     proc = spawn_in(cg, f"sh -c 'echo $$ >{pid_file}; exec sleep 300' & exit 0", tmp_path / "l")
     assert proc.wait(WAIT) == 0
-    assert wait_until(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"))
-    background = int(pid_file.read_text())
+    background = read_pid(pid_file)
     stray.append(background)
     containment.release(cg)
     assert cg.path.exists(), "left while its background process runs (it is not killed)"
