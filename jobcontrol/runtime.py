@@ -36,16 +36,19 @@ class Runtime:
         pass_env: PassEnv | None = None,
         log_access: LogAccess | None = None,
         cgroups: str = "auto",
+        task_open_files: int | None = None,
     ) -> None:
         """``pass_env``: the daemon's variables its tasks get (default: ``taskenv``'s list);
         ``log_access``: who may read task logs (default: the daemon's user alone);
-        ``cgroups``: ``auto`` (a cgroup per task run where the machine allows) or ``off``."""
+        ``cgroups``: ``auto`` (a cgroup per task run where the machine allows) or ``off``;
+        ``task_open_files``: the soft open-files limit tasks get (None: the daemon's)."""
         self.store = store
         self.config = config
         self.version = version
         self.pass_env = pass_env or PassEnv()
         self.log_access = log_access or LogAccess()
         self.cgroups = cgroups
+        self.task_open_files = task_open_files
         self.containment: Containment | None = None
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
@@ -71,6 +74,7 @@ class Runtime:
                 pass_env=self.pass_env,
                 log_access=self.log_access,
                 containment=self.containment,
+                task_open_files=self.task_open_files,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
