@@ -30,7 +30,7 @@ from typing import Any
 
 from jobcontrol import events, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
-from jobcontrol.dispatch.recovery import recover_lost_runs
+from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
 from jobcontrol.dispatch.runs import TreeRuns, Tx
 from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
@@ -122,6 +122,8 @@ class Dispatcher:
         self.stats = Stats()
         self.instance_id = ""
         self.host = socket.gethostname()
+        # What start-up recovery settled: the embedded worker kills what lost runs left.
+        self.recovery = Recovery()
         self.outage = Outage("dispatcher")
         # Leases are judged only once workers have had a lease's time to renew them.
         self._leases_judged_after = time.monotonic() + config.lease
@@ -148,9 +150,7 @@ class Dispatcher:
         self.protocol.begin_startup()
         try:
             self.instance_id = self.store.instance_id()
-            recover_lost_runs(
-                self.store, self.instance_id, self.clock, self.config.kill_grace, self.host
-            )
+            self.recovery = recover_lost_runs(self.store, self.clock, self.host)
             self._build()
             events.task_finished.connect(self._on_task_finished, sender=self.store, weak=False)
             self._receivers.append((events.task_finished, self._on_task_finished))
