@@ -1,0 +1,133 @@
+"""Where the port used to differ from Inq (issue 9, items 13-15), on the real engine.
+
+The clock is manual: nothing fires until a test moves it, and every run's times
+are the clock's, so the assertions name exact instants.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+
+from jobcontrol import JobState
+from tests.integration.helpers import JC, T0, box, poll_until, task
+
+pytestmark = pytest.mark.timeout(60)
+
+A_AT = T0.replace(hour=22, minute=56)
+DORMANT_AT = T0.replace(hour=22, minute=58)
+
+
+def waits_of(jc: JC, name: str, since: int) -> list[object]:
+    return [
+        s.data["state"]
+        for s in jc.rec.signals("state_changed", since=since)
+        if s.data["name"] == name and s.data["state"] is JobState.WAITING
+    ]
+
+
+# ---------------------------------------------------------------- item 13
+
+
+def test_a_timed_box_waits_for_an_inactive_childs_time_before_skipping_it(jc: JC) -> None:
+    """Spec 7.6: the wait comes before the child's run, and only the run skips it."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        # Inactive, but it has a time: its first child's, passed up (spec 4.5).
+        box("Dormant", "T"),
+        task("x", "true", "Dormant", timer="daily 22:58", active=True),
+        task("untimed", "true", "T", active=True),
+    )
+    assert jc.job("Dormant").next_runs == DORMANT_AT
+    assert [jc.job(n).job_order for n in ("a", "Dormant", "untimed")] == [0, 1, 2]
+    assert jc.armed_at("T") == A_AT
+
+    mark = jc.rec.mark()
+    assert jc.advance(to=A_AT) == 1
+    jc.rec.run_finished("a", since=mark)
+    jc.sync()
+    # After a, the box waits for Dormant's time; untimed has not started.
+    assert jc.view("T")["state"] == "waiting"
+    assert jc.rec.started_jobs(since=mark) == ["T", "a"]
+    root = jc.rec.signals("run_started", since=mark)[0].run["id"]
+    assert jc.timers.armed()[("wait", root)] == DORMANT_AT
+
+    assert jc.advance(to=DORMANT_AT - timedelta(seconds=1)) == 0
+    assert jc.rec.started_jobs(since=mark) == ["T", "a"]
+
+    jc.advance(to=DORMANT_AT)
+    top = jc.rec.run_finished("T", since=mark)
+    assert top["exit_status"] == 0
+    runs = jc.tree_run(top["id"])
+    # Dormant was skipped (no run, no bookkeeping: spec 7.6), then untimed ran at its time.
+    assert set(runs) == {"T", "a", "untimed"}
+    assert runs["untimed"].started == DORMANT_AT
+    assert jc.job("Dormant").last_ran is None
+    assert jc.job("x").last_ran is None
+    assert waits_of(jc, "T", mark) == [JobState.WAITING]
+
+
+def test_a_box_rebuilt_while_it_waits_for_an_inactive_child_still_waits_for_it(
+    jc: JC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a rebuild from the database (an outage, a failed batch) the wait resumes as it was."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        box("Dormant", "T"),
+        task("x", "true", "Dormant", timer="daily 22:58", active=True),
+        task("untimed", "true", "T", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=A_AT)
+    jc.rec.run_finished("a", since=mark)
+    jc.sync()
+    root = jc.rec.signals("run_started", since=mark)[0].run["id"]
+    assert jc.timers.armed()[("wait", root)] == DORMANT_AT
+
+    def bug() -> None:
+        raise RuntimeError("a bug: the dispatcher rebuilds from the database")
+
+    caplog.set_level(logging.WARNING, logger="jobcontrol")
+    failures = jc.dispatcher.stats.failures
+    # A failed batch of two events is rolled back and rebuilt (README "Events that
+    # arrive together"): hold the dispatcher so that both go in one batch.
+    with jc.dispatcher.protocol.user_edit():
+        seen = jc.dispatcher.stats.events
+        jc.dispatcher.post((lambda: None, None))
+        poll_until("the dispatcher takes the event", lambda: jc.dispatcher.stats.events > seen)
+        jc.dispatcher.post((bug, None))
+        jc.dispatcher.post((lambda: None, None))
+    jc.sync()
+    assert jc.dispatcher.stats.failures == failures + 1
+    assert "dispatcher rebuilt from the database" in caplog.text
+    jc.errors.records.clear()  # that failure was the point
+    assert jc.timers.armed()[("wait", root)] == DORMANT_AT
+    assert jc.view("T")["state"] == "waiting"
+
+    jc.advance(to=DORMANT_AT)
+    top = jc.rec.run_finished("T", since=mark)
+    runs = jc.tree_run(top["id"])
+    assert set(runs) == {"T", "a", "untimed"}
+    assert runs["untimed"].started == DORMANT_AT
+
+
+def test_an_inactive_task_in_a_timed_box_is_skipped_at_once(jc: JC) -> None:
+    """An inactive task's own timer does not count (spec 4.5): it has no time to wait for."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        task("off", "true", "T", timer="daily 22:58"),
+        task("untimed", "true", "T", active=True),
+    )
+    assert jc.job("off").next_runs is None
+    mark = jc.rec.mark()
+    jc.advance(to=A_AT)
+    top = jc.rec.run_finished("T", since=mark)
+    runs = jc.tree_run(top["id"])
+    assert set(runs) == {"T", "a", "untimed"}
+    assert runs["untimed"].started == A_AT
+    assert waits_of(jc, "T", mark) == []
