@@ -47,8 +47,8 @@ class TreeTimers:
         # While paused, ``armed`` still records every tree's due time but no timer is set.
         self._timers_paused = False
 
-    def evaluator(self) -> Evaluator:
-        return Evaluator(now=self.d.clock.now(), default_tz=self.d.default_tz)
+    def evaluator(self, *, from_now: bool = False) -> Evaluator:
+        return Evaluator(now=self.d.clock.now(), default_tz=self.d.default_tz, from_now=from_now)
 
     def write_evaluation(self, ev: Evaluator) -> None:
         if not ev.changed:
@@ -165,12 +165,17 @@ class TreeTimers:
             lambda: events.schedule_changed.send(self.d, job_id=job_id, name=name, next_runs=when)
         )
 
-    def restart_subtree_timer(self, top: Node, trigger: Trigger = Trigger.TIMER) -> datetime | None:
-        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
+    def restart_subtree_timer(
+        self, top: Node, trigger: Trigger = Trigger.TIMER, *, completed: bool = False
+    ) -> datetime | None:
+        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active.
+
+        ``completed``: the tree's run has just completed (its ``every`` count from now).
+        """
         self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
         self.disarm(top)
-        ev = self.evaluator()
+        ev = self.evaluator(from_now=completed)
         due = ev.evaluate_tree(top)
         self.write_evaluation(ev)
         if top.job.active and due is not None:
@@ -216,10 +221,10 @@ class TreeTimers:
             return
         if tr.immediate:
             if top.id in self.armed:  # a manual run leaves the schedule as it was, refreshed
-                self.restart_subtree_timer(top)
+                self.restart_subtree_timer(top, completed=True)
             return
         self.d.stats.reevaluations += 1
-        ev = self.evaluator()
+        ev = self.evaluator(from_now=True)
         due = ev.evaluate_tree(top)
         if due is not None and tr.fired_at is not None and due <= tr.fired_at:
             # The schedule did not move on: the job that supplies it did not run (an

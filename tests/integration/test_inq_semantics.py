@@ -131,3 +131,64 @@ def test_an_inactive_task_in_a_timed_box_is_skipped_at_once(jc: JC) -> None:
     assert set(runs) == {"T", "a", "untimed"}
     assert runs["untimed"].started == A_AT
     assert waits_of(jc, "T", mark) == []
+
+
+# ---------------------------------------------------------------- item 14
+
+
+@pytest.mark.parametrize("box_type", ["timed", "sequence"])
+def test_every_on_a_child_counts_from_the_trees_completion(jc: JC, box_type: str) -> None:
+    """Inq re-evaluates ``now + 3s`` when the tree completes, not 3 s after the child ended."""
+    gate = jc.gate()
+    jc.create(
+        box("T", box_type=box_type, active=True),
+        task("tick", "true", "T", timer="every 3s", active=True),
+        task("slow", gate.command, "T", active=True),
+    )
+    assert jc.armed_at("T") == T0 + timedelta(seconds=3)
+
+    mark = jc.rec.mark()
+    jc.advance(3)
+    tick = jc.rec.run_finished("tick", since=mark)
+    assert tick["exit_status"] == 0
+    jc.rec.wait_for(lambda s: s.name == "run_started" and s.run["job_name"] == "slow", since=mark)
+    jc.advance(10)  # slow runs past tick's old next time (T0 + 6 s)
+    gate.open()
+    assert jc.rec.run_finished("T", since=mark)["exit_status"] == 0
+    jc.sync()
+
+    done = T0 + timedelta(seconds=13)
+    assert jc.job("tick").last_end == T0 + timedelta(seconds=3)
+    assert jc.armed_at("T") == done + timedelta(seconds=3)
+    assert jc.job("T").next_runs == done + timedelta(seconds=3)
+    assert jc.job("tick").next_runs == done + timedelta(seconds=3)
+    # Nothing re-fires at once.
+    again = jc.rec.mark()
+    assert jc.advance(0) == 0
+    assert jc.advance(2.9) == 0
+    assert jc.rec.started_jobs(since=again) == []
+    gate.open()  # for slow's next run
+    assert jc.advance(0.1) == 1
+    assert jc.rec.run_finished("T", since=again)["exit_status"] == 0
+
+
+def test_every_after_a_manual_run_counts_from_its_completion(jc: JC) -> None:
+    gate = jc.gate()
+    jc.create(
+        box("T", active=True),
+        task("tick", "true", "T", timer="every 3s", active=True),
+        task("slow", gate.command, "T", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("T")
+    jc.rec.wait_for(lambda s: s.name == "run_started" and s.run["job_name"] == "slow", since=mark)
+    jc.advance(10)  # the timer fires during the run: recorded skipped, re-armed
+    gate.open()
+    top = jc.rec.run_finished("T", since=mark)
+    assert top["trigger"] == "manual"
+    jc.sync()
+
+    assert jc.armed_at("T") == T0 + timedelta(seconds=13)
+    again = jc.rec.mark()
+    assert jc.advance(0) == 0
+    assert jc.rec.started_jobs(since=again) == []
