@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from jobcontrol import JobState
-from tests.integration.helpers import JC, T0, box, poll_until, task
+from tests.integration.helpers import JC, T0, USER, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,3 +192,70 @@ def test_every_after_a_manual_run_counts_from_its_completion(jc: JC) -> None:
     again = jc.rec.mark()
     assert jc.advance(0) == 0
     assert jc.rec.started_jobs(since=again) == []
+
+
+# ---------------------------------------------------------------- item 15
+
+
+def test_restart_after_a_failure_arms_a_time_after_now(jc: JC) -> None:
+    jc.create(
+        box("Top", timer="every 10s", on_error="abort", active=True),
+        task("fails", "exit 1", "Top", active=True),
+        box("Nightly", timer="daily 22:56", on_error="abort", active=True),
+        task("fails too", "exit 1", "Nightly", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=A_AT)  # both fire and fail
+    assert jc.rec.run_finished("Top", since=mark)["exit_status"] == 1
+    assert jc.rec.run_finished("Nightly", since=mark)["exit_status"] == 1
+    jc.sync()
+    assert (jc.job("Top").next_runs, jc.job("Nightly").next_runs) == (None, None)
+
+    later = A_AT + timedelta(hours=1)
+    jc.advance(to=later)
+    # every: as Inq's "now + 10 s", counted from the restart.
+    assert jc.engine.restart("Top", user=USER).next_runs == later + timedelta(seconds=10)
+    # daily: the next 22:56 after now, not today's (already past).
+    assert jc.engine.restart("Nightly", user=USER).next_runs == A_AT + timedelta(days=1)
+    assert jc.job("Top").next_runs == jc.armed_at("Top") == later + timedelta(seconds=10)
+    assert jc.job("Nightly").next_runs == jc.armed_at("Nightly") == A_AT + timedelta(days=1)
+
+    mark = jc.rec.mark()
+    assert jc.advance(0) == 0  # nothing fires at once
+    assert jc.advance(9.9) == 0
+    assert jc.advance(0.1) == 1
+    assert jc.rec.run_finished("Top", since=mark)["trigger"] == "restart"
+
+
+def test_restart_of_an_inactive_top_level_job_arms_nothing(jc: JC) -> None:
+    jc.create(box("Idle", timer="every 10s"), task("t", "true", "Idle", active=True))
+    # As in Inq, an inactive top-level job shows when its timer would fire.
+    assert jc.job("Idle").next_runs == T0 + timedelta(seconds=10)
+
+    result = jc.engine.restart("Idle", user=USER)
+    assert result.next_runs is None
+    assert result.not_armed == "it is inactive; activate it to schedule it"
+    assert jc.armed_at("Idle") is None
+    assert jc.job("Idle").next_runs is None  # Inq: jobComplete sets NextRuns to null
+    assert jc.advance(60) == 0
+
+    # Activating it schedules it again.
+    jc.modify("Idle", active=True)
+    assert jc.armed_at("Idle") == T0 + timedelta(seconds=70)
+
+
+def test_restart_of_a_tree_with_no_time_left_says_so(jc: JC) -> None:
+    jc.create(
+        box("Once", timer="at 2026-11-22T13:00", active=True),
+        task("t", "true", "Once", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=T0.replace(hour=13))
+    assert jc.rec.run_finished("Once", since=mark)["exit_status"] == 0
+    assert jc.job("Once").next_runs is None  # it ran: an `at` fires once
+
+    result = jc.engine.restart("Once", user=USER)
+    assert result.next_runs is None
+    assert result.not_armed == "no schedule in its tree gives a time after now"
+    assert jc.armed_at("Once") is None
+    assert jc.advance(3600) == 0
