@@ -46,6 +46,7 @@ from jobcontrol.model import (
     RESCHEDULING_FIELDS,
     JobRef,
     JobState,
+    Restarted,
     RunRecord,
     Trigger,
 )
@@ -534,10 +535,10 @@ class Dispatcher:
         """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
         return self.tree_timers.status(next_timers)
 
-    def restart(self, job: JobRef, user: str) -> datetime | None:
-        """Re-arm a top-level tree (spec 8.2); returns when it will next run."""
+    def restart(self, job: JobRef, user: str) -> Restarted:
+        """Re-arm a top-level tree (spec 8.2); when it will next run, or why it will not."""
 
-        def handler() -> datetime | None:
+        def handler() -> Restarted:
             node = self.tree.find(job)
             if node.parent is not None:
                 raise JobError(node.job.name, "not a top-level job")
@@ -545,9 +546,9 @@ class Dispatcher:
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
             log.info("Restart of job %s by %s", node.job.name, user)
-            return self.tree_timers.restart_subtree_timer(node, Trigger.RESTART)
+            return self.tree_timers.restart(node)
 
-        result: datetime | None = self.call(handler).result(self.config.edit_timeout)
+        result: Restarted = self.call(handler).result(self.config.edit_timeout)
         return result
 
     def _kill_all(self) -> None:
