@@ -164,6 +164,8 @@ class Restarted:
 
     next_runs: datetime | None
     not_armed: str | None = None
+    # Armed, but the timers are paused: it fires only once they are resumed.
+    held: bool = False
 
 
 @dataclass

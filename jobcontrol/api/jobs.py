@@ -148,6 +148,7 @@ def restart_job(
         "next_runs": when.isoformat() if when else None,
         "armed": when is not None,
         "reason": result.not_armed,  # why nothing is armed (inactive, no time left)
+        "held": result.held,  # armed, but the timers are paused until resumed
     }
 
 

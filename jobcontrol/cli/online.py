@@ -170,6 +170,8 @@ def _restart(client: Client, args: argparse.Namespace) -> int:
     when = reply.get("next_runs")
     if when:
         text = f"re-armed {args.job}: next run {out.when(when)}"
+        if reply.get("held"):
+            text += " (timers are paused: it fires once they are resumed)"
     else:
         text = f"{args.job} not armed: {reply.get('reason') or 'no next run'}"
     return _emit(args, reply, text)

@@ -204,7 +204,7 @@ class TreeTimers:
             self._unschedule(top)
             return Restarted(None, "no schedule in its tree gives a time after now")
         self.arm(top, due, Trigger.RESTART)
-        return Restarted(due)
+        return Restarted(due, held=self.paused)
 
     def _timer_fired(self, top_id: int, when: datetime) -> None:
         armed = self.armed.get(top_id)

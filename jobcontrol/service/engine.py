@@ -444,6 +444,8 @@ class Engine:
             note.detail = (
                 f"next run {when.isoformat()}" if when else f"not armed: {result.not_armed}"
             )
+            if result.held:
+                note.detail += " (timers paused)"
             return result
 
     # ------------------------------------------------------------ views
