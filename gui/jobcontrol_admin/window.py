@@ -47,8 +47,10 @@ EVENT_INTERVAL_MS = 50
 # view lay out and paint every visible row again (50-100 ms on this machine).
 ORDER_INTERVAL_MS = 1000
 EXPAND_ALL_UP_TO = 500  # a first snapshot this big or smaller opens fully expanded
-TEMPLATES = {  # spec 10.5: new jobs are inactive, continue on error, timed boxes
-    "box": {"active": False, "on_error": "continue", "box_type": "timed"},
+# Spec 10.5: new jobs are inactive and continue on error. Its boxes are TIMED, but
+# DESIGN decision 9 makes SEQUENCE the box type everywhere, the GUI's new box too.
+TEMPLATES = {
+    "box": {"active": False, "on_error": "continue", "box_type": "sequence"},
     "task": {"active": False, "on_error": "continue", "command": "true"},
 }
 
