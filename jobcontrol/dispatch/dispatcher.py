@@ -545,7 +545,7 @@ class Dispatcher:
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
             log.info("Restart of job %s by %s", node.job.name, user)
-            return self.tree_timers.restart_subtree_timer(node, Trigger.RESTART)
+            return self.tree_timers.restart_subtree_timer(node, Trigger.RESTART, by=user)
 
         result: datetime | None = self.call(handler).result(self.config.edit_timeout)
         return result

@@ -18,7 +18,7 @@ from jobcontrol import events
 from jobcontrol.dispatch.runs import TreeRun
 from jobcontrol.dispatch.tree import Evaluator, Node
 from jobcontrol.errors import StoreUnavailable
-from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, RunState, Trigger
+from jobcontrol.model import TIMER_USER, Misfire, OnError, RunState, Trigger
 from jobcontrol.store import queries
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
@@ -30,6 +30,7 @@ class Armed:
 
     when: datetime
     trigger: Trigger
+    by: str = TIMER_USER  # who the run is recorded as requested by (the restarting user)
 
 
 class TreeTimers:
@@ -58,8 +59,8 @@ class TreeTimers:
         jobs = [n.job for n in ev.changed.values()]
         self.d.tx.after(lambda: events.jobs_evaluated.send(self.d, jobs=jobs))
 
-    def arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
-        self.armed[top.id] = Armed(due, trigger)
+    def arm(self, top: Node, due: datetime, trigger: Trigger, by: str = TIMER_USER) -> None:
+        self.armed[top.id] = Armed(due, trigger, by)
         self._schedule_event(top, due)
         if self._timers_paused:
             log.info("Timers paused: job %s recorded to run at %s", top.job.name, due)
@@ -109,7 +110,7 @@ class TreeTimers:
                     continue
                 if armed.when <= now and top.job.misfire is Misfire.RUN_ONCE:
                     # Missed while paused: a re-evaluation from now could lose it.
-                    self.arm(top, armed.when, armed.trigger)
+                    self.arm(top, armed.when, armed.trigger, armed.by)
                 else:
                     self.restart_subtree_timer(top)
             log.info("Timers resumed (%d armed)", len(self.armed))
@@ -165,7 +166,9 @@ class TreeTimers:
             lambda: events.schedule_changed.send(self.d, job_id=job_id, name=name, next_runs=when)
         )
 
-    def restart_subtree_timer(self, top: Node, trigger: Trigger = Trigger.TIMER) -> datetime | None:
+    def restart_subtree_timer(
+        self, top: Node, trigger: Trigger = Trigger.TIMER, by: str = TIMER_USER
+    ) -> datetime | None:
         """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
         self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
@@ -174,9 +177,10 @@ class TreeTimers:
         due = ev.evaluate_tree(top)
         self.write_evaluation(ev)
         if top.job.active and due is not None:
-            # A restart-armed timer keeps its trigger until it fires.
-            keep = previous.trigger if previous is not None else trigger
-            self.arm(top, due, keep if trigger is Trigger.TIMER else trigger)
+            # A restart-armed timer keeps its trigger (and its user) until it fires.
+            if trigger is Trigger.TIMER and previous is not None:
+                trigger, by = previous.trigger, previous.by
+            self.arm(top, due, trigger, by)
         return due
 
     def _timer_fired(self, top_id: int, when: datetime) -> None:
@@ -188,14 +192,12 @@ class TreeTimers:
         log.debug("Timer has fired for job %s", top.job.name)
         busy = self.d.busy_job(top)
         if busy is None:
-            self.d.runs.start_run(
-                top, armed.trigger, immediate=False, user=DISPATCHER_USER, fired_at=when
-            )
+            self.d.runs.start_run(top, armed.trigger, immediate=False, user=armed.by, fired_at=when)
             return
         # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
         now = self.d.clock.now()
         tr = TreeRun(
-            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=DISPATCHER_USER
+            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=armed.by
         )
         self.d.runs.insert_run(
             top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"
