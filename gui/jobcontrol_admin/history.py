@@ -384,7 +384,7 @@ class HistoryPanel(QWidget):
         samples = {
             "Run": "000000",
             "Trigger": "restart",
-            "Who": "jobdispatcher",
+            "Who": "operator",
             "Started": "00 May 0000 00:00:00",
             "Duration": "00:00:00.000",
             "CPU": "0.000 s",
@@ -419,8 +419,9 @@ class HistoryPanel(QWidget):
         self.splitter.setObjectName("runs-and-log")
         self.splitter.addWidget(top)
         self.splitter.addWidget(bottom)
-        self.splitter.setStretchFactor(0, 1)
-        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 2)
+        self.splitter.setSizes([600, 400])  # scaled to the width it gets: every column shows
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.splitter)
