@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -52,7 +53,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
-from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop, Qt, QTimer
+from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop, QSettings, Qt, QTimer
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QApplication, QTreeView
 
@@ -446,7 +447,10 @@ def main() -> int:
     existing = QApplication.instance()
     app = existing if isinstance(existing, QApplication) else QApplication(sys.argv[:1])
     jobs = snapshot(datetime.now(UTC))
-    window = MainWindow()
+    # The window's defaults, not a layout the user saved (nor one saved over it after).
+    layout_dir = tempfile.TemporaryDirectory(prefix="jc-bench-gui-")
+    settings = QSettings(f"{layout_dir.name}/layout.ini", QSettings.Format.IniFormat)
+    window = MainWindow(settings=settings)
     threads_before = set(threading.enumerate())
     try:
         window.show()
@@ -463,6 +467,7 @@ def main() -> int:
         window.close()
         window.deleteLater()
         settle(app)
+        layout_dir.cleanup()
     left = [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]
 
     rep = c.Report("bench_gui", f"{os.environ['QT_QPA_PLATFORM']}")

@@ -11,6 +11,9 @@ from typing import Any, TypeVar
 from jobcontrol.errors import UnknownJobError
 
 DISPATCHER_USER = "jobdispatcher"
+# Who a run its timer started was requested by (the runs' ``requested_by``, shown as
+# Who/BY); a restart-armed run is the restarting user's, a manual one its user's.
+TIMER_USER = "timer"
 
 
 class Kind(enum.StrEnum):

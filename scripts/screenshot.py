@@ -108,14 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs/admin-window.png"))
     p.add_argument("--jobs", type=int, default=7, help="jobs the tree must hold (demo.yaml: 7)")
     p.add_argument("--timeout", type=float, default=90.0, help="bound on waiting for a run (s)")
-    p.add_argument("--width", type=int, default=1400)
-    p.add_argument("--height", type=int, default=800)
+    p.add_argument("--width", type=int, default=None, help="default: the window's own")
+    p.add_argument("--height", type=int, default=None, help="default: the window's own")
     args = p.parse_args(argv)
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Job Control")
     window = MainWindow()
-    window.resize(args.width, args.height)
+    if args.width or args.height:
+        window.resize(args.width or window.width(), args.height or window.height())
     window.move(0, 0)
     window.show()
     try:

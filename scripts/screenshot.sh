@@ -66,8 +66,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The daemon writes its admin token to $XDG_CONFIG_HOME/jobcontrol/token: keep
-# it, and everything else the daemon and Qt write, in the temp dir.
+# The daemon writes its admin token under $XDG_CONFIG_HOME/jobcontrol/: keep it,
+# and everything else the daemon and Qt write (the window's settings too), in the temp dir.
 export HOME="$tmp/home" XDG_STATE_HOME="$tmp/xdg-state" XDG_CONFIG_HOME="$tmp/xdg-config"
 export XDG_CACHE_HOME="$tmp/xdg-cache" XDG_RUNTIME_DIR="$tmp/xdg-runtime"
 mkdir -p "$HOME" "$XDG_STATE_HOME" "$XDG_CONFIG_HOME" "$XDG_CACHE_HOME"
@@ -85,7 +85,12 @@ if [[ -z "$url" ]]; then
     exit 1
 fi
 
+# The first start wrote the admin token to this database's own token file.
+token_file="$(python -c 'import sys
+from jobcontrol.client.locate import token_path
+print(token_path(sys.argv[1]))' "$tmp/jc.db")"
+
 mkdir -p "$(dirname "$out")"
+# The window keeps the size it opens with (what a new user sees).
 xvfb-run -a -s "-screen 0 1400x800x24" \
-    python scripts/screenshot.py --url "$url" --token-file "$XDG_CONFIG_HOME/jobcontrol/token" \
-    --out "$out" --width 1400 --height 800
+    python scripts/screenshot.py --url "$url" --token-file "$token_file" --out "$out"

@@ -192,8 +192,8 @@ class RunTableModel(QAbstractTableModel):
             return str(run["id"])
         if name == "Trigger":
             return str(run.get("trigger") or "")
-        if name == "Who":
-            return "" if run.get("trigger") == "timer" else str(run.get("requested_by") or "")
+        if name == "Who":  # the user who ran or restarted it, "timer" for a timer's run
+            return str(run.get("requested_by") or "")
         if name == "Started":
             return format_time(parse_time(run.get("started")))
         if name == "Duration":
@@ -376,9 +376,23 @@ class HistoryPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setAlternatingRowColors(True)
         self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)  # the window keeps them
         header.setStretchLastSection(True)
+        metrics = self.table.fontMetrics()
+        samples = {
+            "Run": "000000",
+            "Trigger": "restart",
+            "Who": "operator",
+            "Started": "00 May 0000 00:00:00",
+            "Duration": "00:00:00.000",
+            "CPU": "0.000 s",
+            "Mem peak": "000.0 MiB",
+        }
+        for i, name in enumerate(COLUMNS):
+            if name in samples:
+                header.resizeSection(i, metrics.horizontalAdvance(samples[name]) + 16)
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
 
         self.log_label = QLabel()
@@ -400,14 +414,17 @@ class HistoryPanel(QWidget):
         bottom_layout.setContentsMargins(0, 0, 0, 0)
         bottom_layout.addWidget(self.log_label)
         bottom_layout.addWidget(self.log_view)
-        splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(top)
-        splitter.addWidget(bottom)
-        splitter.setStretchFactor(0, 1)
-        splitter.setStretchFactor(1, 2)
+        # Side by side: the dock is wide and low, and the runs get its whole height.
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("runs-and-log")
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(bottom)
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 2)
+        self.splitter.setSizes([600, 400])  # scaled to the width it gets: every column shows
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(splitter)
+        layout.addWidget(self.splitter)
 
     # ------------------------------------------------------------ the runs
 

@@ -2,7 +2,9 @@
 
 Spec 10.2's key: a task (normal or error); a box of the timed or the
 consecutive family, closed or open, each with an error variant; the on-error
-icon of boxes (continue or stop); a script icon for a timer or a command.
+icon of boxes (continue or stop); a script icon for a timer or a command. A
+task or box in a run carries a badge too (a green "play" while it runs, an
+amber "pause" while a TIMED box waits), so it stands out when selected as well.
 """
 
 from __future__ import annotations
@@ -24,6 +26,23 @@ def _canvas() -> tuple[QPixmap, QPainter]:
     return pixmap, painter
 
 
+def _busy_badge(painter: QPainter, busy: str) -> None:
+    """Bottom left: a green disc with a play triangle (running) or amber with a pause."""
+    if busy not in ("running", "waiting"):
+        return
+    running = busy == "running"
+    painter.setPen(QPen(QColor("white"), 1))
+    painter.setBrush(QColor("#2e7d32") if running else QColor("#ef8f00"))
+    painter.drawEllipse(QRectF(0.5, 8.5, 7, 7))
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(QColor("white"))
+    if running:
+        painter.drawPolygon(QPolygonF([QPointF(3, 10), QPointF(6, 12), QPointF(3, 14)]))
+    else:
+        painter.drawRect(QRectF(2.5, 10.3, 1.2, 3.4))
+        painter.drawRect(QRectF(4.4, 10.3, 1.2, 3.4))
+
+
 def _error_badge(painter: QPainter) -> None:
     painter.setPen(QPen(QColor("white"), 1))
     painter.setBrush(ERROR)
@@ -34,7 +53,7 @@ def _error_badge(painter: QPainter) -> None:
 
 
 @cache
-def task(*, error: bool = False) -> QIcon:
+def task(*, error: bool = False, busy: str = "idle") -> QIcon:
     pixmap, p = _canvas()
     p.setPen(QPen(QColor("#37474f"), 1))
     p.setBrush(QColor("#eceff1"))
@@ -44,12 +63,13 @@ def task(*, error: bool = False) -> QIcon:
     p.drawLine(QPointF(8, 10.5), QPointF(11.5, 10.5))
     if error:
         _error_badge(p)
+    _busy_badge(p, busy)
     p.end()
     return QIcon(pixmap)
 
 
 @cache
-def box(*, timed: bool, expanded: bool, error: bool = False) -> QIcon:
+def box(*, timed: bool, expanded: bool, error: bool = False, busy: str = "idle") -> QIcon:
     """A folder; timed boxes are blue with a clock face, consecutive ones amber with an arrow."""
     pixmap, p = _canvas()
     fill = QColor("#64b5f6") if timed else QColor("#ffca28")
@@ -80,6 +100,7 @@ def box(*, timed: bool, expanded: bool, error: bool = False) -> QIcon:
         p.drawPolyline(QPolygonF([QPointF(8.5, 8.5), QPointF(10.7, 10.5), QPointF(8.5, 12.5)]))
     if error:
         _error_badge(p)
+    _busy_badge(p, busy)
     p.end()
     return QIcon(pixmap)
 

@@ -233,6 +233,9 @@ class JobTreeModel(QAbstractItemModel):
             return _font(bool(view.get("active")), node.id in self.pending)
         if role == Qt.ItemDataRole.ToolTipRole:
             return _tooltip(node, key)
+        if role == Qt.ItemDataRole.BackgroundRole:
+            # A job in a run stands out in the Name column (the icon carries a badge too).
+            return _BUSY_BACKGROUND.get(str(view.get("state"))) if col == 0 else None
         if role == Qt.ItemDataRole.ForegroundRole:
             if key in ("exit_status", "name") and (view.get("exit_status") or 0) != 0:
                 return _brush("#b00020")
@@ -251,12 +254,14 @@ class JobTreeModel(QAbstractItemModel):
         view = node.view
         if key == "name":
             error = (view.get("exit_status") or 0) != 0
+            busy = str(view.get("state") or "idle")
             if not node.is_box:
-                return icons.task(error=error)
+                return icons.task(error=error, busy=busy)
             return icons.box(
                 timed=view.get("box_type") == "timed",
                 expanded=node.id in self.expanded,
                 error=error,
+                busy=busy,
             )
         if key == "on_error" and node.is_box:
             return icons.on_error(view.get("on_error") == "continue")
@@ -529,6 +534,7 @@ _ROLES = frozenset(
         Qt.ItemDataRole.FontRole,
         Qt.ItemDataRole.ToolTipRole,
         Qt.ItemDataRole.ForegroundRole,
+        Qt.ItemDataRole.BackgroundRole,
         JobIdRole,
         ViewRole,
         PendingRole,
@@ -547,6 +553,10 @@ def _font(bold: bool, italic: bool) -> QFont:
 @functools.cache
 def _brush(color: str) -> QBrush:
     return QBrush(QColor(color))
+
+
+# The Name cell's background while the job is in a run: green running, amber waiting.
+_BUSY_BACKGROUND = {"running": _brush("#c8ecd0"), "waiting": _brush("#ffe7b3")}
 
 
 def _in_place(siblings: list[JobNode], row: int, key: tuple[Any, ...]) -> bool:

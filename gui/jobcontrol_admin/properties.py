@@ -310,6 +310,11 @@ class PropertiesPanel(QWidget):
         }
         self.zone = QComboBox()
         self.zone.setEditable(True)
+        # Not as wide as the longest zone name: the form fits the dock without scrolling.
+        self.zone.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.zone.setMinimumContentsLength(14)
         self.zone.addItems(["", *time_zones()])
         self.zone.setPlaceholderText("the daemon's zone")
         line = self.zone.lineEdit()

@@ -12,7 +12,16 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from PySide6.QtCore import QAbstractItemModel, QItemSelection, QModelIndex, Qt, QTimer, Slot
+from PySide6.QtCore import (
+    QAbstractItemModel,
+    QByteArray,
+    QItemSelection,
+    QModelIndex,
+    QSettings,
+    Qt,
+    QTimer,
+    Slot,
+)
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -47,18 +56,27 @@ EVENT_INTERVAL_MS = 50
 # view lay out and paint every visible row again (50-100 ms on this machine).
 ORDER_INTERVAL_MS = 1000
 EXPAND_ALL_UP_TO = 500  # a first snapshot this big or smaller opens fully expanded
-TEMPLATES = {  # spec 10.5: new jobs are inactive, continue on error, timed boxes
-    "box": {"active": False, "on_error": "continue", "box_type": "timed"},
+# Spec 10.5: new jobs are inactive and continue on error. Its boxes are TIMED, but
+# DESIGN decision 9 makes SEQUENCE the box type everywhere, the GUI's new box too.
+TEMPLATES = {
+    "box": {"active": False, "on_error": "continue", "box_type": "sequence"},
     "task": {"active": False, "on_error": "continue", "command": "true"},
 }
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, parent: QWidget | None = None) -> None:
+    """``settings``: where the window's geometry, docks and column widths are remembered
+    (default: the user's ``jobcontrol/jobcontrol-admin`` settings)."""
+
+    SETTINGS_ORG = "jobcontrol"
+    SETTINGS_APP = "jobcontrol-admin"
+
+    def __init__(self, parent: QWidget | None = None, settings: QSettings | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("jc-main")
         self.setWindowTitle("Job Control")
         self.resize(1200, 700)
+        self.settings = settings or QSettings(self.SETTINGS_ORG, self.SETTINGS_APP, self)
         self.session: Session | None = None
         self.feed: EventFeed | None = None
         self.properties: PropertiesPanel | None = None
@@ -111,6 +129,7 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.history_dock)
         self.view_menu.addAction(self.properties_dock.toggleViewAction())
         self.view_menu.addAction(self.history_dock.toggleViewAction())
+        self._docks_restored = self._restore_layout()
         self.update_actions()
 
     # ------------------------------------------------------------ building
@@ -275,14 +294,20 @@ class MainWindow(QMainWindow):
         scroll.setWidget(self.properties)  # the form fits a small screen too
         self.properties_dock.setWidget(scroll)
         self.history = HistoryPanel(session)
+        self._restore_state(self.history.table.horizontalHeader(), "runs/header")
+        self._restore_state(self.history.splitter, "runs/splitter")
         self.history_dock.setWidget(self.history)
-        # The tree keeps most of the window: the panels take a third of each side.
-        self.resizeDocks(
-            [self.properties_dock], [max(360, self.width() // 3)], Qt.Orientation.Horizontal
-        )
-        self.resizeDocks(
-            [self.history_dock], [max(200, self.height() // 3)], Qt.Orientation.Vertical
-        )
+        if not self._docks_restored:
+            # The tree keeps most of the window and its watched columns fit; the runs
+            # and the log share the bottom, side by side.
+            self.resizeDocks(
+                [self.properties_dock],
+                [max(320, self.width() * 3 // 10)],
+                Qt.Orientation.Horizontal,
+            )
+            self.resizeDocks(
+                [self.history_dock], [max(220, self.height() // 3)], Qt.Orientation.Vertical
+            )
         self.feed = EventFeed(session.new_client, self)
         self.feed.snapshot.connect(self._snapshot)
         self.feed.events.connect(self._events)
@@ -327,7 +352,46 @@ class MainWindow(QMainWindow):
         dialog.accepted.connect(accepted)
         dialog.open()
 
+    # ------------------------------------------------------------ remembering the layout
+
+    def _restore_layout(self) -> bool:
+        """The geometry, docks and tree columns as the window was last closed; whether
+        the docks' sizes came back (else ``connect_to`` gives them their defaults)."""
+        self._restore_state(self, "window/geometry", geometry=True)
+        self._restore_state(self.view.header(), "tree/header")
+        return self._restore_state(self, "window/state")
+
+    def _restore_state(self, widget: Any, key: str, *, geometry: bool = False) -> bool:
+        """``widget.restoreState`` (or ``restoreGeometry``) from the setting ``key``, if
+        saved; one that does not fit (another version's, damaged) is left, and logged."""
+        value = self.settings.value(key)
+        if value is None:
+            return False
+        restore = widget.restoreGeometry if geometry else widget.restoreState
+        if isinstance(value, QByteArray | bytes) and restore(QByteArray(value)):
+            return True
+        log.warning(
+            "ignoring the saved %s in %s: it does not fit this window (the defaults apply)",
+            key,
+            self.settings.fileName(),
+        )
+        return False
+
+    def save_layout(self) -> None:
+        """Remember the geometry, the docks and the columns' widths (on close)."""
+        s = self.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        s.setValue("tree/header", self.view.header().saveState())
+        if self.history is not None:
+            s.setValue("runs/header", self.history.table.horizontalHeader().saveState())
+            s.setValue("runs/splitter", self.history.splitter.saveState())
+        s.sync()
+        if s.status() is not QSettings.Status.NoError:
+            log.warning("could not save the window's layout to %s: %s", s.fileName(), s.status())
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.save_layout()
         self.disconnect_daemon()
         for box in list(self.errors):
             box.close()

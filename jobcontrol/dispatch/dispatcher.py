@@ -546,7 +546,7 @@ class Dispatcher:
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
             log.info("Restart of job %s by %s", node.job.name, user)
-            return self.tree_timers.restart(node)
+            return self.tree_timers.restart(node, by=user)
 
         result: Restarted = self.call(handler).result(self.config.edit_timeout)
         return result

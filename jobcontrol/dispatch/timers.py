@@ -18,7 +18,14 @@ from jobcontrol import events
 from jobcontrol.dispatch.runs import TreeRun
 from jobcontrol.dispatch.tree import Evaluator, Node
 from jobcontrol.errors import StoreUnavailable
-from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, Restarted, RunState, Trigger
+from jobcontrol.model import (
+    TIMER_USER,
+    Misfire,
+    OnError,
+    Restarted,
+    RunState,
+    Trigger,
+)
 from jobcontrol.store import queries
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
@@ -30,6 +37,7 @@ class Armed:
 
     when: datetime
     trigger: Trigger
+    by: str = TIMER_USER  # who the run is recorded as requested by (the restarting user)
 
 
 class TreeTimers:
@@ -58,8 +66,8 @@ class TreeTimers:
         jobs = [n.job for n in ev.changed.values()]
         self.d.tx.after(lambda: events.jobs_evaluated.send(self.d, jobs=jobs))
 
-    def arm(self, top: Node, due: datetime, trigger: Trigger) -> None:
-        self.armed[top.id] = Armed(due, trigger)
+    def arm(self, top: Node, due: datetime, trigger: Trigger, by: str = TIMER_USER) -> None:
+        self.armed[top.id] = Armed(due, trigger, by)
         self._schedule_event(top, due)
         if self._timers_paused:
             log.info("Timers paused: job %s recorded to run at %s", top.job.name, due)
@@ -109,7 +117,7 @@ class TreeTimers:
                     continue
                 if armed.when <= now and top.job.misfire is Misfire.RUN_ONCE:
                     # Missed while paused: a re-evaluation from now could lose it.
-                    self.arm(top, armed.when, armed.trigger)
+                    self.arm(top, armed.when, armed.trigger, armed.by)
                 else:
                     self.restart_subtree_timer(top)
             log.info("Timers resumed (%d armed)", len(self.armed))
@@ -177,11 +185,14 @@ class TreeTimers:
         due = ev.evaluate_tree(top)
         self.write_evaluation(ev)
         if top.job.active and due is not None:
-            # A restart-armed timer keeps its trigger until it fires.
-            self.arm(top, due, previous.trigger if previous is not None else Trigger.TIMER)
+            # A restart-armed timer keeps its trigger (and its user) until it fires.
+            if previous is not None:
+                self.arm(top, due, previous.trigger, previous.by)
+            else:
+                self.arm(top, due, Trigger.TIMER, TIMER_USER)
         return due
 
-    def restart(self, top: Node) -> Restarted:
+    def restart(self, top: Node, by: str) -> Restarted:
         """Spec 8.2: re-arm a top-level tree from now, whatever its last run did.
 
         Its expressions are evaluated as Inq's are then ("now + 10s", "the next
@@ -203,7 +214,7 @@ class TreeTimers:
         if due is None:
             self._unschedule(top)
             return Restarted(None, "no schedule in its tree gives a time after now")
-        self.arm(top, due, Trigger.RESTART)
+        self.arm(top, due, Trigger.RESTART, by)
         return Restarted(due, held=self.paused)
 
     def _timer_fired(self, top_id: int, when: datetime) -> None:
@@ -215,14 +226,12 @@ class TreeTimers:
         log.debug("Timer has fired for job %s", top.job.name)
         busy = self.d.busy_job(top)
         if busy is None:
-            self.d.runs.start_run(
-                top, armed.trigger, immediate=False, user=DISPATCHER_USER, fired_at=when
-            )
+            self.d.runs.start_run(top, armed.trigger, immediate=False, user=armed.by, fired_at=when)
             return
         # DESIGN decision 3: the occurrence is recorded as skipped and the tree re-armed.
         now = self.d.clock.now()
         tr = TreeRun(
-            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=DISPATCHER_USER
+            root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=armed.by
         )
         self.d.runs.insert_run(
             top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"

@@ -8,7 +8,8 @@ application after the test's own teardown (a window's timers go with it), or
 a Qt object Python owns that only a reference cycle keeps: the cyclic garbage
 collector runs on whichever thread happens to allocate, and a Qt object it
 destroys on a worker thread (a later test's, say) crashes the process. The
-check collects such garbage itself, here on the GUI thread.
+check collects such garbage itself, here on the GUI thread. ``isolated_settings``
+(autouse) keeps what the window remembers in the test's own directory.
 """
 
 from __future__ import annotations
@@ -23,12 +24,24 @@ from pathlib import Path
 
 import pytest
 import shiboken6
-from PySide6.QtCore import QCoreApplication, QEvent, QObject, QTimer
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 
 from tests.acceptance.harness import JobControl, describe
 
 WAIT_MS = 20_000  # the bound on every wait for the daemon to answer or a run to end
+
+
+@pytest.fixture(autouse=True)
+def isolated_settings(tmp_path: Path) -> Path:
+    """The window's QSettings (geometry, column widths) live in this test's own directory,
+    never in the user's ~/.config."""
+    where = tmp_path / "qsettings"
+    where.mkdir()
+    formats = (QSettings.Format.NativeFormat, QSettings.Format.IniFormat)
+    for fmt in formats:
+        QSettings.setPath(fmt, QSettings.Scope.UserScope, str(where))
+    return where
 
 
 @dataclass

@@ -97,7 +97,8 @@ def test_rows_keep_newest_first_and_never_go_back_a_state(qtmodeltester: Any) ->
     model.upsert({"id": 9, "state": "succeeded", "exit_status": 0, "duration_ms": 1500})
     model.upsert({"id": 9, "state": "running"})  # an answer read before the end
     row = [model.index(0, c).data() for c in range(len(COLUMNS))]
-    assert row == ["9", "timer", "", "", "00:00:01.500", "", "", "succeeded (exit 0)"]
+    # Who: "timer" for a timer's run (the user for a manual run or a restart)
+    assert row == ["9", "timer", "timer", "", "00:00:01.500", "", "", "succeeded (exit 0)"]
     # CPU time and peak memory come with the run's end (from its cgroup)
     model.upsert(
         {"id": 9, "state": "succeeded", "exit_status": 0, "cpu_us": 1_234_000}

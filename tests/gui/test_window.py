@@ -140,7 +140,7 @@ def test_new_boxes_and_tasks_from_the_actions_follow_inqs_templates(
     ) == (
         False,
         "continue",
-        "timed",
+        "sequence",  # DESIGN decision 9: SEQUENCE everywhere, the GUI's new box too
     )
     assert jobs["New Task"]["parent"] == jobs["Nightly"]["id"]
     assert jobs["New Task 2"]["parent"] == jobs["Nightly"]["id"]

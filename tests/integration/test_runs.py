@@ -482,7 +482,8 @@ def test_history_lists_runs_newest_first_and_paginates(jc: JC) -> None:
     ]
     ids = [r.id for r in history]
     assert ids == sorted(ids, reverse=True)
-    assert [r.requested_by for r in history] == [USER, USER, "jobdispatcher", "jobdispatcher"]
+    # Who started each run: the user of a manual run, "timer" for a timer's.
+    assert [r.requested_by for r in history] == [USER, USER, "timer", "timer"]
     assert [r.started for r in history][2:] == [
         T0 + timedelta(seconds=20),
         T0 + timedelta(seconds=10),
@@ -492,6 +493,32 @@ def test_history_lists_runs_newest_first_and_paginates(jc: JC) -> None:
     page2 = jc.runs("t", limit=3, before_id=page1[-1].id)
     assert [r.id for r in page1 + page2] == ids
     assert jc.runs("t", limit=3, before_id=page2[-1].id) == []
+
+
+def test_a_restarted_tree_records_who_restarted_it_and_the_timer_after(jc: JC) -> None:
+    # The run a restart arms is the restarting user's, child runs included; once it
+    # has run, the tree is re-armed by its timer, and the next run is the timer's.
+    jc.create(
+        box("Top", timer="every 10s", active=True),
+        task("t", "true", "Top", active=True),
+    )
+    due = jc.engine.restart("Top", user="restarter").next_runs
+    assert due is not None
+    assert due > T0
+    mark = jc.rec.mark()
+    jc.advance(to=due)
+    restarted = jc.rec.run_finished("Top", since=mark)
+    assert (restarted["trigger"], restarted["requested_by"]) == ("restart", "restarter")
+    runs = jc.tree_run(restarted["id"])
+    assert {name: r.requested_by for name, r in runs.items()} == {
+        "Top": "restarter",
+        "t": "restarter",
+    }
+    mark = jc.rec.mark()
+    jc.advance(10)
+    timed = jc.rec.run_finished("Top", since=mark)
+    assert (timed["trigger"], timed["requested_by"]) == ("timer", "timer")
+    assert [r.requested_by for r in jc.runs("t")] == ["timer", "restarter"]
 
 
 def test_a_short_task_records_its_pid_and_outcome_with_its_end(jc: JC) -> None:
