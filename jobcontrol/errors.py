@@ -126,3 +126,40 @@ class OptionError(ValidationError):
 
 class TokenFileError(JobControlError):
     """The admin token file could not be written."""
+
+
+class LaneError(ValidationError):
+    """A lane request refused because of what it asks; ``field`` names the setting when one is to blame."""
+
+    def __init__(self, lane: str, reason: str, field: str | None = None) -> None:
+        self.lane = lane
+        self.reason = reason
+        self.field = field
+        super().__init__(f"lane {clip(repr(lane))}: {reason}")
+
+
+class UnknownLaneError(LaneError):
+    def __init__(self, lane: str, reason: str = "no such lane") -> None:
+        super().__init__(lane, reason)
+
+
+class LaneConflictError(LaneError):
+    """Refused because of the lane's state: it exists already, or still has runs."""
+
+
+class RunError(ValidationError):
+    """A request about one run refused; the message names the run."""
+
+    def __init__(self, run_id: int, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id}: {reason}")
+
+
+class UnknownRunError(RunError):
+    def __init__(self, run_id: int) -> None:
+        super().__init__(run_id, "no such run")
+
+
+class RunStateError(RunError):
+    """Refused because of the run's state (e.g. reprioritizing a run that is no longer queued)."""

@@ -34,3 +34,4 @@ schedule_changed = _signals.signal("schedule-changed")
 runs_queued = _signals.signal("runs-queued")  # run_ids: task runs now claimable
 kill_requested = _signals.signal("kill-requested")  # run_id, reason
 task_finished = _signals.signal("task-finished")  # run_id: its end is committed
+lanes_changed = _signals.signal("lanes-changed")  # names: lanes edited, resumed or drained

@@ -8,7 +8,6 @@ in-process wake-ups (``events``) so the path between tasks takes no poll.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from jobcontrol.cgroups import Containment
@@ -73,14 +72,13 @@ class Runtime:
         )
         if self.config.slots > 0:
             self.worker = Worker(
-                RunQueue(self.store, timedelta(seconds=self.config.lease)),
+                RunQueue(self.store),  # each run's lease is its lane's stale_timeout_s
                 clock=d.clock,
                 log_root=self.config.log_root,
                 instance_id=d.instance_id,
                 slots=self.config.slots,
                 default_max_log_files=self.config.default_max_log_files,
                 kill_grace=self.config.kill_grace,
-                poll_interval=self.config.poll_interval,
                 version=self.version,
                 pass_env=self.pass_env,
                 log_access=self.log_access,

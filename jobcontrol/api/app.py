@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
-from jobcontrol.api import definitions, jobs, runs, stream, system, workers
+from jobcontrol.api import definitions, jobs, lanes, runs, stream, system, workers
 from jobcontrol.api.bodies import MAX_BODY_BYTES
 from jobcontrol.api.deps import ApiContext, TokenGate, install_error_handlers, require
 from jobcontrol.service.users import Action, User
@@ -28,7 +28,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.state.ctx = ctx
     install_error_handlers(app)
     app.add_middleware(TokenGate)  # 401 before any body is read
-    for module in (jobs, runs, system, stream, definitions, workers):
+    for module in (jobs, runs, system, stream, definitions, workers, lanes):
         app.include_router(module.router, max_body_size=MAX_BODY_BYTES)
 
     @app.get("/api/v1/openapi.json", include_in_schema=False)

@@ -113,3 +113,22 @@ class OnErrorBody(Strict):
 class BoxTypeBody(Strict):
     jobs: JobRefs
     box_type: BoxTypeValue
+
+
+# A lane's settings as given: the lane service checks each key and value (so a refusal
+# names the lane and the setting, and is audited). Numbers, booleans, null, or text as
+# the CLI writes it ("3", "none", "2s", "30m", "false").
+SettingValue = (
+    Annotated[str, StringConstraints(max_length=64), NoNul]
+    | Annotated[float, Field(allow_inf_nan=False)]
+    | int
+    | bool
+    | None
+)
+LaneSettings = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=64)], SettingValue], Field(max_length=16)
+]
+
+
+class PriorityBody(Strict):
+    priority: int

@@ -26,9 +26,13 @@ from jobcontrol.errors import (
     DuplicateUserError,
     JobControlError,
     JobRunningError,
+    LaneConflictError,
     NotRunningError,
+    RunStateError,
     StoreError,
     UnknownJobError,
+    UnknownLaneError,
+    UnknownRunError,
     UnknownUserError,
     ValidationError,
     clip,
@@ -203,6 +207,10 @@ def env_for(user: User, view: dict[str, Any]) -> dict[str, Any]:
 ERROR_STATUS: list[tuple[type[JobControlError], int]] = [
     (UnknownJobError, 404),
     (UnknownUserError, 404),
+    (UnknownLaneError, 404),
+    (UnknownRunError, 404),
+    (LaneConflictError, 409),
+    (RunStateError, 409),
     (ConflictError, 409),
     (JobRunningError, 409),
     (DuplicateUserError, 409),
@@ -224,7 +232,7 @@ def error_status(exc: JobControlError) -> int:
 
 def error_body(exc: JobControlError) -> dict[str, Any]:
     body: dict[str, Any] = {"error": type(exc).__name__, "message": clip(str(exc), MESSAGE_MAX)}
-    for attr in ("job", "reason", "line"):
+    for attr in ("job", "lane", "field", "run_id", "reason", "line"):
         value = getattr(exc, attr, None)
         if value is not None:
             body[attr] = clip(value, MESSAGE_MAX) if isinstance(value, str) else value

@@ -12,7 +12,7 @@ from jobcontrol.service.users import Action, User
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 
-Viewer = Annotated[User, Depends(require(Action.READ))]
+Viewer = Annotated[User, Depends(require(Action.VIEW_WORKERS))]
 
 
 @router.get("/workers", summary="Every registered worker, live ones first")

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobcontrol import cgroups, diskspace, taskenv
+from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import find_daemon, token_option_warning
@@ -122,6 +123,7 @@ def _commands(sub: Any) -> None:
 
     _access_parsers(sub)
     cli_online.add_parsers(sub)
+    cli_lanes.add_parsers(sub)
 
     daemon = sub.add_parser("daemon", help="run, start, stop the dispatcher daemon")
     dsub = daemon.add_subparsers(dest="daemon_command", required=True)
@@ -379,6 +381,8 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         return 0
     if args.command == "workers":
         return _workers(args, store)
+    if args.command in cli_lanes.COMMANDS:
+        return cli_lanes.run_offline(engine.lanes, args)
     if args.command == "user":
         return _user(args, store)
     if args.command == "audit":

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobcontrol import places
+from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import Target, find_token
 from jobcontrol.errors import JobControlError
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 DAEMON_ONLY = frozenset(
     "show run kill restart activate deactivate set rm logs status events pause resume".split()
 )
-COMMANDS = DAEMON_ONLY | {"ls", "history", "workers", "load", "export"}
+COMMANDS = DAEMON_ONLY | {"ls", "history", "workers", "load", "export"} | cli_lanes.COMMANDS
 
 # `set` sends JSON of the type each field has; a value given empty clears a text field.
 _BOOL_FIELDS = {"active"}
@@ -371,4 +372,5 @@ COMMAND_HANDLERS = {
     "resume": _timers,
     "load": _load,
     "export": _export,
+    **{name: cli_lanes.run_online for name in cli_lanes.COMMANDS},
 }

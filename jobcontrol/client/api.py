@@ -299,6 +299,45 @@ class Client:
         workers: list[dict[str, Any]] = self._json("GET", "/workers")["workers"]
         return workers
 
+    # ------------------------------------------------------------ lanes and the queue
+
+    def lanes(self) -> list[dict[str, Any]]:
+        """Every lane: its settings, ``state``, ``running``, ``queued``, ``oldest_wait_s``."""
+        lanes: list[dict[str, Any]] = self._json("GET", "/lanes")["lanes"]
+        return lanes
+
+    def add_lane(self, name: str, **fields: Any) -> dict[str, Any]:
+        body = {"name": name, **fields}
+        lane: dict[str, Any] = self._json("POST", "/lanes", json=body)
+        return lane
+
+    def set_lane(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Change the settings given (``max_slots=None`` removes the cap)."""
+        lane: dict[str, Any] = self._json("PATCH", f"/lanes/{_job(name)}", json=fields)
+        return lane
+
+    def remove_lane(self, name: str) -> None:
+        self._json("DELETE", f"/lanes/{_job(name)}")
+
+    def drain_lane(self, name: str) -> dict[str, Any]:
+        lane: dict[str, Any] = self._json("POST", f"/lanes/{_job(name)}/drain")
+        return lane
+
+    def resume_lane(self, name: str) -> dict[str, Any]:
+        lane: dict[str, Any] = self._json("POST", f"/lanes/{_job(name)}/resume")
+        return lane
+
+    def queue(self, lane: str | None = None) -> list[dict[str, Any]]:
+        """Queued task runs per lane in claim order (``position``, ``wait_s``)."""
+        params = {} if lane is None else {"lane": lane}
+        lanes: list[dict[str, Any]] = self._json("GET", "/queue", params=params)["lanes"]
+        return lanes
+
+    def reprioritize(self, run_id: int, priority: int) -> dict[str, Any]:
+        body = {"priority": priority}
+        result: dict[str, Any] = self._json("PATCH", f"/runs/{run_id}/priority", json=body)
+        return result
+
     def log_level(self) -> str:
         return str(self._json("GET", "/log-level")["level"])
 

@@ -31,6 +31,7 @@ from jobcontrol.errors import (
 from jobcontrol.model import JobRecord, JobRef, JobState, Kind, Restarted, RunRecord, find_job
 from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
+from jobcontrol.service.lanes import LaneService
 from jobcontrol.store import Store, queries, runqueue
 from jobcontrol.views import job_detail, job_view, tree_order
 
@@ -122,6 +123,7 @@ class Engine:
         self.store = store
         self.dispatcher = dispatcher
         self.clock = clock or (dispatcher.clock if dispatcher else SystemClock())
+        self.lanes = LaneService(store, self.clock)  # lanes, the queue, reprioritize
 
     # ------------------------------------------------------------ the edit turn
 

@@ -58,6 +58,9 @@ class Action(enum.StrEnum):
     MODIFY = "modify"
     DELETE = "delete"
     MANAGE_USERS = "manage_users"
+    VIEW_WORKERS = "workers:view"  # workers, lanes, the queue
+    MANAGE_WORKERS = "workers:manage"  # drain and resume lanes, reprioritize queued runs
+    CONFIGURE_LANES = "lanes:configure"  # add, set and remove lanes
 
     @classmethod
     def for_fields(cls, fields: Iterable[str]) -> Action:
@@ -74,9 +77,22 @@ class Role(enum.StrEnum):
         return action in PERMISSIONS[self]
 
 
-_VIEWER = frozenset({Action.READ})
-_OPERATOR = _VIEWER | {Action.RUN, Action.KILL, Action.RESTART, Action.ACTIVATE, Action.PAUSE}
-_ADMIN = _OPERATOR | {Action.CREATE, Action.MODIFY, Action.DELETE, Action.MANAGE_USERS}
+_VIEWER = frozenset({Action.READ, Action.VIEW_WORKERS})
+_OPERATOR = _VIEWER | {
+    Action.RUN,
+    Action.KILL,
+    Action.RESTART,
+    Action.ACTIVATE,
+    Action.PAUSE,
+    Action.MANAGE_WORKERS,
+}
+_ADMIN = _OPERATOR | {
+    Action.CREATE,
+    Action.MODIFY,
+    Action.DELETE,
+    Action.MANAGE_USERS,
+    Action.CONFIGURE_LANES,
+}
 # The one place that says who may do what.
 PERMISSIONS: dict[Role, frozenset[Action]] = {
     Role.VIEWER: _VIEWER,

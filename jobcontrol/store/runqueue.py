@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, bindparam, select, update
+from sqlalchemy import Connection, Select, String, and_, bindparam, case, null, select, update
 
 from jobcontrol.model import RunRecord, RunState
-from jobcontrol.store import Store, queries
+from jobcontrol.store import Store, lanes, queries
+from jobcontrol.store.lanes import Lanes
 from jobcontrol.store.prepared import Prepared
-from jobcontrol.store.schema import run, worker
+from jobcontrol.store.schema import UTCDateTime, run, worker
 
 DEFAULT_LEASE = timedelta(seconds=30)
 
@@ -63,28 +64,59 @@ class Finished:
     next: RunRecord | None = None
 
 
-# What a claim writes: the run is this worker's, from now, under a lease.
-_CLAIMED = {
-    "state": str(RunState.RUNNING),
-    "started": bindparam("v_started"),
-    "worker": bindparam("v_worker"),
-    "host": bindparam("v_host"),
-    "lease_until": bindparam("v_lease"),
+# What a claim writes: the run is this worker's, from now, under a lease: the lease its
+# lane gives (``stale_timeout_s``), or the run queue's own when it was given one.
+def _claimed(fixed_lease: bool) -> dict[str, Any]:
+    return {
+        "state": str(RunState.RUNNING),
+        "started": bindparam("v_started"),
+        "worker": bindparam("v_worker"),
+        "host": bindparam("v_host"),
+        "lease_until": bindparam("v_lease") if fixed_lease else lanes.run_lease("v_started"),
+    }
+
+
+_QUEUED = and_(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
+# After the lane-aware pick (``RunQueue.claim``), which counted what a capped lane has room for.
+_CLAIM_PICKED = {
+    fixed: Prepared(
+        update(run).where(_QUEUED).values(_claimed(fixed)).returning(*run.c), list(run.c)
+    )
+    for fixed in (True, False)
 }
-_CLAIM_BY_ID = Prepared(
-    update(run)
-    .where(run.c.id == bindparam("w_id"), run.c.state == str(RunState.QUEUED))
-    .values(_CLAIMED)
-    .returning(*run.c),
-    list(run.c),
-)
+# A run named by its id, in one statement, while its lane needs no count (no cap, open).
+_CLAIM_BY_ID = {
+    fixed: Prepared(
+        update(run).where(_QUEUED, lanes.fast_lane()).values(_claimed(fixed)).returning(*run.c),
+        list(run.c),
+    )
+    for fixed in (True, False)
+}
 
 
-@functools.lru_cache(maxsize=8)
-def _pick_stmt(by_queue: bool, skip_locked: bool) -> Select[Any]:
-    pick = select(run.c.id).where(run.c.state == str(RunState.QUEUED))
+@functools.lru_cache(maxsize=64)
+def _pick_stmt(
+    by_queue: bool,
+    skip_locked: bool,
+    excluding: bool = False,
+    named_only: bool = False,
+    skipping: bool = False,
+    by_id: bool = False,
+) -> Select[Any]:
+    """Queued runs in claim order (priority, then oldest): of the served queues, not of the
+    excluded lanes (``w_excluded``; ``w_named``: only the queues with a lane row, when
+    ``default`` is excluded), not the runs already turned down (``w_skip``)."""
+    pick = select(run.c.id, run.c.queue).where(run.c.state == str(RunState.QUEUED))
+    if by_id:
+        pick = pick.where(run.c.id == bindparam("w_id"))
     if by_queue:
         pick = pick.where(run.c.queue.in_(bindparam("w_queues", expanding=True)))
+    if excluding:
+        pick = pick.where(run.c.queue.not_in(bindparam("w_excluded", expanding=True)))
+    if named_only:
+        pick = pick.where(run.c.queue.in_(bindparam("w_named", expanding=True)))
+    if skipping:
+        pick = pick.where(run.c.id.not_in(bindparam("w_skip", expanding=True)))
     pick = pick.order_by(run.c.priority.desc(), run.c.id).limit(bindparam("w_limit"))
     if skip_locked:
         pick = pick.with_for_update(skip_locked=True)
@@ -97,7 +129,11 @@ _RECORD_PID = (
     .where(run.c.id == bindparam("w_id"), _HELD)
     .values(pid=bindparam("v_pid"), log_path=bindparam("v_log"))
 )
-_RENEW = update(run).where(_HELD).values(lease_until=bindparam("v_lease"))
+# Each run's lease renewed for its own lane's length, in one statement.
+_RENEW = {
+    True: update(run).where(_HELD).values(lease_until=bindparam("v_lease")),
+    False: update(run).where(_HELD).values(lease_until=lanes.run_lease("v_now")),
+}
 
 
 def _successor(ok: bool) -> Any:
@@ -106,10 +142,34 @@ def _successor(ok: bool) -> Any:
     return cond if ok else and_(cond, run.c.after_ok_only.is_(False))
 
 
+def _take_or_release(fixed: bool) -> dict[str, Any]:
+    """Claimed at once when its lane needs no count; else released to the queue, where a
+    claim that counts (or a resume) takes it: one statement either way."""
+    go = lanes.fast_lane()
+
+    def when(value: Any) -> Any:
+        return case((go, value), else_=null())
+
+    claimed = _claimed(fixed)
+    return {
+        "state": case((go, str(RunState.RUNNING)), else_=str(RunState.QUEUED)),
+        "started": when(bindparam("v_started", type_=UTCDateTime())),
+        "worker": when(bindparam("v_worker", type_=String())),
+        "host": when(bindparam("v_host", type_=String())),
+        "lease_until": when(
+            bindparam("v_lease", type_=UTCDateTime()) if fixed else claimed["lease_until"]
+        ),
+    }
+
+
 # Released and claimed in one statement: the worker runs it next, with no hop.
 _TAKE_NEXT = {
-    ok: Prepared(update(run).where(_successor(ok)).values(_CLAIMED).returning(*run.c), list(run.c))
+    (ok, fixed): Prepared(
+        update(run).where(_successor(ok)).values(_take_or_release(fixed)).returning(*run.c),
+        list(run.c),
+    )
     for ok in (True, False)
+    for fixed in (True, False)
 }
 _RELEASE_NEXT = {
     ok: Prepared(update(run).where(_successor(ok)).values(state=str(RunState.QUEUED)))
@@ -121,9 +181,19 @@ _BEAT = update(worker).where(worker.c.name == bindparam("w_worker"))
 class RunQueue:
     """The run-queue operations of one store, each its own transaction."""
 
-    def __init__(self, store: Store, lease: timedelta = DEFAULT_LEASE) -> None:
+    def __init__(self, store: Store, lease: timedelta | None = None) -> None:
+        """``lease``: one lease length for every run this queue hands out; None (the
+        daemon's way): each run's lane's ``stale_timeout_s``."""
         self.store = store
         self.lease = lease
+
+    def _times(self, now: datetime) -> dict[str, Any]:
+        return {"v_now": now, "v_lease": now + (self.lease or DEFAULT_LEASE)}
+
+    def lanes(self) -> Lanes:
+        """The lane table as it is now (a worker re-reads it at each back-up poll)."""
+        with self.store.read() as conn:
+            return lanes.load(conn)
 
     # ---------------------------------------------------------- the registry
 
@@ -157,7 +227,7 @@ class RunQueue:
         and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile."""
         with self.store.write() as conn:
             conn.execute(_BEAT.values(heartbeat=now), {"w_worker": name})
-            conn.execute(_RENEW, {"w_worker": name, "v_lease": now + self.lease})
+            conn.execute(_RENEW[self.lease is not None], {"w_worker": name, **self._times(now)})
             rows = conn.execute(
                 select(run.c.id).where(_HELD, run.c.kill_requested.is_(True)), {"w_worker": name}
             )
@@ -190,30 +260,130 @@ class RunQueue:
         """
         if limit < 1:
             return []
-        params = {"v_started": now, "v_worker": name, "v_host": host, "v_lease": now + self.lease}
+        params = {"v_started": now, "v_worker": name, "v_host": host, **self._times(now)}
+        fixed = self.lease is not None
         with self.store.write() as conn:
             if run_id is not None:
-                row = _CLAIM_BY_ID.first(conn, {"w_id": run_id, **params})
-                return [queries.run_from_row(row)] if row else []
-            pick = _pick_stmt(queues is not None, not self.store.is_sqlite)
-            pick_params: dict[str, Any] = {"w_limit": limit}
-            if queues is not None:
-                pick_params["w_queues"] = list(queues)
-            ids: list[int] = list(conn.execute(pick, pick_params).scalars())
-            claimed = []
-            for candidate in ids:
-                row = _CLAIM_BY_ID.first(conn, {"w_id": candidate, **params})
+                row = _CLAIM_BY_ID[fixed].first(conn, {"w_id": run_id, **params})
                 if row is not None:
-                    claimed.append(queries.run_from_row(row))
-            return claimed
+                    return [queries.run_from_row(row)]
+                # Taken by someone else, or its lane needs a count (capped) or refuses it
+                # (drained, stopped): the lane-aware claim decides, for this run alone.
+                return self._claim_in_lanes(conn, params, None, 1, only_id=run_id)
+            return self._claim_in_lanes(conn, params, queues, limit)
 
-    def any_queued(self, queues: Sequence[str] | None = None) -> bool:
-        """Whether a claim could find work (a read: no write lock is taken)."""
-        params: dict[str, Any] = {"w_limit": 1}
+    def _claim_in_lanes(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        queues: Sequence[str] | None,
+        limit: int,
+        *,
+        only_id: int | None = None,
+    ) -> list[RunRecord]:
+        """Pick in claim order, skipping drained and stopped lanes; for a capped lane, lock
+        its row (PostgreSQL; SQLite's write transaction is already the only one), count its
+        running runs, and take no more than it has room for. A run of a lane found full is
+        turned down and the pick goes on without that lane, until ``limit`` runs are taken."""
+        known = lanes.load(conn)
+        excluded = known.blocked()
+        room: dict[str, int] = {}  # capped lanes counted (and locked) so far: runs they may start
+        skip: list[int] = []
+        claimed: list[RunRecord] = []
+        while len(claimed) < limit:
+            picked = self._pick(conn, known, queues, excluded, skip, limit - len(claimed), only_id)
+            if not picked:
+                break
+            uncounted = {known.name_of(q) for _, q in picked} & (known.capped() - room.keys())
+            if uncounted:
+                self._count(conn, known, uncounted, room, excluded)
+            turned_down = False
+            for run_id, queue in picked:
+                name = known.name_of(queue)
+                if name in excluded or room.get(name, 1) <= 0:
+                    excluded.add(name)
+                    skip.append(run_id)
+                    turned_down = True
+                    continue
+                row = _CLAIM_PICKED[self.lease is not None].first(conn, {"w_id": run_id, **params})
+                if row is None:
+                    continue
+                claimed.append(queries.run_from_row(row))
+                if name in room:
+                    room[name] -= 1
+            if not turned_down:
+                break
+        return claimed
+
+    def _pick(
+        self,
+        conn: Connection,
+        known: Lanes,
+        queues: Sequence[str] | None,
+        excluded: set[str],
+        skip: list[int],
+        limit: int,
+        only_id: int | None,
+        *,
+        skip_locked: bool | None = None,
+    ) -> list[tuple[int, str]]:
+        named_only = lanes.DEFAULT_LANE in excluded
+        stmt = _pick_stmt(
+            queues is not None,
+            (not self.store.is_sqlite) if skip_locked is None else skip_locked,
+            bool(excluded),
+            named_only,
+            bool(skip),
+            only_id is not None,
+        )
+        params: dict[str, Any] = {"w_limit": limit}
         if queues is not None:
             params["w_queues"] = list(queues)
+        if excluded:
+            params["w_excluded"] = sorted(excluded)
+        if named_only:
+            params["w_named"] = sorted(known.by_name.keys() - excluded)
+        if skip:
+            params["w_skip"] = skip
+        if only_id is not None:
+            params["w_id"] = only_id
+        return [(r.id, r.queue) for r in conn.execute(stmt, params)]
+
+    def _count(
+        self,
+        conn: Connection,
+        known: Lanes,
+        names: set[str],
+        room: dict[str, int],
+        excluded: set[str],
+    ) -> None:
+        """How many runs each capped lane of ``names`` may still start, counted after its
+        row is locked (PostgreSQL), so two claimers never both see the last free slot."""
+        if not self.store.is_sqlite:
+            for fresh in lanes.lock(conn, names):
+                known.by_name[fresh.name] = fresh  # as it is now, not as first read
+        running = lanes.running_per_lane(conn, known)
+        for name in names:
+            current = known.by_name.get(name)
+            if current is None or not current.claimable:
+                excluded.add(name)
+                room[name] = 0
+            elif current.max_slots is None:
+                room.pop(name, None)
+            else:
+                room[name] = current.max_slots - running[name]
+
+    def any_queued(self, queues: Sequence[str] | None = None) -> bool:
+        """Whether a claim could find work (a read: no write lock is taken). It agrees with
+        ``claim``: runs of drained, stopped or full lanes do not count."""
         with self.store.read() as conn:
-            return conn.execute(_pick_stmt(queues is not None, False), params).first() is not None
+            known = lanes.load(conn)
+            excluded = known.blocked()
+            capped = known.capped() - excluded
+            if capped:
+                running = lanes.running_per_lane(conn, known)
+                excluded |= {n for n in capped if running[n] >= (known.of(n).max_slots or 0)}
+            return bool(self._pick(conn, known, queues, excluded, [], 1, None, skip_locked=False))
 
     # ---------------------------------------------------------- a run's life
 
@@ -251,8 +421,10 @@ class RunQueue:
                 return Finished(True, stale)
             host, now = take_next
             params = {"w_id": run_id, "v_started": now, "v_worker": name, "v_host": host}
-            row = _TAKE_NEXT[ok].first(conn, {**params, "v_lease": now + self.lease})
-            return Finished(True, stale, queries.run_from_row(row) if row else None)
+            row = _TAKE_NEXT[ok, self.lease is not None].first(conn, {**params, **self._times(now)})
+            if row is None or row["state"] != str(RunState.RUNNING):
+                return Finished(True, stale)  # none, or released for a claim that counts
+            return Finished(True, stale, queries.run_from_row(row))
 
 
 # ------------------------------------------------------------------ statements

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     Dialect,
@@ -152,6 +153,25 @@ worker = Table(
     Column("stopped", UTCDateTime),
     # How it contains its task runs: a cgroup, or the fallback and why (cgroups.py).
     Column("containment", Text),
+)
+
+# A run's lane is the lane row named by its queue; a queue without one is in ``default``.
+lane = Table(
+    "lane",
+    metadata,
+    Column("name", String(64), primary_key=True),  # as long as run.queue
+    Column("max_slots", Integer),  # running runs of the lane across every worker; null: no cap
+    Column("poll_interval_s", Float, nullable=False, default=2.0),
+    # The lease of the lane's runs: a worker that stops renewing it that long loses them.
+    Column("stale_timeout_s", Float, nullable=False, default=30.0),
+    Column("enabled", Boolean, nullable=False, default=True),  # false: drained
+    Column("stopped_at", UTCDateTime),  # STOPPED (no claims) until an operator resumes it
+    Column("stopped_reason", Text),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("updated_by", String(128), nullable=False),
+    CheckConstraint("max_slots IS NULL OR max_slots >= 1", name="ck_lane_max_slots"),
+    CheckConstraint("poll_interval_s > 0", name="ck_lane_poll_interval_s"),
+    CheckConstraint("stale_timeout_s > 0", name="ck_lane_stale_timeout_s"),
 )
 
 meta = Table(

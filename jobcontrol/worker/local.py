@@ -34,7 +34,8 @@ from jobcontrol.errors import StoreUnavailable
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
 from jobcontrol.outage import Outage
-from jobcontrol.store.runqueue import Finished, RunQueue, WorkerInfo
+from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
+from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo
 from jobcontrol.taskenv import PassEnv
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Worker:
         queues: list[str] | None = None,
         default_max_log_files: int = 5,
         kill_grace: float = 5.0,
-        poll_interval: float = 2.0,
+        poll_interval: float | None = None,
         heartbeat_interval: float | None = None,
         version: str = "",
         pass_env: PassEnv | None = None,
@@ -105,11 +106,13 @@ class Worker:
         self.queues = queues
         self.default_max_log_files = default_max_log_files
         self.kill_grace = kill_grace
-        self.poll_interval = poll_interval
-        # An empty back-up poll doubles the wait for the next one up to this: an idle worker
-        # looks for work nobody announced a few times a minute, not every poll_interval.
-        self.max_poll_interval = poll_interval * POLL_BACKOFF
-        self.heartbeat_interval = heartbeat_interval or runqueue.lease.total_seconds() / 3
+        # None: the lanes it serves decide (their smallest poll_interval_s, their leases'
+        # third), re-read at each back-up poll, so a lane change needs no restart.
+        self._fixed_poll = poll_interval
+        self._fixed_beat = heartbeat_interval
+        self._lanes_seen: tuple[Any, ...] | None = None
+        self._capped = False  # whether a lane it serves has max_slots (a count may free up)
+        self._follow_lanes(None)
         self.version = version
         self.outage = Outage(f"worker {self.name}")
         self._cond = threading.Condition()
@@ -149,8 +152,37 @@ class Worker:
             containment=self.containment.describe(),
         )
 
+    def _follow_lanes(self, lanes: Lanes | None) -> bool:
+        """Take the poll interval, heartbeat and caps from ``lanes``; whether they changed."""
+        served = lanes.served(self.queues) if lanes is not None else []
+        self.poll_interval = self._fixed_poll or min(
+            (x.poll_interval_s for x in served), default=DEFAULT_POLL_S
+        )
+        # An empty back-up poll doubles the wait for the next one up to this: an idle worker
+        # looks for work nobody announced a few times a minute, not every poll_interval.
+        self.max_poll_interval = self.poll_interval * POLL_BACKOFF
+        lease = (self.runqueue.lease or DEFAULT_LEASE).total_seconds()
+        if self.runqueue.lease is None:
+            lease = min([lease] + [x.stale_timeout_s for x in served])
+        self.heartbeat_interval = self._fixed_beat or lease / 3
+        self._capped = any(x.max_slots is not None for x in served)
+        seen = lanes.signature() if lanes is not None else None
+        changed = seen != self._lanes_seen
+        self._lanes_seen = seen
+        return changed
+
+    def _reread_lanes(self) -> bool:
+        """The lane table again (each back-up poll); whether a rule it follows changed."""
+        try:
+            lanes = self.runqueue.lanes()
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return False
+        return self._follow_lanes(lanes)
+
     def start(self) -> None:
         self.log_access.make_root(self.log_root)
+        self._reread_lanes()
         self._retry(
             "join the worker registry",
             lambda: self.runqueue.register(self.info(), self.clock.now()),
@@ -158,6 +190,7 @@ class Worker:
         for signal, receiver in (
             (events.runs_queued, self._on_queued),
             (events.kill_requested, self._on_kill_requested),
+            (events.lanes_changed, self._on_lanes_changed),
         ):
             signal.connect(receiver, sender=self.store, weak=False)
             self._receivers.append((signal, receiver))
@@ -214,6 +247,9 @@ class Worker:
     def _on_kill_requested(self, _sender: object, run_id: int, reason: str, **_: Any) -> None:
         self.kill(run_id, reason)
 
+    def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
+        self.wake()  # a lane resumed or got room: its queued runs may be claimable now
+
     def wake(self) -> None:
         """Work may be available: let a slot look (used when the runs are not known)."""
         with self._cond:
@@ -264,9 +300,14 @@ class Worker:
     # ---------------------------------------------------------- heartbeat and back-up poll
 
     def _heartbeat_loop(self) -> None:
-        next_beat = next_poll = time.monotonic()
+        next_beat = next_poll = next_lanes = time.monotonic()
         poll_every = self.poll_interval
         while True:
+            if time.monotonic() >= next_lanes and not self._stop.is_set():
+                # The lanes every poll interval, even while the poll for work backs off.
+                if self._reread_lanes():
+                    next_poll, poll_every = time.monotonic(), self.poll_interval
+                next_lanes = time.monotonic() + self.poll_interval
             if time.monotonic() >= next_beat:
                 self._beat()
                 next_beat = time.monotonic() + self.heartbeat_interval
@@ -284,7 +325,7 @@ class Worker:
                     self.poll_interval if found else min(poll_every * 2, self.max_poll_interval)
                 )
                 next_poll = time.monotonic() + poll_every
-            self._stop.wait(max(0.0, min(next_poll, next_beat) - time.monotonic()))
+            self._stop.wait(max(0.0, min(next_poll, next_beat, next_lanes) - time.monotonic()))
 
     def _beat(self) -> None:
         self.containment.sweep()  # cgroups of ended runs, once what they left behind ended
@@ -361,6 +402,8 @@ class Worker:
             run: RunRecord | None = claimed[0]
             while run is not None:  # the next task of a sequence comes with this one's end
                 run = self._execute(run)
+            if self._capped:
+                self.wake()  # a capped lane may have room again for a run it turned down
 
     def _execute(self, run: RunRecord) -> RunRecord | None:
         """Run one task run to its recorded end; the run claimed with that end, if any."""

@@ -51,9 +51,24 @@ def table(store: Store, t: sa.Table) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------- roles
 
-READ_ONLY = {Action.READ}
-OPERATE = {Action.RUN, Action.KILL, Action.RESTART, Action.ACTIVATE, Action.PAUSE}
-ADMINISTER = {Action.CREATE, Action.MODIFY, Action.DELETE, Action.MANAGE_USERS}
+# workers:view: a viewer sees workers, lanes and the queue; workers:manage: an operator
+# drains and resumes lanes and reprioritizes queued runs; an admin configures lanes.
+READ_ONLY = {Action.READ, Action.VIEW_WORKERS}
+OPERATE = {
+    Action.RUN,
+    Action.KILL,
+    Action.RESTART,
+    Action.ACTIVATE,
+    Action.PAUSE,
+    Action.MANAGE_WORKERS,
+}
+ADMINISTER = {
+    Action.CREATE,
+    Action.MODIFY,
+    Action.DELETE,
+    Action.MANAGE_USERS,
+    Action.CONFIGURE_LANES,
+}
 ALLOWED = {
     Role.VIEWER: READ_ONLY,
     Role.OPERATOR: READ_ONLY | OPERATE,
@@ -268,7 +283,7 @@ def test_upgrade_from_0001_keeps_the_jobs_and_adds_the_tables(db_url: str) -> No
     try:
         assert store.current_revision() == "0001"
         store.upgrade()
-        assert store.current_revision() == "0004"  # the head
+        assert store.current_revision() == "0005"  # the head
         with store.read() as conn:
             kept = queries.get_job(conn, job_id)
         assert kept is not None
@@ -277,6 +292,6 @@ def test_upgrade_from_0001_keeps_the_jobs_and_adds_the_tables(db_url: str) -> No
         users.add_user(store, "after", "viewer", by="tester")
         assert [e.operation for e in audit.list_entries(store)] == ["user.add"]
         store.upgrade()  # idempotent
-        assert store.current_revision() == "0004"  # the head
+        assert store.current_revision() == "0005"  # the head
     finally:
         store.dispose()

@@ -1,0 +1,85 @@
+"""Lanes with the real daemon and CLI: a change reaches the running worker, no restart.
+
+Drain a lane, run a job of its queue: the run stays queued (``jobcontrol
+queue`` shows it). Resume it: the run runs. Then the same resume made behind
+the daemon's back (another process writes the lane row, as an admin on another
+host would): the worker sees it at its next back-up poll, within the lane's
+poll interval.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import update
+
+from jobcontrol.store import Store
+from jobcontrol.store.schema import lane
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+
+pytestmark = pytest.mark.timeout(180)
+
+TREE = """\
+jobs:
+  - name: batchjob
+    command: "true"
+    queue: batch
+"""
+WAIT = 30.0
+POLL = 0.5  # the lane's poll interval, set through the CLI
+
+
+def run_state(jc: JobControl, run_id: int) -> str:
+    runs = jc.json("history", "batchjob")
+    return str(next(r["state"] for r in runs if r["id"] == run_id))
+
+
+def start_run(jc: JobControl) -> int:
+    started = jc.ok("run", "batchjob")
+    return int(re.search(r"started run (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
+
+
+def test_a_lane_change_reaches_the_running_worker_without_a_restart(jc: JobControl) -> None:
+    jc.upgraded().load(write(jc.base / "tree.yaml", TREE))
+    jc.ok("daemon", "start")
+    added = jc.ok("lane", "add", "batch", f"poll={POLL:g}s")
+    assert "added lane batch" in added.stdout, describe(added)
+    jc.ok("lane", "drain", "batch")
+
+    run_id = start_run(jc)
+    # The embedded worker was offered the run at once and turned it down: it stays queued.
+    [batch] = [x for x in jc.json("queue") if x["lane"] == "batch"]
+    assert [r["run_id"] for r in batch["runs"]] == [run_id]
+    assert batch["state"] == "draining"
+    assert not wait_until(lambda: run_state(jc, run_id) != "queued", 3 * POLL), "drained"
+    table = jc.ok("queue", "--lane", "batch")
+    assert re.search(rf"^batch +1 +{run_id} +batchjob +batch +0 ", table.stdout, re.M), describe(
+        table
+    )
+
+    jc.ok("lane", "resume", "batch")
+    assert wait_until(lambda: run_state(jc, run_id) == "succeeded", WAIT), "resumed: it runs"
+
+    # Behind the daemon's back: only the back-up poll can see this. Each time the run has
+    # waited long enough for an idle worker's back-off to reach 5 poll intervals; the lane's
+    # change must reach it within one, every time.
+    for _ in range(3):
+        jc.ok("lane", "drain", "batch")
+        queued = start_run(jc)
+        assert not wait_until(lambda r=queued: run_state(jc, r) != "queued", 6 * POLL)
+        store = Store(jc.url)
+        try:
+            with store.write() as conn:
+                conn.execute(update(lane).where(lane.c.name == "batch").values(enabled=True))
+            resumed = datetime.now(UTC)
+        finally:
+            store.dispose()
+        assert wait_until(lambda r=queued: run_state(jc, r) == "succeeded", WAIT)
+        started = next(r["started"] for r in jc.json("history", "batchjob") if r["id"] == queued)
+        took = (datetime.fromisoformat(started) - resumed).total_seconds()
+        assert took < POLL + 0.5, f"the worker saw the resumed lane after {took:.2f}s"
+    [lanes] = [x for x in jc.json("lanes") if x["name"] == "batch"]
+    assert (lanes["state"], lanes["poll_interval_s"]) == ("open", POLL)
+    jc.ok("daemon", "stop")
