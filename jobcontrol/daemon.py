@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
 DEFAULT_PORT = 8640
 MIN_API_CONNECTIONS = 8
+# Where ``daemon start`` waits for its detached child's READY=1. Not $NOTIFY_SOCKET:
+# that one is systemd's, which also hears STOPPING=1 at the end, long after ``start``
+# has returned and removed its socket.
+READY_SOCKET = "JOBCONTROL_READY_SOCKET"
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -482,9 +486,13 @@ class Daemon:
         """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop_requested.set())
+        # `daemon start`'s socket hears READY=1 once; systemd's hears every state change.
+        started_by = os.environ.pop(READY_SOCKET, None)
         self.start()
         try:
             procs.sd_notify("READY=1")
+            if started_by:
+                procs.sd_notify("READY=1", started_by)
             while not self.stop_requested.wait(3600):
                 pass
             procs.sd_notify("STOPPING=1")
@@ -533,7 +541,9 @@ def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) 
         address = os.path.join(tmp, "notify")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(address)
-        env = {**os.environ, "NOTIFY_SOCKET": address, "JOBCONTROL_DB": opts.db_url}
+        # A detached daemon is nobody's service: a $NOTIFY_SOCKET of ours is not for it.
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        env |= {READY_SOCKET: address, "JOBCONTROL_DB": opts.db_url}
         log_fd = filemodes.open_private(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         with open(log_fd, "ab") as out:
             child = subprocess.Popen(
