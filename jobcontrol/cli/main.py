@@ -131,6 +131,13 @@ def _commands(sub: Any) -> None:
         d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
         d.add_argument("--log-level", default="INFO")
         d.add_argument(
+            "--log-format",
+            choices=("text", "json"),  # daemon.LOG_FORMATS (not imported: CLI start-up)
+            default="text",
+            help="the daemon's log: text lines, or one JSON object per line (time, level, "
+            "logger, message, ...) for a log collector (default %(default)s)",
+        )
+        d.add_argument(
             "--listen", default="127.0.0.1", help="address of the admin API (default %(default)s)"
         )
         d.add_argument(
@@ -550,13 +557,13 @@ def _daemon(args: argparse.Namespace) -> int:
             _refuse_unprepared(args.db)  # read-only: a file without the schema stays as it is
             open_store(args.db, create=False).dispose()
     if cmd == "run":
-        configure_logging("DEBUG" if args.verbose else opts.log_level)
+        configure_logging("DEBUG" if args.verbose else opts.log_level, fmt=args.log_format)
         Daemon(opts).run_forever()
         return 0
     if cmd == "start":
         # No --db: the URL (and its password) goes to the daemon in its environment.
         argv = ["--state-dir", str(opts.state_dir), "daemon", "run", "--slots", str(opts.slots)]
-        argv += ["--log-level", opts.log_level] + (
+        argv += ["--log-level", opts.log_level, "--log-format", args.log_format] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
         argv += ["--listen", opts.host]
