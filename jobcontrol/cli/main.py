@@ -193,6 +193,21 @@ def _commands(sub: Any) -> None:
             help="free space below which /healthz and /metrics report the state directory "
             "or log root as low (e.g. 2G, 500M, 10%%; default %(default)s)",
         )
+    unit = dsub.add_parser(
+        "unit",
+        help="print a systemd unit running the daemon of this --db and --state-dir "
+        "(default: /var/lib/jobcontrol)",
+    )
+    unit.add_argument(
+        "--user", default="jobcontrol", help="the user the daemon and its tasks run as"
+    )
+    unit.add_argument(
+        "--command",
+        dest="unit_command",  # not `command`: that is which jobcontrol command this is
+        default=None,
+        metavar="PATH",
+        help="the jobcontrol command the unit runs (default: this one)",
+    )
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
@@ -250,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # it: not a detached daemon's command line, not a daemon's tasks.
     from_env = os.environ.pop("JOBCONTROL_DB", None)
     given = args.db
+    args.db_given = bool(given or from_env)
     args.db = normalise_url(args.db or from_env or default_db_path())
     _warn_public_secrets(args, given)
     try:
@@ -524,8 +540,19 @@ def _daemon(args: argparse.Namespace) -> int:
         stop_daemon,
     )
 
-    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     cmd = args.daemon_command
+    if cmd == "unit":
+        from jobcontrol.cli.unit import service_unit
+
+        state = args.state_dir.resolve() if args.state_dir else None
+        unit = service_unit(
+            args.db if args.db_given else None, state, user=args.user, command=args.unit_command
+        )
+        sys.stdout.write(unit.text)
+        for note in unit.notes:
+            print(f"jobcontrol: {note}", file=sys.stderr)
+        return 0
+    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     if cmd in ("run", "start"):
         opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from jobcontrol import procs
-from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
+from tests.acceptance.harness import ROOT, JobControl, describe, pid_from, wait_until, write
 
 TICK = """\
 jobs:
@@ -102,3 +107,107 @@ def test_daemon_logs_one_json_object_per_line(jc_sqlite: JobControl) -> None:
     assert {"jobcontrol.daemon", "jobcontrol.api.server", "uvicorn.error"} <= loggers, loggers
     levels = {entry["level"] for entry in entries}
     assert levels <= {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}, levels
+
+
+CONTRIB_UNIT = ROOT / "contrib" / "systemd" / "jobcontrol.service"
+
+
+def verify_unit(path: Path) -> None:
+    """``systemd-analyze verify``: the unit parses, every key is known, ExecStart exists."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (.ci/run installs it as root)")
+    checked = subprocess.run(
+        [analyze, "verify", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (checked.returncode, checked.stderr) == (0, ""), path.read_text() + checked.stderr
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_daemon_unit_prints_a_unit_systemd_accepts(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    jc = jc_sqlite
+    made = jc.bare("daemon", "unit")
+    assert made.returncode == 0, describe(made)
+    assert made.stderr == "", describe(made)
+    unit = tmp_path / "jobcontrol-test.service"
+    unit.write_text(made.stdout)
+    verify_unit(unit)
+
+    settings = unit_settings(made.stdout)
+    for key, value in {
+        "Type": "notify",
+        "NotifyAccess": "main",
+        "KillMode": "mixed",
+        "Delegate": "yes",
+        "User": "jobcontrol",
+        "Group": "jobcontrol",
+        "StateDirectory": "jobcontrol",
+        "StateDirectoryMode": "0700",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "full",
+        "Restart": "on-failure",
+    }.items():
+        assert settings.get(key) == [value], (key, made.stdout)
+    # Nothing that would break tasks: /tmp is the machine's, the cgroup tree is writable.
+    for key in ("PrivateTmp", "ProtectControlGroups", "DynamicUser", "PrivateDevices"):
+        assert key not in settings, (key, made.stdout)
+    (exec_start,) = settings["ExecStart"]
+    words = shlex.split(exec_start)
+    assert Path(words[0]).resolve() == (Path(sys.executable).parent / "jobcontrol").resolve()
+    assert words[1:] == [
+        "--state-dir",
+        "/var/lib/jobcontrol",
+        "--db",
+        "/var/lib/jobcontrol/jobcontrol.db",
+        "daemon",
+        "run",
+    ], words
+    assert settings["Environment"] == ["XDG_CONFIG_HOME=/var/lib/jobcontrol"]
+
+
+@pytest.mark.timeout(60)
+def test_daemon_unit_keeps_the_database_password_out_of_the_unit(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    jc = jc_sqlite
+    state = tmp_path / "state dir %d"
+    env = {**jc.env, "JOBCONTROL_DB": "postgresql+psycopg://jc:s3cret@db.example:5432/jobs"}
+    made = jc.bare("--state-dir", state, "daemon", "unit", "--user", "batch", env=env)
+    assert made.returncode == 0, describe(made)
+    assert "s3cret" not in made.stdout + made.stderr, describe(made)
+    assert "JOBCONTROL_DB=postgresql+psycopg://jc:***@db.example:5432/jobs" in made.stderr
+    assert "/etc/jobcontrol/jobcontrol.env" in made.stderr, describe(made)
+    unit = tmp_path / "jobcontrol-pg.service"
+    unit.write_text(made.stdout)
+    verify_unit(unit)
+
+    settings = unit_settings(made.stdout)
+    assert settings["User"] == ["batch"]
+    assert settings["EnvironmentFile"] == ["-/etc/jobcontrol/jobcontrol.env"]
+    assert "postgresql.service" in settings["After"][0]
+    assert "StateDirectory" not in settings, "a state directory of the user's own is theirs"
+    (exec_start,) = settings["ExecStart"]
+    assert "--db" not in exec_start, exec_start
+    # systemd expands % (and $ in ExecStart): a path holding them is written escaped.
+    assert shlex.split(exec_start)[1:3] == ["--state-dir", f"{tmp_path}/state dir %%d"]
+    assert settings["Environment"] == [f'"XDG_CONFIG_HOME={tmp_path}/state dir %%d"']
+    assert not state.exists(), "printing a unit makes nothing"
+
+
+def test_the_shipped_unit_is_what_daemon_unit_prints(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    made = jc.bare("daemon", "unit", "--command", "/usr/local/bin/jobcontrol")
+    assert made.returncode == 0, describe(made)
+    assert CONTRIB_UNIT.read_text() == made.stdout, (
+        "contrib/systemd/jobcontrol.service is out of date: regenerate it with "
+        "`jobcontrol daemon unit --command /usr/local/bin/jobcontrol`"
+    )
