@@ -89,6 +89,28 @@ def _commands(sub: Any) -> None:
         dest="db_command", required=True
     )
     db.add_parser("upgrade", help="create or migrate the schema to the newest revision")
+    backup = db.add_parser(
+        "backup",
+        help="a consistent copy of the SQLite database in a new file, safe while the "
+        "daemon runs (PostgreSQL: pg_dump)",
+    )
+    backup.add_argument("file", type=Path, help="the new file (refused if it exists)")
+    copy = db.add_parser(
+        "copy",
+        help="copy every table (jobs, runs, users, audit...) into an empty database, "
+        "ids kept, in one transaction; e.g. from SQLite to PostgreSQL",
+    )
+    copy.add_argument(
+        "--from", dest="copy_from", default=None, metavar="DB", help="the source (default: --db)"
+    )
+    copy.add_argument(
+        "--to",
+        dest="copy_to",
+        required=True,
+        metavar="DB",
+        help="the empty target: a new SQLite file, or a PostgreSQL database made by createdb "
+        "(a password: $PGPASSWORD or ~/.pgpass, not the command line)",
+    )
 
     load = sub.add_parser(
         "load", help="create or update jobs from a YAML/JSON definition file (one batch)"
@@ -322,6 +344,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         target = find_daemon(args.url, args.db, args.state_dir)
         if target is not None or args.command in cli_online.DAEMON_ONLY:
             return cli_online.run(args, target)
+    if args.command == "db" and args.db_command == "copy":
+        return _db_copy(args)
+    if args.command == "db" and args.db_command == "backup":
+        return _db_backup(args)
     # Only `db upgrade` makes a database: a read or an edit of one that is not there
     # is a mistyped --db, refused before anything is created.
     store = open_store(args.db, create=args.command == "db")
@@ -414,6 +440,88 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         print(json.dumps(runs, indent=2) if args.json else out.table_runs(runs))
         return 0
     raise AssertionError(args.command)
+
+
+def _db_backup(args: argparse.Namespace) -> int:
+    from jobcontrol.service.dbcopy import backup_sqlite
+
+    store = open_store(args.db, create=False)
+    try:
+        pages = backup_sqlite(store, args.file.expanduser().absolute())
+    finally:
+        store.dispose()
+    print(f"backed up {redact(args.db)} to {args.file} ({pages} pages, checked)")
+    return 0
+
+
+def _db_copy(args: argparse.Namespace) -> int:
+    from jobcontrol.daemon import DatabaseLease
+    from jobcontrol.service.dbcopy import check_source, copy_database
+
+    source_url = normalise_url(args.copy_from) if args.copy_from else args.db
+    target_url = normalise_url(args.copy_to)
+    for option, url in (("--from", args.copy_from), ("--to", args.copy_to)):
+        if url and _has_password(url):
+            print(
+                f"jobcontrol: warning: {option} puts the database password on the command "
+                "line, where every local user sees it (ps, /proc); leave it out of the URL "
+                "and set $PGPASSWORD or use ~/.pgpass",
+                file=sys.stderr,
+            )
+    if source_url == target_url:
+        raise JobControlError(f"--from and --to are the same database ({redact(source_url)})")
+    source = open_store(source_url, create=False)
+    target: Store | None = None
+    leases: list[DatabaseLease] = []
+    try:
+        # Held shared for the whole copy (as `load` does): no daemon starts on either.
+        leases.append(_no_daemon_on(source, "source"))
+        check_source(source)  # before the target is touched at all
+        # A SQLite target is only looked at read-only until it is known to be empty
+        # (open_store's first connection would already turn a file to WAL mode).
+        target = (
+            Store(target_url) if _sqlite_file(target_url) else open_store(target_url, create=True)
+        )
+        leases.append(_no_daemon_on(target, "target"))
+        copied = copy_database(source, target)
+    finally:
+        for lease in leases:
+            lease.release()
+        source.dispose()
+        if target is not None:
+            target.dispose()
+    counts = ", ".join(f"{count} {table}" for table, count in copied.items())
+    print(f"copied {redact(source_url)} to {redact(target_url)}: {counts}")
+    _share_token_file(source_url, target_url)
+    return 0
+
+
+def _no_daemon_on(store: Store, role: str) -> Any:
+    """The database's lease, held shared: refused while a daemon runs on it."""
+    from jobcontrol.daemon import DatabaseLease
+
+    lease = DatabaseLease(store)
+    try:
+        lease.acquire(shared=True)
+    except AlreadyRunningError:
+        raise JobControlError(
+            f"a daemon is running on the {role} {redact(store.url)}: stop it first "
+            "(jobcontrol daemon stop) so the copy is whole (nothing was copied)"
+        ) from None
+    return lease
+
+
+def _share_token_file(source_url: str, target_url: str) -> None:
+    """The copy keeps the users' token hashes, so the source's token file (if any) holds
+    a token of the target too: give the target its own copy, as the CLI looks for it."""
+    config = default_config_dir()
+    source_file, target_file = token_file(config, source_url), token_file(config, target_url)
+    if not source_file.exists() or target_file.exists():
+        return
+    from jobcontrol.filemodes import write_private
+
+    write_private(target_file, source_file.read_text())
+    print(f"the token in {source_file} works on the copy too: copied to {target_file}")
 
 
 def _refuse_unprepared(db: str) -> None:
