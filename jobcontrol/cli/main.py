@@ -406,9 +406,7 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
     from jobcontrol.service.engine import Engine
 
     if args.command == "db":
-        store.upgrade()
-        print(f"schema of {redact(store.url)} is at revision {store.current_revision()}")
-        return 0
+        return _db_upgrade(store)
     _require_schema(store)
     engine = Engine(store)
     if args.command == "load":
@@ -440,6 +438,34 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         print(json.dumps(runs, indent=2) if args.json else out.table_runs(runs))
         return 0
     raise AssertionError(args.command)
+
+
+def _db_upgrade(store: Store) -> int:
+    """Migrate the schema; refused while a daemon runs on an older one (its code is for
+    that one): stop it, upgrade, start the new version (which would upgrade by itself)."""
+    from jobcontrol.service.dbcopy import head_revision
+
+    revision, head = store.current_revision(), head_revision()
+    lease = None
+    if revision is not None and revision != head:
+        from jobcontrol.daemon import DatabaseLease
+
+        lease = DatabaseLease(store)
+        try:
+            lease.acquire(shared=True)  # held while migrating: no daemon starts meanwhile
+        except AlreadyRunningError:
+            raise JobControlError(
+                f"a daemon is running on {redact(store.url)}, whose schema is at revision "
+                f"{revision} (this version's is {head}): stop it (jobcontrol daemon stop), "
+                "then upgrade; a daemon of this version upgrades the schema when it starts"
+            ) from None
+    try:
+        store.upgrade()
+    finally:
+        if lease is not None:
+            lease.release()
+    print(f"schema of {redact(store.url)} is at revision {store.current_revision()}")
+    return 0
 
 
 def _db_backup(args: argparse.Namespace) -> int:

@@ -252,3 +252,39 @@ def test_backup_of_postgresql_points_to_pg_dump(
     refused = jc.fails("db", "backup", str(tmp_path / "pg.db"))
     assert "pg_dump" in refused.stderr, describe(refused)
     assert not (tmp_path / "pg.db").exists()
+
+
+@pytest.mark.timeout(120)
+def test_upgrade_waits_for_the_daemon_of_an_older_schema_to_stop(jc_sqlite: JobControl) -> None:
+    from alembic import command
+
+    from jobcontrol.daemon import DatabaseLease
+    from jobcontrol.service.dbcopy import head_revision
+    from jobcontrol.store import Store, alembic_config
+
+    head = head_revision()
+    jc = jc_sqlite.upgraded()
+    store = Store(jc.url)
+    try:
+        with store.engine.begin() as conn:  # as an older version left it
+            cfg = alembic_config(jc.url)
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0003")  # any revision before the newest
+        daemon = DatabaseLease(store)  # what an older daemon holds while it runs
+        daemon.acquire()
+        try:
+            refused = jc.fails("db", "upgrade")
+            assert "a daemon is running on" in refused.stderr, describe(refused)
+            assert "at revision 0003" in refused.stderr, describe(refused)
+            assert store.current_revision() == "0003", "a refused upgrade changes nothing"
+        finally:
+            daemon.release()
+        upgraded = jc.ok("db", "upgrade")
+        assert upgraded.stdout.rstrip().endswith(f"is at revision {head}"), describe(upgraded)
+        # At the newest revision, running it again with a daemon up is harmless.
+        pid_from(jc.ok("daemon", "start").stdout)
+        again = jc.ok("db", "upgrade")
+        assert again.stdout.rstrip().endswith(f"is at revision {head}"), describe(again)
+        jc.ok("daemon", "stop")
+    finally:
+        store.dispose()
