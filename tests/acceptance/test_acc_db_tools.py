@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
+from tests.acceptance.harness import (
+    JobControl,
+    describe,
+    instance_id,
+    pid_from,
+    wait_until,
+    write,
+)
 
 WAIT = 30.0
 
@@ -162,9 +169,13 @@ def test_copy_keeps_a_job_moved_under_a_newer_box(jc_sqlite: JobControl, tmp_pat
     jc.upgraded().load(write(jc.base / "jobs.yaml", JOBS))
     jc.load(write(jc.base / "moved.yaml", MOVED))  # Prepare moves under the new box Late
     target = f"sqlite:///{tmp_path}/moved.db"
+    prepared = jc.bare("--db", target, "db", "upgrade")  # an empty, upgraded target
+    assert prepared.returncode == 0, describe(prepared)
     jc.ok("db", "copy", "--to", target)
     exported = jc.bare("--db", target, "export")
     assert exported.stdout == jc.ok("export").stdout, describe(exported)
+    # The source's instance id (its processes' marker, its cgroups' name) came along.
+    assert instance_id(target) == jc.instance()
 
 
 def files_of(url: str) -> tuple[str, list[str]]:
