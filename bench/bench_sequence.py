@@ -17,7 +17,7 @@ baseline loop's (a figure a loaded machine disturbs less than wall time).
 
 Target: engine time <= 1.5 x baseline.
 
-    .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--json]
+    .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--cgroups auto|off] [--json]
 """
 
 from __future__ import annotations
@@ -59,11 +59,13 @@ def baseline(n: int) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - cpu0
 
 
-def engine_run(url: str, logs: Path, n: int, firings: int = 2) -> list[dict[str, float]]:
+def engine_run(
+    url: str, logs: Path, n: int, firings: int = 2, cgroups: str = "auto"
+) -> list[dict[str, float]]:
     """Create the box and its tasks, then fire it ``firings`` times by its ``at`` timer."""
     store = Store(url)
     store.upgrade()
-    runtime = Runtime(store, DispatcherConfig(log_root=logs))
+    runtime = Runtime(store, DispatcherConfig(log_root=logs), cgroups=cgroups)
     dispatcher = runtime.dispatcher
     engine = Engine(store, dispatcher)
     runtime.start()
@@ -133,18 +135,19 @@ def engine_run(url: str, logs: Path, n: int, firings: int = 2) -> list[dict[str,
         store.dispose()
 
 
-def bench(store_name: str, url: str, logs: Path, n: int) -> c.Report:
+def bench(store_name: str, url: str, logs: Path, n: int, cgroups: str = "auto") -> c.Report:
     print(f"[{store_name}] baseline: {n} x subprocess.run(['/bin/sh','-c','true']) ...", flush=True)
     base1, base_cpu1 = baseline(n)
     print(
         f"[{store_name}] engine: SEQUENCE box of {n} tasks, fired twice by its timer ...",
         flush=True,
     )
-    first, second = engine_run(url, logs, n)
+    first, second = engine_run(url, logs, n, cgroups=cgroups)
     base2, base_cpu2 = baseline(n)
     base, base_cpu = (base1 + base2) / 2, (base_cpu1 + base_cpu2) / 2
     rep = c.Report("bench_sequence", store_name)
     rep.add("tasks", n, "")
+    rep.notes.append(f"cgroup per task run: {cgroups}")
     rep.add("engine: due -> box run_finished", first["total_s"], "s")
     rep.add("engine: per task", first["total_s"] / n * 1000, "ms")
     rep.add("engine: due -> first task started", first["fire_to_first_task_s"] * 1000, "ms")
@@ -173,13 +176,19 @@ def bench(store_name: str, url: str, logs: Path, n: int) -> c.Report:
 def main() -> int:
     p = c.parser(__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, default=1000)
+    p.add_argument(
+        "--cgroups",
+        choices=("auto", "off"),
+        default="auto",
+        help="a cgroup per task run where the machine allows (the daemon's default), or off",
+    )
     args = p.parse_args()
     reports = []
     with c.temp_dir("sequence") as tmp:
-        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp / "logs", args.tasks))
+        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp / "logs", args.tasks, args.cgroups))
         if args.pg:
             with c.postgres("bench_sequence") as url:
-                reports.append(bench("postgresql", url, tmp / "pg-logs", args.tasks))
+                reports.append(bench("postgresql", url, tmp / "pg-logs", args.tasks, args.cgroups))
     for rep in reports:
         rep.print(as_json=args.json)
     return 0

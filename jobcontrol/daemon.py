@@ -58,7 +58,9 @@ READY_SOCKET = "JOBCONTROL_READY_SOCKET"
 
 def raise_open_files_limit() -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard limit, as a server should (systemd leaves
-    services at 1024 soft); returns (before, after). Tasks inherit the raised limit."""
+    services at 1024 soft); returns (before, after). Tasks get the limit from before back
+    (the worker lowers it in each task's shell): programs that use ``select()`` break on
+    descriptors past 1024, which is why systemd leaves the soft limit there."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
     if soft == resource.RLIM_INFINITY or soft >= target:
@@ -374,7 +376,7 @@ class Daemon:
 
     def start(self) -> Dispatcher:
         refuse_unprepared_file(self.store)  # before anything is created or written
-        raise_open_files_limit()
+        open_files_before, open_files = raise_open_files_limit()
         # Checked before anything is made: a bound that cannot hold changes nothing.
         api_connections = self._api_connections() if self.opts.api else 0
         # Before anything is created or changed: a port that is taken is refused here.
@@ -396,6 +398,7 @@ class Daemon:
                 pass_env=self.opts.pass_env,
                 log_access=self.opts.log_access,
                 cgroups=self.opts.cgroups,
+                task_open_files=open_files_before if open_files != open_files_before else None,
             )
             self.dispatcher = self.runtime.start()
             if self.opts.api:

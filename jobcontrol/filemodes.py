@@ -13,9 +13,9 @@ under the log root), which are Job Control's alone: ``looser_than`` and
 
 from __future__ import annotations
 
-import getpass
 import grp
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -141,7 +141,7 @@ class LogAccess:
         gid = entry.gr_gid
         if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
             raise OptionError(
-                f"--log-group {group!r}: the daemon's user ({getpass.getuser()}) is not a "
+                f"--log-group {group!r}: the daemon's user ({_user_name()}) is not a "
                 "member of that group, so it cannot give the logs to it"
             )
         return cls(entry.gr_name, gid)
@@ -182,3 +182,11 @@ class LogAccess:
             os.close(fd)
             raise
         return os.fdopen(fd, "wb")
+
+
+def _user_name() -> str:
+    """The effective user's name (not $USER, which a changed user may still carry)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())

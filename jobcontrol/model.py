@@ -158,6 +158,16 @@ class JobRecord:
         return self.last_ran + timedelta(milliseconds=self.last_duration_ms)
 
 
+@dataclass(frozen=True)
+class Restarted:
+    """What a restart did (spec 8.2): when the tree next runs, or why nothing is armed."""
+
+    next_runs: datetime | None
+    not_armed: str | None = None
+    # Armed, but the timers are paused: it fires only once they are resumed.
+    held: bool = False
+
+
 @dataclass
 class RunRecord:
     """One row of the run table."""

@@ -15,11 +15,13 @@ from jobcontrol.cgroups import Containment
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.filemodes import LogAccess
+from jobcontrol.model import Kind
 from jobcontrol.outage import OutageState
-from jobcontrol.store import Store, queries
+from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import Worker
+from jobcontrol.worker import recovery as local_recovery
 
 log = logging.getLogger(__name__)
 
@@ -36,28 +38,40 @@ class Runtime:
         pass_env: PassEnv | None = None,
         log_access: LogAccess | None = None,
         cgroups: str = "auto",
+        task_open_files: int | None = None,
     ) -> None:
         """``pass_env``: the daemon's variables its tasks get (default: ``taskenv``'s list);
         ``log_access``: who may read task logs (default: the daemon's user alone);
-        ``cgroups``: ``auto`` (a cgroup per task run where the machine allows) or ``off``."""
+        ``cgroups``: ``auto`` (a cgroup per task run where the machine allows) or ``off``;
+        ``task_open_files``: the soft open-files limit tasks get (None: the daemon's)."""
         self.store = store
         self.config = config
         self.version = version
         self.pass_env = pass_env or PassEnv()
         self.log_access = log_access or LogAccess()
         self.cgroups = cgroups
+        self.task_open_files = task_open_files
         self.containment: Containment | None = None
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
 
     def start(self) -> Dispatcher:
-        """Recover, start the dispatcher, then the embedded worker (none with 0 slots)."""
+        """Recover, start the dispatcher, kill what lost runs left on this host, then
+        start the embedded worker (none with 0 slots)."""
         d = self.dispatcher
         d.start()
         if self.config.slots > 0:
             self.containment = Containment.setup(d.instance_id, self.cgroups)
             log.info("task runs are contained by %s", self.containment.describe())
-            self._kill_cgroup_leftovers(self.containment)
+        # The host's half of recovery, before any work is taken (worker/recovery.py).
+        local_recovery.kill_leftovers(
+            d.instance_id,
+            [r.id for r in d.recovery.lost if r.kind is Kind.TASK],
+            d.recovery.kept,
+            kill_grace=self.config.kill_grace,
+            containment=self.containment,
+        )
+        if self.config.slots > 0:
             self.worker = Worker(
                 RunQueue(self.store, timedelta(seconds=self.config.lease)),
                 clock=d.clock,
@@ -71,23 +85,11 @@ class Runtime:
                 pass_env=self.pass_env,
                 log_access=self.log_access,
                 containment=self.containment,
+                task_open_files=self.task_open_files,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
         return d
-
-    def _kill_cgroup_leftovers(self, containment: Containment) -> None:
-        """After recovery: what is left in the cgroups of runs no longer active (an earlier
-        daemon's, lost) is killed, escapees the environment marker cannot find included."""
-        found = containment.run_ids()
-        if not found:
-            return
-        with self.store.read() as conn:
-            active = {r.id for r in queries.active_runs(conn)}
-        stale = [i for i in found if i not in active]
-        killed = containment.kill_leftovers(stale)
-        if killed:
-            log.warning("killed %d leftover process(es) in the cgroups of lost runs", len(killed))
 
     def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
         try:

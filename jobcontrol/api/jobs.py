@@ -142,8 +142,14 @@ def kill_job(
 def restart_job(
     ctx: Context, job: str, user: Annotated[User, Depends(require(Action.RESTART))]
 ) -> dict[str, Any]:
-    when = ctx.engine.restart(resolve_job(ctx, job), user=user.name)
-    return {"next_runs": when.isoformat() if when else None}
+    result = ctx.engine.restart(resolve_job(ctx, job), user=user.name)
+    when = result.next_runs
+    return {
+        "next_runs": when.isoformat() if when else None,
+        "armed": when is not None,
+        "reason": result.not_armed,  # why nothing is armed (inactive, no time left)
+        "held": result.held,  # armed, but the timers are paused until resumed
+    }
 
 
 @router.get("/jobs/{job:path}/runs", summary="A job's runs, newest first, paged by run id")

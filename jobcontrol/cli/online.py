@@ -166,9 +166,15 @@ def _kill(client: Client, args: argparse.Namespace) -> int:
 
 
 def _restart(client: Client, args: argparse.Namespace) -> int:
-    when = client.restart(args.job)
-    nxt = f"next run {out.when(when)}" if when else "no next run"
-    return _emit(args, {"next_runs": when}, f"re-armed {args.job}: {nxt}")
+    reply = client.rearm(args.job)
+    when = reply.get("next_runs")
+    if when:
+        text = f"re-armed {args.job}: next run {out.when(when)}"
+        if reply.get("held"):
+            text += " (timers are paused: it fires once they are resumed)"
+    else:
+        text = f"{args.job} not armed: {reply.get('reason') or 'no next run'}"
+    return _emit(args, reply, text)
 
 
 def _activate(client: Client, args: argparse.Namespace) -> int:

@@ -222,8 +222,14 @@ class Client:
 
     def restart(self, job: JobRef) -> str | None:
         """When the re-armed timer fires next (ISO text), or None."""
-        when: str | None = self._json("POST", f"/jobs/{_job(job)}/restart")["next_runs"]
+        when: str | None = self.rearm(job)["next_runs"]
         return when
+
+    def rearm(self, job: JobRef) -> dict[str, Any]:
+        """Restart a top-level job: the daemon's whole answer, ``next_runs`` (ISO text or
+        None), ``armed`` and, when nothing is armed, the ``reason``."""
+        reply: dict[str, Any] = self._json("POST", f"/jobs/{_job(job)}/restart")
+        return reply
 
     # ------------------------------------------------------------ runs and logs
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from jobcontrol import events, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
-from jobcontrol.dispatch.recovery import recover_lost_runs
+from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
 from jobcontrol.dispatch.runs import TreeRuns, Tx
 from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
@@ -46,6 +46,7 @@ from jobcontrol.model import (
     RESCHEDULING_FIELDS,
     JobRef,
     JobState,
+    Restarted,
     RunRecord,
     Trigger,
 )
@@ -122,6 +123,8 @@ class Dispatcher:
         self.stats = Stats()
         self.instance_id = ""
         self.host = socket.gethostname()
+        # What start-up recovery settled: the embedded worker kills what lost runs left.
+        self.recovery = Recovery()
         self.outage = Outage("dispatcher")
         # Leases are judged only once workers have had a lease's time to renew them.
         self._leases_judged_after = time.monotonic() + config.lease
@@ -148,9 +151,7 @@ class Dispatcher:
         self.protocol.begin_startup()
         try:
             self.instance_id = self.store.instance_id()
-            recover_lost_runs(
-                self.store, self.instance_id, self.clock, self.config.kill_grace, self.host
-            )
+            self.recovery = recover_lost_runs(self.store, self.clock, self.host)
             self._build()
             events.task_finished.connect(self._on_task_finished, sender=self.store, weak=False)
             self._receivers.append((events.task_finished, self._on_task_finished))
@@ -534,10 +535,10 @@ class Dispatcher:
         """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
         return self.tree_timers.status(next_timers)
 
-    def restart(self, job: JobRef, user: str) -> datetime | None:
-        """Re-arm a top-level tree (spec 8.2); returns when it will next run."""
+    def restart(self, job: JobRef, user: str) -> Restarted:
+        """Re-arm a top-level tree (spec 8.2); when it will next run, or why it will not."""
 
-        def handler() -> datetime | None:
+        def handler() -> Restarted:
             node = self.tree.find(job)
             if node.parent is not None:
                 raise JobError(node.job.name, "not a top-level job")
@@ -545,9 +546,9 @@ class Dispatcher:
             if busy is not None:
                 raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
             log.info("Restart of job %s by %s", node.job.name, user)
-            return self.tree_timers.restart_subtree_timer(node, Trigger.RESTART)
+            return self.tree_timers.restart(node)
 
-        result: datetime | None = self.call(handler).result(self.config.edit_timeout)
+        result: Restarted = self.call(handler).result(self.config.edit_timeout)
         return result
 
     def _kill_all(self) -> None:

@@ -2,15 +2,18 @@
 
 The rule is the lease rule: a task run held by a worker that provably still
 lives (its process, by pid and start time, on this host; or a lease still
-running for another host) is left to it. Every other active run is lost (255):
-its processes on this host are killed first, so nothing of a lost run keeps
-running, and a previous dispatcher's box runs end with it (they lived in its
-memory).
+running for another host) is left to it. Every other active run is lost (255),
+and a previous dispatcher's box runs end with it (they lived in its memory).
+
+The dispatcher only settles rows. What a lost run left running on a host is the
+business of that host's worker: the embedded one kills it before it takes any
+work (``jobcontrol.worker.recovery``), told which runs were lost here.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -37,13 +40,20 @@ def worker_alive(worker: dict[str, Any] | None, host: str) -> bool:
     return False  # another host's worker: judged by its runs' leases instead
 
 
-def recover_lost_runs(
-    store: Store, instance_id: str, clock: Clock, kill_grace: float, host: str
-) -> int:
-    """Mark the runs nobody can finish any more as lost (255) and kill their processes.
+@dataclass(frozen=True)
+class Recovery:
+    """What start-up recovery did: the runs it settled as lost, the task runs it left to
+    live workers."""
+
+    lost: list[RunRecord] = field(default_factory=list)
+    kept: set[int] = field(default_factory=set)
+
+
+def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
+    """Mark the runs nobody can finish any more as lost (255).
 
     Called before the dispatcher starts anything, while it holds the database's
-    lease. Returns how many runs were lost.
+    lease. Their leftover processes are the worker's to kill (see the module text).
     """
     now = clock.now()
     with store.write() as conn:
@@ -64,34 +74,14 @@ def recover_lost_runs(
     }
     stale = [r for r in active if r.id not in keep]
     if not stale:
-        return 0
-    _kill_leftovers(stale, instance_id, kill_grace, whole_instance=not keep)
+        return Recovery(kept=keep)
     with store.write() as conn:
         for run in stale:
             _settle(conn, run, now)
     log.warning("marked %d run(s) left active by a previous daemon as lost", len(stale))
     if keep:
         log.warning("left %d task run(s) to the live workers holding them", len(keep))
-    return len(stale)
-
-
-def _kill_leftovers(
-    stale: list[RunRecord], instance_id: str, kill_grace: float, *, whole_instance: bool
-) -> None:
-    if whole_instance:  # nobody else runs anything of this database: one scan kills all
-        markers = [{"JOBCONTROL_INSTANCE": instance_id}]
-    else:
-        markers = [
-            {"JOBCONTROL_RUN_ID": str(r.id), "JOBCONTROL_INSTANCE": instance_id}
-            for r in stale
-            if r.kind is Kind.TASK
-        ]
-    killed: set[int] = set()
-    for marker in markers:
-        report = procs.kill_tree(None, marker=marker, grace=kill_grace)
-        killed |= set(report.termed) | set(report.killed)
-    if killed:
-        log.warning("killed %d leftover process(es) of lost runs", len(killed))
+    return Recovery(lost=stale, kept=keep)
 
 
 def _settle(conn: Any, run: RunRecord, now: datetime) -> None:

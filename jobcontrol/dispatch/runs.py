@@ -303,8 +303,8 @@ class TreeRuns:
         box = frame.node.job
         if frame.tree_run.immediate or box.box_type is not BoxType.TIMED:
             return False
-        if frame.waited_index == frame.index or not child.job.active:
-            return False
+        if frame.waited_index == frame.index:
+            return False  # an inactive child too is waited for, then skipped (spec 7.6)
         due = child.job.next_runs
         ref = (
             box.next_runs
@@ -587,12 +587,11 @@ class TreeRuns:
             steps.append(lambda: self._go_on(frame, self._advance(frame)))
             return
         if waiting:
-            # The box moved past every child it ran and waits for the next active one.
+            # The box waits for a child after the last one it ran (an inactive one
+            # leaves no run row): wait again from there; a time passed goes on at once.
             self._fold(frame, done)
             frame.prev = frame.children[at] if at is not None else None
             frame.index = 0 if at is None else at + 1
-            while frame.index < len(frame.children) and not frame.children[frame.index].job.active:
-                frame.index += 1
             self._resume_wait(frame)
             return
         if last is None or at is None:

@@ -18,7 +18,7 @@ from jobcontrol import events
 from jobcontrol.dispatch.runs import TreeRun
 from jobcontrol.dispatch.tree import Evaluator, Node
 from jobcontrol.errors import StoreUnavailable
-from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, RunState, Trigger
+from jobcontrol.model import DISPATCHER_USER, Misfire, OnError, Restarted, RunState, Trigger
 from jobcontrol.store import queries
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
@@ -47,8 +47,8 @@ class TreeTimers:
         # While paused, ``armed`` still records every tree's due time but no timer is set.
         self._timers_paused = False
 
-    def evaluator(self) -> Evaluator:
-        return Evaluator(now=self.d.clock.now(), default_tz=self.d.default_tz)
+    def evaluator(self, *, from_now: bool = False) -> Evaluator:
+        return Evaluator(now=self.d.clock.now(), default_tz=self.d.default_tz, from_now=from_now)
 
     def write_evaluation(self, ev: Evaluator) -> None:
         if not ev.changed:
@@ -165,19 +165,46 @@ class TreeTimers:
             lambda: events.schedule_changed.send(self.d, job_id=job_id, name=name, next_runs=when)
         )
 
-    def restart_subtree_timer(self, top: Node, trigger: Trigger = Trigger.TIMER) -> datetime | None:
-        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active."""
+    def restart_subtree_timer(self, top: Node, *, completed: bool = False) -> datetime | None:
+        """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active.
+
+        ``completed``: the tree's run has just completed (its ``every`` count from now).
+        """
         self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
         self.disarm(top)
-        ev = self.evaluator()
+        ev = self.evaluator(from_now=completed)
         due = ev.evaluate_tree(top)
         self.write_evaluation(ev)
         if top.job.active and due is not None:
             # A restart-armed timer keeps its trigger until it fires.
-            keep = previous.trigger if previous is not None else trigger
-            self.arm(top, due, keep if trigger is Trigger.TIMER else trigger)
+            self.arm(top, due, previous.trigger if previous is not None else Trigger.TIMER)
         return due
+
+    def restart(self, top: Node) -> Restarted:
+        """Spec 8.2: re-arm a top-level tree from now, whatever its last run did.
+
+        Its expressions are evaluated as Inq's are then ("now + 10s", "the next
+        22:56"): a time already past is not run at once, the next occurrence after
+        now is armed. An inactive tree is not armed and its next runs are cleared
+        (Inq's jobComplete sets NextRuns to null).
+        """
+        self.d.stats.reevaluations += 1
+        self.disarm(top)
+        ev = self.evaluator(from_now=True)
+        ev.evaluate_level([top], sort=False)
+        due = top.timer_due
+        if due is not None and due <= ev.now:
+            due = ev.skip_missed(top, due)
+        self.write_evaluation(ev)
+        if not top.job.active:
+            self._unschedule(top)
+            return Restarted(None, "it is inactive; activate it to schedule it")
+        if due is None:
+            self._unschedule(top)
+            return Restarted(None, "no schedule in its tree gives a time after now")
+        self.arm(top, due, Trigger.RESTART)
+        return Restarted(due, held=self.paused)
 
     def _timer_fired(self, top_id: int, when: datetime) -> None:
         armed = self.armed.get(top_id)
@@ -216,10 +243,10 @@ class TreeTimers:
             return
         if tr.immediate:
             if top.id in self.armed:  # a manual run leaves the schedule as it was, refreshed
-                self.restart_subtree_timer(top)
+                self.restart_subtree_timer(top, completed=True)
             return
         self.d.stats.reevaluations += 1
-        ev = self.evaluator()
+        ev = self.evaluator(from_now=True)
         due = ev.evaluate_tree(top)
         if due is not None and tr.fired_at is not None and due <= tr.fired_at:
             # The schedule did not move on: the job that supplies it did not run (an
@@ -235,8 +262,12 @@ class TreeTimers:
             self.arm(top, due, Trigger.TIMER)
         else:
             # An edit during the run may have armed a timer: it must not fire now.
-            self.armed.pop(top.id, None)
-            self.d.timers.cancel(("tree", top.id))
-            top.job.next_runs = None  # will not run again until restarted
-            queries.write_next_runs(self.d.tx.conn, top.id, None)
-            self._schedule_event(top, None)
+            self._unschedule(top)
+
+    def _unschedule(self, top: Node) -> None:
+        """Nothing armed and no next runs: the tree will not run again until restarted."""
+        self.armed.pop(top.id, None)
+        self.d.timers.cancel(("tree", top.id))
+        top.job.next_runs = None
+        queries.write_next_runs(self.d.tx.conn, top.id, None)
+        self._schedule_event(top, None)

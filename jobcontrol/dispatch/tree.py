@@ -162,6 +162,9 @@ class Evaluator:
     now: datetime
     default_tz: tzinfo
     changed: dict[int, Node] = field(default_factory=dict)
+    # Evaluating as Inq does when a tree completes or is restarted (spec 7.9, 8.2): its
+    # expressions read "now + 3s" then, so an ``every`` is at least its interval from now.
+    from_now: bool = False
 
     def own_due(self, node: Node) -> datetime | None:
         job = node.job
@@ -171,9 +174,15 @@ class Evaluator:
         except ScheduleError:
             log.error("job %r has an invalid timer %r; it is not scheduled", job.name, job.timer)
             return None
-        return schedule.next_fire(
+        due = schedule.next_fire(
             now=self.now, last_ran=job.last_ran, last_end=job.last_end, default_tz=self.default_tz
         )
+        if self.from_now and due is not None and schedule.kind == "every":
+            # A child's ``every`` counts from its own end, which may be long past when
+            # the rest of its tree completes: never sooner than the interval from now.
+            floor = schedule.next_after(self.now, default_tz=self.default_tz)
+            due = max(due, floor) if floor is not None else due
+        return due
 
     def _set(self, node: Node, next_runs: datetime | None, job_order: int | None = None) -> None:
         job = node.job

@@ -28,7 +28,7 @@ from jobcontrol.errors import (
     NotRunningError,
     UnknownJobError,
 )
-from jobcontrol.model import JobRecord, JobRef, JobState, Kind, RunRecord, find_job
+from jobcontrol.model import JobRecord, JobRef, JobState, Kind, Restarted, RunRecord, find_job
 from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
 from jobcontrol.store import Store, queries, runqueue
@@ -436,11 +436,17 @@ class Engine:
             note.detail = f"killed run {run_id}"
             return run_id
 
-    def restart(self, job: JobRef, *, user: str) -> Any:
+    def restart(self, job: JobRef, *, user: str) -> Restarted:
+        """Re-arm a top-level tree: when it next runs, or why nothing is armed."""
         with audit.scope(self.store, user, "job.restart", [self._job_name(job)]) as note:
-            when = self._require_dispatcher().restart(job, user)
-            note.detail = f"next run {when.isoformat()}" if when else "no next run"
-            return when
+            result = self._require_dispatcher().restart(job, user)
+            when = result.next_runs
+            note.detail = (
+                f"next run {when.isoformat()}" if when else f"not armed: {result.not_armed}"
+            )
+            if result.held:
+                note.detail += " (timers paused)"
+            return result
 
     # ------------------------------------------------------------ views
 

@@ -92,6 +92,7 @@ class Worker:
         pass_env: PassEnv | None = None,
         log_access: LogAccess | None = None,
         containment: Containment | None = None,
+        task_open_files: int | None = None,
     ) -> None:
         self.runqueue = runqueue
         self.store = runqueue.store
@@ -126,6 +127,9 @@ class Worker:
         self.log_access = log_access or LogAccess()
         # Each run in a cgroup of its own where the daemon set that up (cgroups.py).
         self.containment = containment or Containment.fallback("not set up for this worker")
+        # The soft open-files limit each task's shell sets first (a builtin: no extra exec):
+        # the one the daemon had before it raised its own for the API (None: leave it).
+        self._limits = "" if task_open_files is None else f"ulimit -S -n {int(task_open_files)}; "
         self._receivers: list[tuple[Any, Any]] = []
         self._give_up_at: float | None = None
 
@@ -406,7 +410,7 @@ class Worker:
             except cgroups.ContainmentError as exc:  # refused, never run uncontained
                 out.write(f"jobcontrol: not started: {exc}\n".encode())
                 return TaskOutcome(cgroups.JOIN_FAILED_STATUS, RunState.FAILED, None, str(exc))
-            prelude = cg.join_script() if cg is not None else ""
+            prelude = self._limits + (cg.join_script() if cg is not None else "")
             try:
                 proc = procs.spawn(
                     run.command or "", stdout=out, cwd=run.cwd, env=env, prelude=prelude

@@ -172,3 +172,35 @@ def test_api_bounds_that_cannot_hold_are_refused_at_start(jc_sqlite: JobControl)
     assert "--api-max-connections 200 is more than the open-files limit (256)" in too_many.stderr
     assert jc.live_daemons() == []
     assert not jc.token_file.exists()  # nothing made
+
+
+def test_tasks_get_the_open_files_limit_the_daemon_was_given(jc_sqlite: JobControl) -> None:
+    """The daemon raises its own soft limit for the API; its tasks get the one it had, as
+    under systemd (select() breaks past 1024), and can still raise it to the hard one."""
+    jc = jc_sqlite.upgraded()
+    jc.load(
+        write(
+            jc.base / "limits.yaml",
+            "jobs:\n  - name: limits\n    active: true\n"
+            "    command: echo soft=$(ulimit -S -n) hard=$(ulimit -H -n)\n",
+        )
+    )
+    started = subprocess.run(
+        jc.argv("daemon", "start"),
+        cwd=jc.base,
+        env=jc.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited(SOFT, HARD),
+        check=False,
+    )
+    assert started.returncode == 0, describe(started)
+    (pid,) = jc.live_daemons()
+    assert _open_files_limit(pid) == (HARD, HARD)
+    run = jc.ok("run", "limits")
+    run_id = re.search(r"started run (\d+)", run.stdout)
+    assert run_id, run.stdout
+    followed = jc.ok("logs", "limits", "--run", run_id.group(1), "-f")
+    assert followed.stdout == f"soft={SOFT} hard={HARD}\n", describe(followed)

@@ -128,7 +128,17 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     jc.assert_no_task_processes(JOBCONTROL_JOB="sleeper")
 
     # restart, pause / resume seen in status
-    assert "re-armed Nightly" in jc.ok("restart", "Nightly").stdout
+    assert "re-armed Nightly: next run " in jc.ok("restart", "Nightly").stdout
+    # An inactive tree: nothing is armed, and the CLI says so; as in Inq its next runs
+    # (shown while it is inactive) are cleared.
+    jc.ok("deactivate", "Nightly")
+    assert jc.json("show", "Nightly")["next_runs"] is not None
+    idle = jc.ok("restart", "Nightly")
+    assert (
+        idle.stdout == "Nightly not armed: it is inactive; activate it to schedule it\n"
+    ), describe(idle)
+    assert jc.json("show", "Nightly")["next_runs"] is None
+    jc.ok("activate", "Nightly")
     jc.ok("pause")
     assert jc.json("status")["paused"] is True
     assert "timers: paused" in jc.ok("status").stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from jobcontrol.errors import OptionError
+from jobcontrol.filemodes import LogAccess
 from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
 
 MakeJC = Callable[[str], JobControl]
@@ -298,3 +301,42 @@ def test_a_token_on_the_command_line_draws_a_warning(jc_sqlite: JobControl) -> N
     assert token not in given.stderr
     quiet = jc.ok("ls", env={**jc.env, "JOBCONTROL_TOKEN": token})
     assert quiet.stderr == "", describe(quiet)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_log_group_the_daemons_user_is_not_in_is_refused() -> None:
+    """A user who is not in the group cannot give it the logs: refused with a reason.
+
+    The check runs in a forked child that became ``nobody`` for real (setgroups, setgid,
+    setuid); the interpreter cannot be exec'd as nobody here (it lives under /root).
+    """
+    nobody = pwd.getpwnam("nobody")
+    if nobody.pw_name in grp.getgrnam("root").gr_mem or nobody.pw_gid == 0:
+        pytest.skip("nobody is in the root group here")
+    read, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, try, report, exit without cleanup
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            try:
+                LogAccess.for_group("root")
+                message = "accepted"
+            except OptionError as exc:
+                message = str(exc)
+            os.write(write_end, message.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read, "rb") as f:
+        said = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, said
+    assert said == (
+        "--log-group 'root': the daemon's user (nobody) is not a member of that group, "
+        "so it cannot give the logs to it"
+    )

@@ -466,9 +466,41 @@ def test_restart_is_top_level_only(api: Api) -> None:
     r = api.client.post(f"{V1}/jobs/Top/restart", headers=h)
     assert r.status_code == 200, r.text
     assert r.json()["next_runs"] == api.jc.job("Top").next_runs.isoformat()
+    assert (r.json()["armed"], r.json()["reason"]) == (True, None)
     r = api.client.post(f"{V1}/jobs/t/restart", headers=h)
     assert r.status_code == 422
     assert "not a top-level job" in r.json()["message"]
+
+
+def test_restart_of_an_inactive_job_says_nothing_is_armed(api: Api) -> None:
+    api.jc.create(box("Idle", timer="every 1h"), task("t", "true", "Idle", active=True))
+    assert api.jc.job("Idle").next_runs is not None  # shown, as in Inq, but not armed
+    r = api.client.post(f"{V1}/jobs/Idle/restart", headers=api.headers("operator"))
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "next_runs": None,
+        "armed": False,
+        "reason": "it is inactive; activate it to schedule it",
+        "held": False,
+    }
+    assert api.jc.job("Idle").next_runs is None
+    assert api.jc.armed_at("Idle") is None
+
+
+def test_restart_while_the_timers_are_paused_says_it_waits_for_resume(api: Api) -> None:
+    api.jc.create(box("Hourly", timer="every 1h", active=True), task("t", "true", "Hourly"))
+    api.jc.dispatcher.pause_timers()
+    r = api.client.post(f"{V1}/jobs/Hourly/restart", headers=api.headers("operator"))
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    assert (reply["armed"], reply["held"]) == (True, True)
+    assert api.jc.armed_at("Hourly") is None  # nothing fires while paused
+    (entry,) = list_entries(api.jc.store, limit=1, user="operator-user")
+    assert entry.operation == "job.restart"
+    assert (entry.detail or "").endswith("(timers paused)"), entry.detail
+    api.jc.dispatcher.resume_timers()
+    r = api.client.post(f"{V1}/jobs/Hourly/restart", headers=api.headers("operator"))
+    assert (r.json()["armed"], r.json()["held"]) == (True, False)
 
 
 def test_every_change_is_audited_under_the_users_name(api: Api) -> None:

@@ -198,13 +198,14 @@ def test_failed_abort_tree_stays_unscheduled_until_restart(jc: JC) -> None:
 
     with pytest.raises(JobError, match="not a top-level job"):
         jc.engine.restart("fails", user=USER)
-    due = jc.engine.restart("Top", user=USER)
-    assert due == T0 + timedelta(seconds=20)  # 10 s after the failed run ended
+    due = jc.engine.restart("Top", user=USER).next_runs
+    assert due == T0 + timedelta(seconds=620)  # 10 s after the restart, as Inq's "now + 10s"
     assert jc.armed_at("Top") == due
     assert jc.job("Top").next_runs == due
 
     mark = jc.rec.mark()
-    assert jc.advance(0) == 1  # overdue: it fires once at once (misfire run-once)
+    assert jc.advance(0) == 0  # a restart never fires at once
+    assert jc.advance(10) == 1
     again = jc.rec.run_finished("Top", since=mark)
     assert again["trigger"] == "restart"
     assert again["exit_status"] == 1

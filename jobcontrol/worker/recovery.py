@@ -1,0 +1,52 @@
+"""Local recovery: what lost runs left running on this host is killed before work starts.
+
+The dispatcher's start-up recovery (``jobcontrol.dispatch.recovery``) settles the
+rows of runs nobody can finish any more; this module is the host's half, run by
+the daemon before its embedded worker takes any work. Processes are found by the
+environment marker every task carries and, where runs are contained, by the
+cgroups an earlier daemon of this database left (which escapees that dropped the
+marker cannot leave).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable
+
+from jobcontrol import procs
+from jobcontrol.cgroups import Containment
+
+log = logging.getLogger(__name__)
+
+
+def kill_leftovers(
+    instance_id: str,
+    lost: Iterable[int],
+    kept: Collection[int],
+    *,
+    kill_grace: float,
+    containment: Containment | None = None,
+) -> int:
+    """Kill what the task runs ``lost`` (ids) left on this host; how many processes.
+
+    ``kept``: the runs live workers still hold. When there are none, nothing of this
+    database may run here any more, and one scan for its instance marker kills all
+    (the processes of runs an earlier daemon never got to record included).
+    """
+    if not kept:
+        markers = [{"JOBCONTROL_INSTANCE": instance_id}]
+    else:
+        markers = [{"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id} for i in lost]
+    killed: set[int] = set()
+    for marker in markers:
+        report = procs.kill_tree(None, marker=marker, grace=kill_grace)
+        killed |= set(report.termed) | set(report.killed)
+    if killed:
+        log.warning("killed %d leftover process(es) of lost runs", len(killed))
+    if containment is not None and containment.enabled:
+        stale = [i for i in containment.run_ids() if i not in kept]
+        escaped = containment.kill_leftovers(stale)
+        if escaped:
+            log.warning("killed %d leftover process(es) in the cgroups of lost runs", len(escaped))
+        killed |= set(escaped)
+    return len(killed)

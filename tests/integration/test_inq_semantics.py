@@ -1,0 +1,261 @@
+"""Where the port used to differ from Inq (issue 9, items 13-15), on the real engine.
+
+The clock is manual: nothing fires until a test moves it, and every run's times
+are the clock's, so the assertions name exact instants.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+
+from jobcontrol import JobState
+from tests.integration.helpers import JC, T0, USER, box, poll_until, task
+
+pytestmark = pytest.mark.timeout(60)
+
+A_AT = T0.replace(hour=22, minute=56)
+DORMANT_AT = T0.replace(hour=22, minute=58)
+
+
+def waits_of(jc: JC, name: str, since: int) -> list[object]:
+    return [
+        s.data["state"]
+        for s in jc.rec.signals("state_changed", since=since)
+        if s.data["name"] == name and s.data["state"] is JobState.WAITING
+    ]
+
+
+# ---------------------------------------------------------------- item 13
+
+
+def test_a_timed_box_waits_for_an_inactive_childs_time_before_skipping_it(jc: JC) -> None:
+    """Spec 7.6: the wait comes before the child's run, and only the run skips it."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        # Inactive, but it has a time: its first child's, passed up (spec 4.5).
+        box("Dormant", "T"),
+        task("x", "true", "Dormant", timer="daily 22:58", active=True),
+        task("untimed", "true", "T", active=True),
+    )
+    assert jc.job("Dormant").next_runs == DORMANT_AT
+    assert [jc.job(n).job_order for n in ("a", "Dormant", "untimed")] == [0, 1, 2]
+    assert jc.armed_at("T") == A_AT
+
+    mark = jc.rec.mark()
+    assert jc.advance(to=A_AT) == 1
+    jc.rec.run_finished("a", since=mark)
+    jc.sync()
+    # After a, the box waits for Dormant's time; untimed has not started.
+    assert jc.view("T")["state"] == "waiting"
+    assert jc.rec.started_jobs(since=mark) == ["T", "a"]
+    root = jc.rec.signals("run_started", since=mark)[0].run["id"]
+    assert jc.timers.armed()[("wait", root)] == DORMANT_AT
+
+    assert jc.advance(to=DORMANT_AT - timedelta(seconds=1)) == 0
+    assert jc.rec.started_jobs(since=mark) == ["T", "a"]
+
+    jc.advance(to=DORMANT_AT)
+    top = jc.rec.run_finished("T", since=mark)
+    assert top["exit_status"] == 0
+    runs = jc.tree_run(top["id"])
+    # Dormant was skipped (no run, no bookkeeping: spec 7.6), then untimed ran at its time.
+    assert set(runs) == {"T", "a", "untimed"}
+    assert runs["untimed"].started == DORMANT_AT
+    assert jc.job("Dormant").last_ran is None
+    assert jc.job("x").last_ran is None
+    assert waits_of(jc, "T", mark) == [JobState.WAITING]
+
+
+def test_a_box_rebuilt_while_it_waits_for_an_inactive_child_still_waits_for_it(
+    jc: JC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a rebuild from the database (an outage, a failed batch) the wait resumes as it was."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        box("Dormant", "T"),
+        task("x", "true", "Dormant", timer="daily 22:58", active=True),
+        task("untimed", "true", "T", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=A_AT)
+    jc.rec.run_finished("a", since=mark)
+    jc.sync()
+    root = jc.rec.signals("run_started", since=mark)[0].run["id"]
+    assert jc.timers.armed()[("wait", root)] == DORMANT_AT
+
+    def bug() -> None:
+        raise RuntimeError("a bug: the dispatcher rebuilds from the database")
+
+    caplog.set_level(logging.WARNING, logger="jobcontrol")
+    failures = jc.dispatcher.stats.failures
+    # A failed batch of two events is rolled back and rebuilt (README "Events that
+    # arrive together"): hold the dispatcher so that both go in one batch.
+    with jc.dispatcher.protocol.user_edit():
+        seen = jc.dispatcher.stats.events
+        jc.dispatcher.post((lambda: None, None))
+        poll_until("the dispatcher takes the event", lambda: jc.dispatcher.stats.events > seen)
+        jc.dispatcher.post((bug, None))
+        jc.dispatcher.post((lambda: None, None))
+    jc.sync()
+    assert jc.dispatcher.stats.failures == failures + 1
+    assert "dispatcher rebuilt from the database" in caplog.text
+    jc.errors.records.clear()  # that failure was the point
+    assert jc.timers.armed()[("wait", root)] == DORMANT_AT
+    assert jc.view("T")["state"] == "waiting"
+
+    jc.advance(to=DORMANT_AT)
+    top = jc.rec.run_finished("T", since=mark)
+    runs = jc.tree_run(top["id"])
+    assert set(runs) == {"T", "a", "untimed"}
+    assert runs["untimed"].started == DORMANT_AT
+
+
+def test_an_inactive_task_in_a_timed_box_is_skipped_at_once(jc: JC) -> None:
+    """An inactive task's own timer does not count (spec 4.5): it has no time to wait for."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        task("off", "true", "T", timer="daily 22:58"),
+        task("untimed", "true", "T", active=True),
+    )
+    assert jc.job("off").next_runs is None
+    mark = jc.rec.mark()
+    jc.advance(to=A_AT)
+    top = jc.rec.run_finished("T", since=mark)
+    runs = jc.tree_run(top["id"])
+    assert set(runs) == {"T", "a", "untimed"}
+    assert runs["untimed"].started == A_AT
+    assert waits_of(jc, "T", mark) == []
+
+
+# ---------------------------------------------------------------- item 14
+
+
+@pytest.mark.parametrize("box_type", ["timed", "sequence"])
+def test_every_on_a_child_counts_from_the_trees_completion(jc: JC, box_type: str) -> None:
+    """Inq re-evaluates ``now + 3s`` when the tree completes, not 3 s after the child ended."""
+    gate = jc.gate()
+    jc.create(
+        box("T", box_type=box_type, active=True),
+        task("tick", "true", "T", timer="every 3s", active=True),
+        task("slow", gate.command, "T", active=True),
+    )
+    assert jc.armed_at("T") == T0 + timedelta(seconds=3)
+
+    mark = jc.rec.mark()
+    jc.advance(3)
+    tick = jc.rec.run_finished("tick", since=mark)
+    assert tick["exit_status"] == 0
+    jc.rec.wait_for(lambda s: s.name == "run_started" and s.run["job_name"] == "slow", since=mark)
+    jc.advance(10)  # slow runs past tick's old next time (T0 + 6 s)
+    gate.open()
+    assert jc.rec.run_finished("T", since=mark)["exit_status"] == 0
+    jc.sync()
+
+    done = T0 + timedelta(seconds=13)
+    assert jc.job("tick").last_end == T0 + timedelta(seconds=3)
+    assert jc.armed_at("T") == done + timedelta(seconds=3)
+    assert jc.job("T").next_runs == done + timedelta(seconds=3)
+    assert jc.job("tick").next_runs == done + timedelta(seconds=3)
+    # Nothing re-fires at once.
+    again = jc.rec.mark()
+    assert jc.advance(0) == 0
+    assert jc.advance(2.9) == 0
+    assert jc.rec.started_jobs(since=again) == []
+    gate.open()  # for slow's next run
+    assert jc.advance(0.1) == 1
+    assert jc.rec.run_finished("T", since=again)["exit_status"] == 0
+
+
+def test_every_after_a_manual_run_counts_from_its_completion(jc: JC) -> None:
+    gate = jc.gate()
+    jc.create(
+        box("T", active=True),
+        task("tick", "true", "T", timer="every 3s", active=True),
+        task("slow", gate.command, "T", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("T")
+    jc.rec.wait_for(lambda s: s.name == "run_started" and s.run["job_name"] == "slow", since=mark)
+    jc.advance(10)  # the timer fires during the run: recorded skipped, re-armed
+    gate.open()
+    top = jc.rec.run_finished("T", since=mark)
+    assert top["trigger"] == "manual"
+    jc.sync()
+
+    assert jc.armed_at("T") == T0 + timedelta(seconds=13)
+    again = jc.rec.mark()
+    assert jc.advance(0) == 0
+    assert jc.rec.started_jobs(since=again) == []
+
+
+# ---------------------------------------------------------------- item 15
+
+
+def test_restart_after_a_failure_arms_a_time_after_now(jc: JC) -> None:
+    jc.create(
+        box("Top", timer="every 10s", on_error="abort", active=True),
+        task("fails", "exit 1", "Top", active=True),
+        box("Nightly", timer="daily 22:56", on_error="abort", active=True),
+        task("fails too", "exit 1", "Nightly", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=A_AT)  # both fire and fail
+    assert jc.rec.run_finished("Top", since=mark)["exit_status"] == 1
+    assert jc.rec.run_finished("Nightly", since=mark)["exit_status"] == 1
+    jc.sync()
+    assert (jc.job("Top").next_runs, jc.job("Nightly").next_runs) == (None, None)
+
+    later = A_AT + timedelta(hours=1)
+    jc.advance(to=later)
+    # every: as Inq's "now + 10 s", counted from the restart.
+    assert jc.engine.restart("Top", user=USER).next_runs == later + timedelta(seconds=10)
+    # daily: the next 22:56 after now, not today's (already past).
+    assert jc.engine.restart("Nightly", user=USER).next_runs == A_AT + timedelta(days=1)
+    assert jc.job("Top").next_runs == jc.armed_at("Top") == later + timedelta(seconds=10)
+    assert jc.job("Nightly").next_runs == jc.armed_at("Nightly") == A_AT + timedelta(days=1)
+
+    mark = jc.rec.mark()
+    assert jc.advance(0) == 0  # nothing fires at once
+    assert jc.advance(9.9) == 0
+    assert jc.advance(0.1) == 1
+    assert jc.rec.run_finished("Top", since=mark)["trigger"] == "restart"
+
+
+def test_restart_of_an_inactive_top_level_job_arms_nothing(jc: JC) -> None:
+    jc.create(box("Idle", timer="every 10s"), task("t", "true", "Idle", active=True))
+    # As in Inq, an inactive top-level job shows when its timer would fire.
+    assert jc.job("Idle").next_runs == T0 + timedelta(seconds=10)
+
+    result = jc.engine.restart("Idle", user=USER)
+    assert result.next_runs is None
+    assert result.not_armed == "it is inactive; activate it to schedule it"
+    assert jc.armed_at("Idle") is None
+    assert jc.job("Idle").next_runs is None  # Inq: jobComplete sets NextRuns to null
+    assert jc.advance(60) == 0
+
+    # Activating it schedules it again.
+    jc.modify("Idle", active=True)
+    assert jc.armed_at("Idle") == T0 + timedelta(seconds=70)
+
+
+def test_restart_of_a_tree_with_no_time_left_says_so(jc: JC) -> None:
+    jc.create(
+        box("Once", timer="at 2026-11-22T13:00", active=True),
+        task("t", "true", "Once", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=T0.replace(hour=13))
+    assert jc.rec.run_finished("Once", since=mark)["exit_status"] == 0
+    assert jc.job("Once").next_runs is None  # it ran: an `at` fires once
+
+    result = jc.engine.restart("Once", user=USER)
+    assert result.next_runs is None
+    assert result.not_armed == "no schedule in its tree gives a time after now"
+    assert jc.armed_at("Once") is None
+    assert jc.advance(3600) == 0
