@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import resource
@@ -24,6 +25,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -48,6 +50,10 @@ log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
 DEFAULT_PORT = 8640
 MIN_API_CONNECTIONS = 8
+# Where ``daemon start`` waits for its detached child's READY=1. Not $NOTIFY_SOCKET:
+# that one is systemd's, which also hears STOPPING=1 at the end, long after ``start``
+# has returned and removed its socket.
+READY_SOCKET = "JOBCONTROL_READY_SOCKET"
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -277,16 +283,65 @@ class PidFile:
             self._fd = None
 
 
-def configure_logging(level: str, stream: TextIO | None = None) -> None:
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+LOG_FORMATS = ("text", "json")
+# What every LogRecord has: anything else on a record came from ``extra=`` and is kept.
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, the
+    process and thread, a record's ``extra=`` fields, and any traceback as text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+            "thread": record.threadName,
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and not key.startswith("_") and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(level: str, stream: TextIO | None = None, fmt: str = "text") -> None:
+    """The daemon's log on ``stream`` (stderr: the journal under systemd, the log file of
+    ``daemon start``), as text or JSON lines; warnings and uncaught exceptions of any
+    thread go through it too, so a JSON log holds nothing but JSON."""
+    if fmt not in LOG_FORMATS:
+        raise JobControlError(f"--log-format {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
     root = logging.getLogger()
     root.handlers.clear()
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(fmt)
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root.addHandler(handler)
     root.setLevel(level.upper())
     for noisy in ("apscheduler", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread is not None else "a thread"
+    log.critical(
+        "uncaught exception in thread %s",
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
 
 
 def refuse_unprepared_file(store: Store) -> None:
@@ -485,9 +540,13 @@ class Daemon:
         """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop_requested.set())
+        # `daemon start`'s socket hears READY=1 once; systemd's hears every state change.
+        started_by = os.environ.pop(READY_SOCKET, None)
         self.start()
         try:
             procs.sd_notify("READY=1")
+            if started_by:
+                procs.sd_notify("READY=1", started_by)
             while not self.stop_requested.wait(3600):
                 pass
             procs.sd_notify("STOPPING=1")
@@ -536,7 +595,9 @@ def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) 
         address = os.path.join(tmp, "notify")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(address)
-        env = {**os.environ, "NOTIFY_SOCKET": address, "JOBCONTROL_DB": opts.db_url}
+        # A detached daemon is nobody's service: a $NOTIFY_SOCKET of ours is not for it.
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        env |= {READY_SOCKET: address, "JOBCONTROL_DB": opts.db_url}
         log_fd = filemodes.open_private(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         with open(log_fd, "ab") as out:
             child = subprocess.Popen(

@@ -200,23 +200,25 @@ def kill_tree(
     return KillReport(termed=termed, killed=killed, survivors=survivors)
 
 
-def sd_notify(message: str) -> bool:
-    """Send ``message`` (e.g. ``"READY=1"``) to systemd's $NOTIFY_SOCKET.
+def sd_notify(message: str, address: str | None = None) -> bool:
+    """Send ``message`` (e.g. ``"READY=1"``) to systemd's $NOTIFY_SOCKET, or to ``address``.
 
-    Returns True when sent, False when the variable is unset or sending failed
+    Returns True when sent, False when there is no address or sending failed
     (failures are logged, never raised).
     """
-    address = os.environ.get("NOTIFY_SOCKET")
+    if address is None:
+        address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return False
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    elif not address.startswith("/"):
-        log.warning("NOTIFY_SOCKET %r is not an AF_UNIX address; %r not sent", address, message)
+    where = address
+    if where.startswith("@"):
+        where = "\0" + where[1:]
+    elif not where.startswith("/"):
+        log.warning("notify socket %r is not an AF_UNIX address; %r not sent", address, message)
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(message.encode(), address)
+            sock.sendto(message.encode(), where)
     except OSError as exc:
         log.warning("sd_notify %r to %r failed: %s", message, address, exc)
         return False

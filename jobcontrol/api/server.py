@@ -265,6 +265,7 @@ class ApiServer:
             ssl_certfile=str(certfile) if certfile else None,
             ssl_keyfile=str(keyfile) if keyfile else None,
             log_level="warning",
+            log_config=None,  # uvicorn logs through the daemon's handler, in its format
             lifespan="off",
             access_log=False,
             date_header=False,  # _DateHeader dates each response instead

@@ -90,6 +90,28 @@ def _commands(sub: Any) -> None:
         dest="db_command", required=True
     )
     db.add_parser("upgrade", help="create or migrate the schema to the newest revision")
+    backup = db.add_parser(
+        "backup",
+        help="a consistent copy of the SQLite database in a new file, safe while the "
+        "daemon runs (PostgreSQL: pg_dump)",
+    )
+    backup.add_argument("file", type=Path, help="the new file (refused if it exists)")
+    copy = db.add_parser(
+        "copy",
+        help="copy every table (jobs, runs, users, audit...) into an empty database, "
+        "ids kept, in one transaction; e.g. from SQLite to PostgreSQL",
+    )
+    copy.add_argument(
+        "--from", dest="copy_from", default=None, metavar="DB", help="the source (default: --db)"
+    )
+    copy.add_argument(
+        "--to",
+        dest="copy_to",
+        required=True,
+        metavar="DB",
+        help="the empty target: a new SQLite file, or a PostgreSQL database made by createdb "
+        "(a password: $PGPASSWORD or ~/.pgpass, not the command line)",
+    )
 
     load = sub.add_parser(
         "load", help="create or update jobs from a YAML/JSON definition file (one batch)"
@@ -132,6 +154,13 @@ def _commands(sub: Any) -> None:
         d.add_argument("--slots", type=int, default=8, help="task slots of the local executor")
         d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
         d.add_argument("--log-level", default="INFO")
+        d.add_argument(
+            "--log-format",
+            choices=("text", "json"),  # daemon.LOG_FORMATS (not imported: CLI start-up)
+            default="text",
+            help="the daemon's log: text lines, or one JSON object per line (time, level, "
+            "logger, message, ...) for a log collector (default %(default)s)",
+        )
         d.add_argument(
             "--listen", default="127.0.0.1", help="address of the admin API (default %(default)s)"
         )
@@ -188,6 +217,21 @@ def _commands(sub: Any) -> None:
             help="free space below which /healthz and /metrics report the state directory "
             "or log root as low (e.g. 2G, 500M, 10%%; default %(default)s)",
         )
+    unit = dsub.add_parser(
+        "unit",
+        help="print a systemd unit running the daemon of this --db and --state-dir "
+        "(default: /var/lib/jobcontrol)",
+    )
+    unit.add_argument(
+        "--user", default="jobcontrol", help="the user the daemon and its tasks run as"
+    )
+    unit.add_argument(
+        "--command",
+        dest="unit_command",  # not `command`: that is which jobcontrol command this is
+        default=None,
+        metavar="PATH",
+        help="the jobcontrol command the unit runs (default: this one)",
+    )
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)
@@ -245,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # it: not a detached daemon's command line, not a daemon's tasks.
     from_env = os.environ.pop("JOBCONTROL_DB", None)
     given = args.db
+    args.db_given = bool(given or from_env)
     args.db = normalise_url(args.db or from_env or default_db_path())
     _warn_public_secrets(args, given)
     try:
@@ -301,6 +346,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         target = find_daemon(args.url, args.db, args.state_dir)
         if target is not None or args.command in cli_online.DAEMON_ONLY:
             return cli_online.run(args, target)
+    if args.command == "db" and args.db_command == "copy":
+        return _db_copy(args)
+    if args.command == "db" and args.db_command == "backup":
+        return _db_backup(args)
     # Only `db upgrade` makes a database: a read or an edit of one that is not there
     # is a mistyped --db, refused before anything is created.
     store = open_store(args.db, create=args.command == "db")
@@ -359,9 +408,7 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
     from jobcontrol.service.engine import Engine
 
     if args.command == "db":
-        store.upgrade()
-        print(f"schema of {redact(store.url)} is at revision {store.current_revision()}")
-        return 0
+        return _db_upgrade(store)
     _require_schema(store)
     engine = Engine(store)
     if args.command == "load":
@@ -395,6 +442,116 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
         print(json.dumps(runs, indent=2) if args.json else out.table_runs(runs))
         return 0
     raise AssertionError(args.command)
+
+
+def _db_upgrade(store: Store) -> int:
+    """Migrate the schema; refused while a daemon runs on an older one (its code is for
+    that one): stop it, upgrade, start the new version (which would upgrade by itself)."""
+    from jobcontrol.service.dbcopy import head_revision
+
+    revision, head = store.current_revision(), head_revision()
+    lease = None
+    if revision is not None and revision != head:
+        from jobcontrol.daemon import DatabaseLease
+
+        lease = DatabaseLease(store)
+        try:
+            lease.acquire(shared=True)  # held while migrating: no daemon starts meanwhile
+        except AlreadyRunningError:
+            raise JobControlError(
+                f"a daemon is running on {redact(store.url)}, whose schema is at revision "
+                f"{revision} (this version's is {head}): stop it (jobcontrol daemon stop), "
+                "then upgrade; a daemon of this version upgrades the schema when it starts"
+            ) from None
+    try:
+        store.upgrade()
+    finally:
+        if lease is not None:
+            lease.release()
+    print(f"schema of {redact(store.url)} is at revision {store.current_revision()}")
+    return 0
+
+
+def _db_backup(args: argparse.Namespace) -> int:
+    from jobcontrol.service.dbcopy import backup_sqlite
+
+    store = open_store(args.db, create=False)
+    try:
+        pages = backup_sqlite(store, args.file.expanduser().absolute())
+    finally:
+        store.dispose()
+    print(f"backed up {redact(args.db)} to {args.file} ({pages} pages, checked)")
+    return 0
+
+
+def _db_copy(args: argparse.Namespace) -> int:
+    from jobcontrol.daemon import DatabaseLease
+    from jobcontrol.service.dbcopy import check_source, copy_database
+
+    source_url = normalise_url(args.copy_from) if args.copy_from else args.db
+    target_url = normalise_url(args.copy_to)
+    for option, url in (("--from", args.copy_from), ("--to", args.copy_to)):
+        if url and _has_password(url):
+            print(
+                f"jobcontrol: warning: {option} puts the database password on the command "
+                "line, where every local user sees it (ps, /proc); leave it out of the URL "
+                "and set $PGPASSWORD or use ~/.pgpass",
+                file=sys.stderr,
+            )
+    if source_url == target_url:
+        raise JobControlError(f"--from and --to are the same database ({redact(source_url)})")
+    source = open_store(source_url, create=False)
+    target: Store | None = None
+    leases: list[DatabaseLease] = []
+    try:
+        # Held shared for the whole copy (as `load` does): no daemon starts on either.
+        leases.append(_no_daemon_on(source, "source"))
+        check_source(source)  # before the target is touched at all
+        # A SQLite target is only looked at read-only until it is known to be empty
+        # (open_store's first connection would already turn a file to WAL mode).
+        target = (
+            Store(target_url) if _sqlite_file(target_url) else open_store(target_url, create=True)
+        )
+        leases.append(_no_daemon_on(target, "target"))
+        copied = copy_database(source, target)
+    finally:
+        for lease in leases:
+            lease.release()
+        source.dispose()
+        if target is not None:
+            target.dispose()
+    counts = ", ".join(f"{count} {table}" for table, count in copied.items())
+    print(f"copied {redact(source_url)} to {redact(target_url)}: {counts}")
+    _share_token_file(source_url, target_url)
+    return 0
+
+
+def _no_daemon_on(store: Store, role: str) -> Any:
+    """The database's lease, held shared: refused while a daemon runs on it."""
+    from jobcontrol.daemon import DatabaseLease
+
+    lease = DatabaseLease(store)
+    try:
+        lease.acquire(shared=True)
+    except AlreadyRunningError:
+        raise JobControlError(
+            f"a daemon is running on the {role} {redact(store.url)}: stop it first "
+            "(jobcontrol daemon stop) so the copy is whole (nothing was copied)"
+        ) from None
+    return lease
+
+
+def _share_token_file(source_url: str, target_url: str) -> None:
+    """The copy keeps the users' token hashes, so the source's token file (if any) holds
+    a token of the target too: give the target its own copy, as the CLI looks for it."""
+    config = default_config_dir()
+    source_file, target_file = token_file(config, source_url), token_file(config, target_url)
+    if not source_file.exists() or target_file.exists():
+        return
+    from jobcontrol.filemodes import write_private
+
+    write_private(target_file, source_file.read_text())
+    print(f"the token in {source_file} works on the copy too: copied to {target_file}")
 
 
 def _refuse_unprepared(db: str) -> None:
@@ -521,8 +678,19 @@ def _daemon(args: argparse.Namespace) -> int:
         stop_daemon,
     )
 
-    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     cmd = args.daemon_command
+    if cmd == "unit":
+        from jobcontrol.cli.unit import service_unit
+
+        state = args.state_dir.resolve() if args.state_dir else None
+        unit = service_unit(
+            args.db if args.db_given else None, state, user=args.user, command=args.unit_command
+        )
+        sys.stdout.write(unit.text)
+        for note in unit.notes:
+            print(f"jobcontrol: {note}", file=sys.stderr)
+        return 0
+    opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     if cmd in ("run", "start"):
         opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen
@@ -554,13 +722,13 @@ def _daemon(args: argparse.Namespace) -> int:
             _refuse_unprepared(args.db)  # read-only: a file without the schema stays as it is
             open_store(args.db, create=False).dispose()
     if cmd == "run":
-        configure_logging("DEBUG" if args.verbose else opts.log_level)
+        configure_logging("DEBUG" if args.verbose else opts.log_level, fmt=args.log_format)
         Daemon(opts).run_forever()
         return 0
     if cmd == "start":
         # No --db: the URL (and its password) goes to the daemon in its environment.
         argv = ["--state-dir", str(opts.state_dir), "daemon", "run", "--slots", str(opts.slots)]
-        argv += ["--log-level", opts.log_level] + (
+        argv += ["--log-level", opts.log_level, "--log-format", args.log_format] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )
         argv += ["--listen", opts.host]

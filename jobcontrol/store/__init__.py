@@ -68,6 +68,26 @@ def redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+POSTGRESQL_EXTRA = "pip install 'jobcontrol[postgresql]'"
+
+
+def _engine(url: str, **options: Any) -> Engine:
+    """``create_engine``, with a driver that is not installed refused in one line."""
+    try:
+        return create_engine(url, **options)
+    except ImportError as exc:
+        missing = exc.name or str(exc)
+        if missing.split(".")[0] == "psycopg":
+            raise StoreError(
+                f"{redact(url)} needs the PostgreSQL driver psycopg, which is not installed: "
+                f"{POSTGRESQL_EXTRA}"
+            ) from None
+        raise StoreError(
+            f"{redact(url)} needs the database driver {missing}, which is not installed "
+            f"(for PostgreSQL write postgresql+psycopg:// and {POSTGRESQL_EXTRA})"
+        ) from None
+
+
 def _create_private(engine: Engine, path: str, created: threading.Event | None = None) -> None:
     """Before SQLite first opens ``path`` (which would create it under the umask, 0644
     under the usual 022), create it empty, mode 0600: SQLite then makes its -wal and
@@ -132,7 +152,7 @@ class Store:
             path = self.sqlite_file
             if path is not None:
                 filemodes.make_dir(Path(path).parent)
-            engine = create_engine(
+            engine = _engine(
                 self.url,
                 connect_args={"check_same_thread": False, "timeout": self.busy_timeout},
                 pool_size=pool_size,
@@ -147,7 +167,7 @@ class Store:
         # libpq waits for a server that does not answer as long as TCP does (minutes):
         # bound it, unless the URL says otherwise (?connect_timeout=N).
         connect = {} if "connect_timeout=" in self.url else {"connect_timeout": PG_CONNECT_TIMEOUT}
-        return create_engine(
+        return _engine(
             self.url,
             pool_size=pool_size,
             max_overflow=20,
@@ -269,7 +289,7 @@ class Store:
         self.instance_id()
 
     def _migration_engine(self) -> Engine:
-        engine = create_engine(self.url, poolclass=NullPool)
+        engine = _engine(self.url, poolclass=NullPool)
         if self.is_sqlite:
             if self.sqlite_file is not None:
                 _create_private(engine, self.sqlite_file, self.created_file)

@@ -1,0 +1,213 @@
+"""Running Job Control as a service: the detached daemon's log, JSON logs, the systemd unit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from jobcontrol import procs
+from tests.acceptance.harness import ROOT, JobControl, describe, pid_from, wait_until, write
+
+TICK = """\
+jobs:
+  - name: Tick
+    active: true
+    children:
+      - name: tick
+        active: true
+        command: echo tick
+"""
+
+
+@pytest.fixture
+def notify_socket() -> Iterator[tuple[socket.socket, str]]:
+    """An AF_UNIX datagram socket standing in for systemd's $NOTIFY_SOCKET."""
+    with tempfile.TemporaryDirectory(prefix="jc-notify-") as tmp:  # short: sun_path is 108 bytes
+        address = os.path.join(tmp, "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(address)
+        sock.setblocking(False)
+        try:
+            yield sock, address
+        finally:
+            sock.close()
+
+
+@pytest.mark.timeout(120)
+def test_daemon_start_and_stop_leave_no_notify_warning_in_the_log(
+    jc_sqlite: JobControl, notify_socket: tuple[socket.socket, str]
+) -> None:
+    jc = jc_sqlite
+    sock, address = notify_socket
+    # `daemon start` run by a service manager: the detached daemon is not that service.
+    started = jc.ok("daemon", "start", env={**jc.env, "NOTIFY_SOCKET": address})
+    pid = pid_from(started.stdout)
+    stopped = jc.ok("daemon", "stop")
+    assert stopped.stdout == f"daemon stopped (pid {pid})\n", describe(stopped)
+    with pytest.raises(BlockingIOError):
+        sock.recv(4096)  # nothing was sent to the caller's notify socket
+
+    (log_file,) = jc.state_dir.glob("daemon-*.log")
+    log = log_file.read_text()
+    assert "JobControl terminated." in log, log
+    # `start` listened for READY=1 on a socket of its own, gone once it returned: the
+    # daemon must not try to tell it STOPPING=1 (or anything else) at the end.
+    assert "sd_notify" not in log, log
+    assert "STOPPING" not in log, log
+    assert "jobcontrol.procs" not in log, log
+
+
+@pytest.mark.timeout(120)
+def test_daemon_logs_one_json_object_per_line(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    refused = jc.fails("daemon", "start", "--log-format", "xml")
+    assert "--log-format" in refused.stderr, describe(refused)
+    assert not jc.state_dir.exists(), "a refused start must make nothing"
+
+    jc.upgraded().load(write(jc.base / "jobs.yaml", TICK))
+    started = jc.ok("daemon", "start", "--log-format", "json")
+    pid = pid_from(started.stdout)
+    jc.ok("run", "Tick")
+    # A malformed request: uvicorn's own warning must come out as JSON too.
+    match = re.search(r"admin API: http://([\d.]+):(\d+)/", started.stdout)
+    assert match is not None, describe(started)
+    with socket.create_connection((match[1], int(match[2])), timeout=10) as client:
+        client.sendall(b"GARBAGE \x00 nonsense\r\n\r\n")
+        assert client.recv(4096).startswith(b"HTTP/1.1 400")
+    assert wait_until(
+        lambda: jc.history("tick") and jc.history("tick")[0]["state"] != "running", 30
+    )
+    jc.ok("daemon", "stop")
+    assert not procs.pid_alive(pid)
+
+    (log_file,) = jc.state_dir.glob("daemon-*.log")
+    lines = log_file.read_text().splitlines()
+    assert len(lines) > 5, lines
+    entries = [json.loads(line) for line in lines]  # every line, nothing but JSON
+    for entry in entries:
+        assert {"time", "level", "logger", "message"} <= entry.keys(), entry
+        when = datetime.fromisoformat(entry["time"])
+        assert when.utcoffset() == timedelta(0), entry
+        assert entry["pid"] == pid, entry
+    messages = {entry["message"] for entry in entries}
+    assert "JobControl terminated." in messages, messages
+    loggers = {entry["logger"] for entry in entries}
+    assert {"jobcontrol.daemon", "jobcontrol.api.server", "uvicorn.error"} <= loggers, loggers
+    levels = {entry["level"] for entry in entries}
+    assert levels <= {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}, levels
+
+
+CONTRIB_UNIT = ROOT / "contrib" / "systemd" / "jobcontrol.service"
+
+
+def verify_unit(path: Path) -> None:
+    """``systemd-analyze verify``: the unit parses, every key is known, ExecStart exists."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (.ci/run installs it as root)")
+    checked = subprocess.run(
+        [analyze, "verify", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (checked.returncode, checked.stderr) == (0, ""), path.read_text() + checked.stderr
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_daemon_unit_prints_a_unit_systemd_accepts(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    jc = jc_sqlite
+    made = jc.bare("daemon", "unit")
+    assert made.returncode == 0, describe(made)
+    assert made.stderr == "", describe(made)
+    unit = tmp_path / "jobcontrol-test.service"
+    unit.write_text(made.stdout)
+    verify_unit(unit)
+
+    settings = unit_settings(made.stdout)
+    for key, value in {
+        "Type": "notify",
+        "NotifyAccess": "main",
+        "KillMode": "mixed",
+        "Delegate": "yes",
+        "User": "jobcontrol",
+        "Group": "jobcontrol",
+        "StateDirectory": "jobcontrol",
+        "StateDirectoryMode": "0700",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "full",
+        "Restart": "on-failure",
+    }.items():
+        assert settings.get(key) == [value], (key, made.stdout)
+    # Nothing that would break tasks: /tmp is the machine's, the cgroup tree is writable.
+    for key in ("PrivateTmp", "ProtectControlGroups", "DynamicUser", "PrivateDevices"):
+        assert key not in settings, (key, made.stdout)
+    (exec_start,) = settings["ExecStart"]
+    words = shlex.split(exec_start)
+    assert Path(words[0]).resolve() == (Path(sys.executable).parent / "jobcontrol").resolve()
+    assert words[1:] == [
+        "--state-dir",
+        "/var/lib/jobcontrol",
+        "--db",
+        "/var/lib/jobcontrol/jobcontrol.db",
+        "daemon",
+        "run",
+    ], words
+    assert settings["Environment"] == ["XDG_CONFIG_HOME=/var/lib/jobcontrol"]
+
+
+@pytest.mark.timeout(60)
+def test_daemon_unit_keeps_the_database_password_out_of_the_unit(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    jc = jc_sqlite
+    state = tmp_path / "state dir %d"
+    env = {**jc.env, "JOBCONTROL_DB": "postgresql+psycopg://jc:s3cret@db.example:5432/jobs"}
+    made = jc.bare("--state-dir", state, "daemon", "unit", "--user", "batch", env=env)
+    assert made.returncode == 0, describe(made)
+    assert "s3cret" not in made.stdout + made.stderr, describe(made)
+    assert "JOBCONTROL_DB=postgresql+psycopg://jc:***@db.example:5432/jobs" in made.stderr
+    assert "/etc/jobcontrol/jobcontrol.env" in made.stderr, describe(made)
+    unit = tmp_path / "jobcontrol-pg.service"
+    unit.write_text(made.stdout)
+    verify_unit(unit)
+
+    settings = unit_settings(made.stdout)
+    assert settings["User"] == ["batch"]
+    assert settings["EnvironmentFile"] == ["-/etc/jobcontrol/jobcontrol.env"]
+    assert "postgresql.service" in settings["After"][0]
+    assert "StateDirectory" not in settings, "a state directory of the user's own is theirs"
+    (exec_start,) = settings["ExecStart"]
+    assert "--db" not in exec_start, exec_start
+    # systemd expands % (and $ in ExecStart): a path holding them is written escaped.
+    assert shlex.split(exec_start)[1:3] == ["--state-dir", f"{tmp_path}/state dir %%d"]
+    assert settings["Environment"] == [f'"XDG_CONFIG_HOME={tmp_path}/state dir %%d"']
+    assert not state.exists(), "printing a unit makes nothing"
+
+
+def test_the_shipped_unit_is_what_daemon_unit_prints(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    made = jc.bare("daemon", "unit", "--command", "/usr/local/bin/jobcontrol")
+    assert made.returncode == 0, describe(made)
+    assert CONTRIB_UNIT.read_text() == made.stdout, (
+        "contrib/systemd/jobcontrol.service is out of date: regenerate it with "
+        "`jobcontrol daemon unit --command /usr/local/bin/jobcontrol`"
+    )

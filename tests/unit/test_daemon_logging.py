@@ -1,0 +1,88 @@
+"""The daemon's log formats: text lines, or one JSON object per line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+from jobcontrol.daemon import configure_logging
+from jobcontrol.errors import JobControlError
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level, hook = root.handlers[:], root.level, threading.excepthook
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        threading.excepthook = hook
+        logging.captureWarnings(False)
+
+
+def lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_json_lines_carry_extras_and_tracebacks() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", stream, fmt="json")
+    log = logging.getLogger("jobcontrol.test")
+    log.debug("not at INFO")
+    log.info("run %d of %s ended", 7, "tick", extra={"run_id": 7, "job": "tick"})
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        log.exception("it failed")
+
+    first, second = lines(stream)
+    assert first["level"] == "INFO"
+    assert first["logger"] == "jobcontrol.test"
+    assert first["message"] == "run 7 of tick ended"
+    assert (first["run_id"], first["job"]) == (7, "tick")
+    assert str(first["time"]).endswith("+00:00")
+    assert "exception" not in first
+    assert second["level"] == "ERROR"
+    assert "ValueError: boom\nsecond line" in str(second["exception"])
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_warnings_and_thread_deaths_go_through_the_log() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", stream, fmt="json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("old call", DeprecationWarning, stacklevel=1)
+
+    def die() -> None:
+        raise RuntimeError("thread died")
+
+    thread = threading.Thread(target=die, name="jc-doomed")
+    thread.start()
+    thread.join()
+
+    warned, died = lines(stream)
+    assert warned["logger"] == "py.warnings"
+    assert "old call" in str(warned["message"])
+    assert died["level"] == "CRITICAL"
+    assert died["message"] == "uncaught exception in thread jc-doomed"
+    assert "RuntimeError: thread died" in str(died["exception"])
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_text_stays_the_default_and_an_unknown_format_is_refused() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", stream)
+    logging.getLogger("jobcontrol.test").warning("plain")
+    assert stream.getvalue().rstrip().endswith(" WARNING jobcontrol.test: plain")
+    with pytest.raises(JobControlError, match="--log-format 'xml' is not one of text, json"):
+        configure_logging("INFO", stream, fmt="xml")
