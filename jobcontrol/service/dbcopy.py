@@ -85,7 +85,7 @@ def _contents_problem(where: str, query: Callable[[str], list[Any]], tables_sql:
             "give an empty database, or run `jobcontrol db upgrade` on it"
         )
     held = {
-        t.name: int(query(f"SELECT COUNT(*) FROM {t.name}")[0][0])
+        t.name: int(query(f"SELECT COUNT(*) FROM {t.name}{_NOT_SEEDED.get(t.name, '')}")[0][0])
         for t in schema.metadata.sorted_tables
         if t is not schema.meta
     }
@@ -95,6 +95,11 @@ def _contents_problem(where: str, query: Callable[[str], list[Any]], tables_sql:
         return f"{where} is not empty ({listed}): the copy goes only into an empty database"
     return None
 
+
+# Rows `db upgrade` itself puts in an empty database: they do not make it "not empty",
+# and the copy replaces them with the source's (the instance id, the default lane).
+_NOT_SEEDED = {"lane": " WHERE name <> 'default'"}
+_REPLACED = {schema.meta.name, schema.lane.name}
 
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
 _PG_TABLES = (
@@ -118,8 +123,8 @@ def copy_database(source: Store, target: Store) -> dict[str, int]:
     copied: dict[str, int] = {}
     with source.read() as src, target.write() as dst:
         for table in schema.metadata.sorted_tables:
-            if table is schema.meta:
-                dst.execute(table.delete())  # the target's own instance id gives way
+            if table.name in _REPLACED:
+                dst.execute(table.delete())  # the target's instance id and seeded lane give way
             copied[table.name] = _copy_table(src, dst, table)
         for table in schema.metadata.sorted_tables:
             found = dst.execute(select(func.count()).select_from(table)).scalar_one()

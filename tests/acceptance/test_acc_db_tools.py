@@ -80,12 +80,15 @@ def snapshot(jc: JobControl, url: str) -> dict[str, Any]:
         "users": ["user", "list", "--json"],
         "audit": ["audit", "--json", "--limit", "1000"],
         "workers": ["workers", "--json"],
+        "lanes": ["lanes", "--json"],
     }.items():
         result = jc.bare("--db", url, "--state-dir", jc.state_dir, *args)
         assert result.returncode == 0, describe(result)
         found[name] = result.stdout if name == "export" else json.loads(result.stdout)
     for worker in found["workers"]:
         worker.pop("heartbeat_age_s")  # counted from now
+    for lane in found["lanes"]:
+        lane.pop("oldest_wait_s")  # counted from now
     return found
 
 
@@ -101,6 +104,8 @@ def history_db(jc_sqlite: JobControl) -> JobControl:
         jc.ok("run", "Nightly")
         assert wait_until(lambda n=count: finished(jc, "Nightly", n), WAIT)
     jc.ok("set", "Weekly", "description=weekly work")
+    jc.ok("lane", "add", "batch", "max_slots=2", "poll=5s")
+    jc.ok("lane", "set", "default", "stale=2m")
     jc.ok("daemon", "stop")
     return jc
 
