@@ -698,10 +698,17 @@ class MainWindow(QMainWindow):
             return
         node = nodes[0]
 
-        def restarted(when: str | None) -> None:
-            self.say(f"Restarted {node.name}" + (f"; next runs {when}" if when else ""))
+        def restarted(reply: dict[str, Any]) -> None:
+            when = reply.get("next_runs")
+            if not when:  # inactive, or no time left: nothing armed, and why
+                self.say(f"{node.name} not armed: {reply.get('reason') or 'no next run'}")
+                return
+            paused = " (timers are paused: it fires once they are resumed)"
+            self.say(
+                f"Restarted {node.name}; next runs {when}" + (paused if reply.get("held") else "")
+            )
 
-        self._act("Restart", lambda c: c.restart(node.id), restarted)
+        self._act("Restart", lambda c: c.rearm(node.id), restarted)
 
     def run_selected(self) -> None:
         nodes = self.selected_nodes()

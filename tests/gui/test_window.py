@@ -249,6 +249,23 @@ def test_run_now_kill_and_restart_show_in_place(
     assert not error_texts(window)
 
 
+def test_restart_of_an_inactive_job_says_nothing_was_armed(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("Dormant", "box", timer="every 1h")
+    wait_shown(qtbot, window, "Dormant")
+    select(window, "Dormant")
+    qtbot.waitUntil(window.act_restart.isEnabled, timeout=WAIT_MS)
+    window.act_restart.trigger()
+    qtbot.waitUntil(
+        lambda: "Dormant not armed: it is inactive; activate it to schedule it"
+        in window.statusBar().currentMessage(),
+        timeout=WAIT_MS,
+    )
+    assert cell(window, "Dormant", "next_runs") == ""
+    assert not error_texts(window)
+
+
 def test_delete_is_confirmed_and_takes_the_sub_tree(
     qtbot: Any, window: MainWindow, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
