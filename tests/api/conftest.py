@@ -7,6 +7,7 @@ integration harness underneath (engine, dispatcher, manual timers, signals).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,8 +53,15 @@ def _api(url: str, make_jc: MakeJC) -> Iterator[Api]:
         request_shutdown=requests.append,
         metrics=metrics,
     )
-    with TestClient(create_app(ctx)) as client:
-        yield Api(client, jc, ctx, tokens, requests)
+    # PUT /log-level (spec 11) changes this process's jobcontrol loggers: the fuzz test
+    # sends it too. Put the level back for the tests that follow in this process.
+    ours = logging.getLogger("jobcontrol")
+    level = ours.level
+    try:
+        with TestClient(create_app(ctx)) as client:
+            yield Api(client, jc, ctx, tokens, requests)
+    finally:
+        ours.setLevel(level)
     metrics.stop()
     log.stop()
 

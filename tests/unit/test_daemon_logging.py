@@ -19,9 +19,15 @@ from jobcontrol.errors import JobControlError
 def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level, hook = root.handlers[:], root.level, threading.excepthook
+    # The jobcontrol loggers' own level (spec 11's setLogLevel) may have been left set by
+    # an earlier test in this process; the daemon starts with it unset.
+    ours = logging.getLogger("jobcontrol")
+    ours_level = ours.level
+    ours.setLevel(logging.NOTSET)
     try:
         yield
     finally:
+        ours.setLevel(ours_level)
         root.handlers[:] = handlers
         root.setLevel(level)
         threading.excepthook = hook
@@ -47,7 +53,9 @@ def test_json_lines_carry_extras_and_tracebacks() -> None:
     except ValueError:
         log.exception("it failed")
 
-    first, second = lines(stream, "jobcontrol.test")
+    mine = lines(stream, "jobcontrol.test")
+    assert len(mine) == 2, mine
+    first, second = mine
     assert first["level"] == "INFO"
     assert first["logger"] == "jobcontrol.test"
     assert first["message"] == "run 7 of tick ended"
