@@ -259,8 +259,9 @@ class DatabaseLease:
 
 
 class PidFile:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, what: str = "daemon") -> None:
         self.path = path
+        self.what = what
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -270,7 +271,9 @@ class PidFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise AlreadyRunningError(f"pid file {self.path} is held by another daemon") from None
+            raise AlreadyRunningError(
+                f"pid file {self.path} is held by another {self.what}"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -583,8 +586,11 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
-def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) -> int:
-    """Start ``jobcontrol daemon run`` in the background; returns its pid once it is READY.
+def start_detached(
+    opts: DaemonOptions | Any, argv: list[str], timeout: float = 60.0, what: str = "daemon"
+) -> int:
+    """Start ``jobcontrol daemon run`` (or ``worker run``: ``what``) in the background;
+    returns its pid once it is READY.
 
     ``argv`` must not hold the database URL: it goes in the child's environment
     (``JOBCONTROL_DB``, which the child drops as it reads it), since a command line
@@ -620,14 +626,14 @@ def start_detached(opts: DaemonOptions, argv: list[str], timeout: float = 60.0) 
                     pass
                 if child.poll() is not None:
                     raise JobControlError(
-                        f"the daemon exited at start (status {child.returncode}); see {opts.log_file}:\n"
-                        + _tail(opts.log_file)
+                        f"the {what} exited at start (status {child.returncode}); "
+                        f"see {opts.log_file}:\n" + _tail(opts.log_file)
                     )
         finally:
             sock.close()
         child.terminate()
         raise JobControlError(
-            f"the daemon did not get ready within {timeout:g}s; see {opts.log_file}"
+            f"the {what} did not get ready within {timeout:g}s; see {opts.log_file}"
         )
 
 

@@ -17,6 +17,7 @@ from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import Kind
 from jobcontrol.outage import OutageState
 from jobcontrol.store import Store
+from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import Worker
@@ -53,11 +54,15 @@ class Runtime:
         self.containment: Containment | None = None
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
+        # PostgreSQL: the wake-ups to and from workers in other processes (LISTEN/NOTIFY).
+        self.relay: Relay | None = None if store.is_sqlite else Relay(store, name="daemon")
 
     def start(self) -> Dispatcher:
         """Recover, start the dispatcher, kill what lost runs left on this host, then
         start the embedded worker (none with 0 slots)."""
         d = self.dispatcher
+        if self.relay is not None:
+            self.relay.start()  # before the dispatcher queues anything other workers must hear
         d.start()
         if self.config.slots > 0:
             self.containment = Containment.setup(d.instance_id, self.cgroups)
@@ -99,6 +104,8 @@ class Runtime:
                 self.worker.stop(timeout)
             if self.containment is not None:
                 self.containment.close()  # the worker closed it too, unless it was replaced
+            if self.relay is not None:
+                self.relay.stop()
 
     def containment_view(self) -> str:
         """How this daemon's worker contains task runs (for status)."""
@@ -111,6 +118,8 @@ class Runtime:
         parts = {"dispatcher": self.dispatcher.outage.state()}
         if self.worker is not None:
             parts["worker"] = self.worker.outage.state()
+        if self.relay is not None:
+            parts["notifications"] = self.relay.outage.state()
         down = {name: s for name, s in parts.items() if s.down}
         return {
             "ok": not down,

@@ -18,6 +18,7 @@ from jobcontrol import cgroups, diskspace, taskenv
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
+from jobcontrol.cli import worker as cli_worker
 from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
@@ -146,6 +147,7 @@ def _commands(sub: Any) -> None:
     _access_parsers(sub)
     cli_online.add_parsers(sub)
     cli_lanes.add_parsers(sub)
+    cli_worker.add_parsers(sub)
 
     daemon = sub.add_parser("daemon", help="run, start, stop the dispatcher daemon")
     dsub = daemon.add_subparsers(dest="daemon_command", required=True)
@@ -282,7 +284,7 @@ def _access_parsers(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command not in ("daemon", "demo"):
+    if args.command not in ("daemon", "demo", "worker"):
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
     # $JOBCONTROL_DB is read once and dropped, so nothing this process starts inherits
@@ -342,6 +344,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return run_demo(args.dir, duration=args.duration, slots=args.slots, verbose=args.verbose)
     if args.command == "daemon":
         return _daemon(args)
+    if args.command in cli_worker.COMMANDS:
+        return cli_worker.run(args)
     if args.command in cli_online.COMMANDS:
         target = find_daemon(args.url, args.db, args.state_dir)
         if target is not None or args.command in cli_online.DAEMON_ONLY:

@@ -176,6 +176,20 @@ class Store:
         )
 
     @property
+    def dialect(self) -> str:
+        return "sqlite" if self.is_sqlite else "postgresql"
+
+    def libpq_url(self) -> str:
+        """The PostgreSQL URL for a plain psycopg connection (a listener of its own)."""
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.url).set(drivername="postgresql")
+        conninfo = url.render_as_string(hide_password=False)
+        if "connect_timeout=" not in conninfo:
+            conninfo += ("&" if "?" in conninfo else "?") + f"connect_timeout={PG_CONNECT_TIMEOUT}"
+        return conninfo
+
+    @property
     def sqlite_path(self) -> str | None:
         if not self.is_sqlite or "///" not in self.url:
             return None

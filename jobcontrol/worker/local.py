@@ -94,12 +94,17 @@ class Worker:
         log_access: LogAccess | None = None,
         containment: Containment | None = None,
         task_open_files: int | None = None,
+        marker: dict[str, str] | None = None,
     ) -> None:
+        """``marker``: variables each task gets besides the database's instance marker,
+        so that what one worker left is told from another's on the same host (a remote
+        worker's ``JOBCONTROL_WORKER``)."""
         self.runqueue = runqueue
         self.store = runqueue.store
         self.clock = clock
         self.log_root = log_root
         self.instance_id = instance_id
+        self._marker_extra = dict(marker or {})
         self.host = socket.gethostname()
         self.name = name or f"{self.host}:{os.getpid()}:embedded"
         self.slots = slots
@@ -240,11 +245,22 @@ class Worker:
     # ---------------------------------------------------------- wake-ups
 
     def _on_queued(self, _sender: object, run_ids: list[int], **_: Any) -> None:
+        if not run_ids:  # announced without ids (another process, after a gap): look
+            self.wake()
+            return
         with self._cond:
             self._offers.extend(run_ids)
             self._cond.notify(len(run_ids))
 
-    def _on_kill_requested(self, _sender: object, run_id: int, reason: str, **_: Any) -> None:
+    def _on_kill_requested(
+        self, _sender: object, run_id: int, reason: str, relayed: bool = False, **_: Any
+    ) -> None:
+        if relayed:
+            # Another process's request reaches every worker: only the holder acts on it
+            # (a run claimed but not yet in hand hears of it at its next heartbeat).
+            with self._cond:
+                if run_id not in self._active:
+                    return
         self.kill(run_id, reason)
 
     def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
@@ -295,7 +311,11 @@ class Worker:
             cg.kill()
 
     def _marker(self, run_id: int) -> dict[str, str]:
-        return {"JOBCONTROL_RUN_ID": str(run_id), "JOBCONTROL_INSTANCE": self.instance_id}
+        return {
+            "JOBCONTROL_RUN_ID": str(run_id),
+            "JOBCONTROL_INSTANCE": self.instance_id,
+            **self._marker_extra,
+        }
 
     # ---------------------------------------------------------- heartbeat and back-up poll
 

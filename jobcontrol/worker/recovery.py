@@ -26,17 +26,22 @@ def kill_leftovers(
     *,
     kill_grace: float,
     containment: Containment | None = None,
+    marker: dict[str, str] | None = None,
 ) -> int:
     """Kill what the task runs ``lost`` (ids) left on this host; how many processes.
 
+    ``marker``: more variables a process must carry (a remote worker's name).
     ``kept``: the runs live workers still hold. When there are none, nothing of this
     database may run here any more, and one scan for its instance marker kills all
     (the processes of runs an earlier daemon never got to record included).
     """
+    extra = marker or {}  # a remote worker's own marker: only what it left
     if not kept:
-        markers = [{"JOBCONTROL_INSTANCE": instance_id}]
+        markers = [{"JOBCONTROL_INSTANCE": instance_id, **extra}]
     else:
-        markers = [{"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id} for i in lost]
+        markers = [
+            {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id, **extra} for i in lost
+        ]
     killed: set[int] = set()
     for marker in markers:
         report = procs.kill_tree(None, marker=marker, grace=kill_grace)

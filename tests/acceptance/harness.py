@@ -237,6 +237,31 @@ class JobControl:
                     pids.append(pid)
         return pids
 
+    def live_workers(self) -> list[int]:
+        """Pids of live ``jobcontrol worker`` processes named by pid files in this test's
+        state dirs."""
+        from jobcontrol.places import live_pid
+
+        pids = []
+        for state in sorted(self.state_dirs):
+            for pid_file in state.glob("worker-*.pid"):
+                pid = live_pid(pid_file)
+                if pid is not None and procs.pid_alive(pid):
+                    pids.append(pid)
+        return pids
+
+    def _stop_worker(self, pid: int) -> list[str]:
+        """SIGTERM, then SIGINT (kill its runs); SIGKILL and a problem if it ignores both."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return []
+        if wait_until(lambda: not procs.pid_alive(pid), GONE_TIMEOUT):
+            return []
+        os.kill(pid, signal.SIGKILL)
+        return [f"worker pid {pid} survived SIGTERM and SIGINT"]
+
     @property
     def token_file(self) -> Path:
         """Where the daemon of this database leaves its first-start admin token."""
@@ -279,6 +304,9 @@ class JobControl:
                     child.kill()
                     child.wait()
                     problems.append(f"foreground command {child.args} ignored SIGTERM")
+        for pid in self.live_workers():
+            # Workers first (warm stop: the daemon's kill reaches their runs meanwhile).
+            problems += self._stop_worker(pid)
         for state in sorted(self.state_dirs):
             if self.live_daemons(state):
                 self.run("daemon", "stop", "--kill", "--timeout", "30", state_dir=state)

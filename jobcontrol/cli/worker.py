@@ -1,0 +1,222 @@
+"""``jobcontrol worker [run|start|stop|status]`` and ``jobcontrol worker-credentials``.
+
+A worker is its own process (``workerd``), started on any host that reaches the
+PostgreSQL database. The database URL comes from ``--db`` or, better (a command
+line is public), ``$JOBCONTROL_DB``; ``worker start`` hands it to the detached
+process in its environment, never on its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from jobcontrol import cgroups, slotgroups, taskenv
+from jobcontrol.errors import JobControlError, OptionError
+from jobcontrol.filemodes import LogAccess
+from jobcontrol.places import live_pid, state_dir_default
+from jobcontrol.store import redact
+
+COMMANDS = frozenset({"worker", "worker-credentials"})
+
+
+def add_parsers(sub: Any) -> None:
+    w = sub.add_parser(
+        "worker",
+        help="a worker process on this host, claiming task runs from a PostgreSQL database",
+        description="Runs task runs of the database's run queue on this host. Without an "
+        "action it runs in the foreground (Type=notify under systemd); start/stop/status "
+        "work like the daemon's.",
+    )
+    w.add_argument("action", nargs="?", default="run", choices=("run", "start", "stop", "status"))
+    w.add_argument(
+        "--name", default=None, help="the worker's name, unique in the database (default: host)"
+    )
+    w.add_argument(
+        "--queues",
+        default=None,
+        metavar="SPEC",
+        help='slot groups, e.g. "fast_lane:1 manual,*:4" (default: "*:SLOTS", every queue)',
+    )
+    w.add_argument("--slots", type=int, default=None, help="one group of N slots, every queue")
+    w.add_argument("--log-root", type=Path, default=None, help="where task logs go")
+    w.add_argument("--log-level", default="INFO")
+    w.add_argument("--log-format", choices=("text", "json"), default="text")
+    w.add_argument(
+        "--pass-env",
+        action="append",
+        default=None,
+        metavar="NAME[,NAME|PREFIX*]",
+        help=f"the worker's environment variables tasks get (default "
+        f"{','.join(taskenv.DEFAULT_PASS_ENV)}); JOBCONTROL_* never",
+    )
+    w.add_argument("--log-group", default=None, metavar="GROUP", help="may read task logs")
+    w.add_argument("--kill", action="store_true", help="stop: kill the runs in hand (255)")
+    w.add_argument("--timeout", type=float, default=60.0, help="stop: how long to wait")
+    w.add_argument("--json", action="store_true", help="status: one JSON object")
+
+    c = sub.add_parser(
+        "worker-credentials",
+        help="PostgreSQL logins for workers: they may claim, heartbeat and report runs only",
+    )
+    csub = c.add_subparsers(dest="credentials_command", required=True)
+    add = csub.add_parser("add", help="create a worker login; prints its URL once (admin)")
+    add.add_argument("name", help="the login's name (letters, digits, _)")
+    add.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="write the worker's database URL to this file (0600) instead of printing it",
+    )
+    add.add_argument("--host", default=None, help="the database host workers reach")
+    rm = csub.add_parser("remove", help="drop a worker login (admin)")
+    rm.add_argument("name")
+    csub.add_parser("list", help="the worker logins of this database")
+
+
+def groups_from(args: argparse.Namespace) -> list[slotgroups.SlotGroup]:
+    if args.queues is not None and args.slots is not None:
+        raise OptionError("give --queues or --slots, not both (--slots N is --queues '*:N')")
+    if args.queues is not None:
+        return slotgroups.parse(args.queues)
+    slots = 8 if args.slots is None else args.slots
+    if not 1 <= slots <= slotgroups.MAX_SLOTS:
+        raise OptionError(f"--slots must be from 1 to {slotgroups.MAX_SLOTS}, not {slots}")
+    return slotgroups.every_queue(slots)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "worker-credentials":
+        return _credentials(args)
+    from jobcontrol.workerd import WorkerOptions, check_name
+
+    name = check_name(args.name or socket.gethostname())
+    opts = WorkerOptions(db_url=args.db, name=name, state_dir=args.state_dir or state_dir_default())
+    if args.action == "stop":
+        return _stop(opts, args)
+    if args.action == "status":
+        return _status(opts, args)
+    opts.groups = groups_from(args)
+    opts.log_root = args.log_root
+    opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
+    opts.log_access = LogAccess.for_group(args.log_group)
+    opts.cgroups = cgroups.resolve_mode(os.environ)
+    from jobcontrol.daemon import configure_logging, start_detached
+    from jobcontrol.store import Store
+    from jobcontrol.workerd import RemoteWorker, refuse_unusable
+
+    if args.action == "run":
+        configure_logging("DEBUG" if args.verbose else args.log_level, fmt=args.log_format)
+        RemoteWorker(opts).run_forever()
+        return 0
+    store = Store(opts.db_url)  # refused here in one line, before anything is started
+    try:
+        refuse_unusable(store)
+    finally:
+        store.dispose()
+    argv = ["--state-dir", str(opts.state_dir), "worker", "run", "--name", name]
+    argv += ["--queues", slotgroups.format_groups(opts.groups)]
+    argv += ["--log-level", args.log_level, "--log-format", args.log_format]
+    argv += ["--log-root", str(opts.log_root)] if opts.log_root else []
+    argv += ["--pass-env", opts.pass_env.text]
+    argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
+    pid = start_detached(opts, argv, what="worker")
+    print(f"worker {name} started: pid {pid}, log {opts.log_file}")
+    return 0
+
+
+def _stop(opts: Any, args: argparse.Namespace) -> int:
+    """SIGTERM: no new claims, the runs in hand end first; --kill: a second one kills them."""
+    pid = live_pid(opts.pid_file)
+    if pid is None:
+        raise JobControlError(f"no worker {opts.name} is running here for {redact(opts.db_url)}")
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if args.kill:
+            os.kill(pid, signal.SIGINT)
+        if not select.select([pidfd], [], [], args.timeout)[0]:
+            raise JobControlError(
+                f"worker {opts.name} (pid {pid}) did not stop within {args.timeout:g}s: it waits "
+                "for its runs to end; use --kill to kill them"
+            )
+    finally:
+        os.close(pidfd)
+    print(f"worker {opts.name} stopped (pid {pid})")
+    return 0
+
+
+def _status(opts: Any, args: argparse.Namespace) -> int:
+    pid = live_pid(opts.pid_file)
+    row: dict[str, Any] | None = None
+    if pid is not None:
+        from jobcontrol.service.engine import Engine
+        from jobcontrol.store import Store
+
+        store = Store(opts.db_url)
+        try:
+            row = next((w for w in Engine(store).workers() if w["name"] == opts.name), None)
+        finally:
+            store.dispose()
+    if args.json:
+        from jobcontrol.views import jsonable
+
+        print(json.dumps({"running": pid is not None, "pid": pid, "worker": jsonable(row)}))
+        return 0 if pid is not None else 3
+    if pid is None:
+        print(f"no worker {opts.name} is running here for {redact(opts.db_url)}")
+        return 3  # LSB: program is not running
+    print(f"worker {opts.name} running: pid {pid}, log {opts.log_file}")
+    if row is not None:
+        print(
+            f"slots {row['used']}/{row['slots']} in use; last heartbeat "
+            f"{row['heartbeat_age_s']:.1f}s ago; {row['containment']}"
+        )
+        for r in row["runs"]:
+            print(f"  run {r['run_id']} {r['job']} since {r['since']}")
+    return 0
+
+
+def _credentials(args: argparse.Namespace) -> int:
+    from jobcontrol.service import credentials
+    from jobcontrol.store import Store
+
+    store = Store(args.db)
+    try:
+        if args.credentials_command == "add":
+            url = credentials.add(store, args.name, host=args.host)
+            if args.output is not None:
+                from jobcontrol import filemodes
+
+                fd = filemodes.open_private(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                with open(fd, "w") as f:
+                    f.write(url + "\n")
+                print(
+                    f"worker login {credentials.role_name(args.name)} created; URL in {args.output}"
+                )
+            else:
+                print(url)
+                print(
+                    "jobcontrol: keep this URL secret: give it to the worker as $JOBCONTROL_DB "
+                    "(or in a 0600 file), never on a command line",
+                    file=sys.stderr,
+                )
+        elif args.credentials_command == "remove":
+            credentials.remove(store, args.name)
+            print(f"worker login {credentials.role_name(args.name)} dropped")
+        else:
+            for name in credentials.names(store):
+                print(name)
+    finally:
+        store.dispose()
+    return 0

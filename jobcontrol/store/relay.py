@@ -1,0 +1,205 @@
+"""The run-queue wake-ups between processes, over PostgreSQL's LISTEN/NOTIFY.
+
+Within one process the run-queue signals of ``events`` (``runs_queued``,
+``kill_requested``, ``task_finished``, ``lanes_changed``, sent with the ``Store``
+as sender) reach the dispatcher and the embedded worker directly. A remote worker
+is another process, usually on another host: the ``Relay`` of each process sends
+every such signal of its own to the database's ``jobcontrol`` channel, and sends
+every one it hears from another process to its own receivers, as if it had been
+sent locally (with ``relayed=True``).
+
+They stay hints. A notification is sent after the change committed (so whoever
+hears it finds the change), but one can be lost: a listener's connection that
+breaks misses what was sent meanwhile. Both sides keep their back-up polls, and
+the relay reports a broken connection in its ``outage`` until it is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import secrets
+import threading
+from typing import TYPE_CHECKING, Any
+
+from jobcontrol import events
+from jobcontrol.outage import Outage
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from jobcontrol.store import Store
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "jobcontrol"
+# NOTIFY's payload must stay under 8000 bytes: run ids past this many are left out
+# (the receiver claims by priority instead; the ids are only a fast path).
+MAX_IDS = 200
+RETRY_FIRST, RETRY_MAX = 0.1, 5.0
+
+_SIGNALS = {
+    "runs_queued": events.runs_queued,
+    "kill_requested": events.kill_requested,
+    "task_finished": events.task_finished,
+    "lanes_changed": events.lanes_changed,
+}
+
+
+class Relay:
+    """Sends this process's run-queue signals to the database; delivers the others'."""
+
+    def __init__(self, store: Store, *, name: str = "relay") -> None:
+        if store.dialect != "postgresql":
+            raise ValueError("the relay needs PostgreSQL (LISTEN/NOTIFY)")
+        self.store = store
+        self.name = name
+        self.origin = secrets.token_hex(8)  # this process: its own notifications are skipped
+        self.outage = Outage(f"notifications ({name})")
+        self.sent = self.heard = self.dropped = 0
+        self._outbox: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._receivers: list[tuple[Any, Any]] = []
+        self._listening = threading.Event()
+
+    # ------------------------------------------------------------------ control
+
+    def start(self, *, wait: float = 10.0) -> None:
+        """Listen and send from two threads; returns once listening (or after ``wait``:
+        the listener keeps trying, and the back-up polls cover the gap)."""
+        for key, signal in _SIGNALS.items():
+            receiver = self._forwarder(key)
+            signal.connect(receiver, sender=self.store, weak=False)
+            self._receivers.append((signal, receiver))
+        for target, name in ((self._listen_loop, "listen"), (self._send_loop, "notify")):
+            thread = threading.Thread(target=target, name=f"jc-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._listening.wait(wait)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver, sender=self.store)
+        self._receivers.clear()
+        self._stop.set()
+        self._outbox.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "listening": self.listening,
+            "sent": self.sent,
+            "heard": self.heard,
+            "dropped": self.dropped,
+            "down": self.outage.down,
+        }
+
+    # ------------------------------------------------------------------ sending
+
+    def _forwarder(self, key: str) -> Any:
+        def forward(_sender: object, *, relayed: bool = False, **kwargs: Any) -> None:
+            if relayed:
+                return  # heard from another process: not ours to send again
+            if "run_ids" in kwargs:
+                kwargs["run_ids"] = list(kwargs["run_ids"])[:MAX_IDS]
+            self._outbox.put(json.dumps({"o": self.origin, "s": key, "k": kwargs}))
+
+        return forward
+
+    def _send_loop(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        delay = RETRY_FIRST
+        while True:
+            payload = self._outbox.get()
+            if payload is None:
+                break
+            while not self._stop.is_set():
+                try:
+                    if conn is None or conn.closed:
+                        conn = self._connect()
+                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+                    self.sent += 1
+                    delay = RETRY_FIRST
+                    break
+                except Exception as exc:  # psycopg.Error, OSError: the database is away
+                    self.outage.failed(exc)
+                    _close(conn)
+                    conn = None
+                    # A hint that cannot be sent now is stale by the time it could be:
+                    # drop it (counted, in health) and let the back-up polls find the work.
+                    self.dropped += 1
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, RETRY_MAX)
+                    break
+        _close(conn)
+
+    # ------------------------------------------------------------------ listening
+
+    def _listen_loop(self) -> None:
+        delay = RETRY_FIRST
+        while not self._stop.is_set():
+            conn: psycopg.Connection[Any] | None = None
+            try:
+                conn = self._connect()
+                conn.execute(f"LISTEN {CHANNEL}")
+                self._listening.set()
+                if self.outage.down:
+                    # Whatever was sent while it was away is lost: wake every receiver once.
+                    self._deliver_all_wake()
+                self.outage.recovered()
+                delay = RETRY_FIRST
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=1.0):
+                        self._deliver(note.payload)
+            except Exception as exc:  # psycopg.Error, OSError: the database is away
+                self._listening.clear()
+                if self._stop.is_set():
+                    break
+                self.outage.failed(exc)
+                log.warning("listening for run-queue notifications failed: %s; retrying", exc)
+                self._stop.wait(delay)
+                delay = min(delay * 2, RETRY_MAX)
+            finally:
+                _close(conn)
+        self._listening.clear()
+
+    def _deliver(self, payload: str) -> None:
+        try:
+            note = json.loads(payload)
+            signal = _SIGNALS[note["s"]]
+            kwargs = dict(note["k"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed run-queue notification: %.200r", payload)
+            return
+        if note.get("o") == self.origin:
+            return  # our own: its receivers here heard it when it was sent
+        self.heard += 1
+        try:
+            signal.send(self.store, relayed=True, **kwargs)
+        except Exception:
+            log.exception("a receiver of a relayed %s failed", note["s"])
+
+    def _deliver_all_wake(self) -> None:
+        """After a gap in listening: work may have been announced meanwhile."""
+        events.runs_queued.send(self.store, run_ids=[], relayed=True)
+        events.lanes_changed.send(self.store, names=[], relayed=True)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        import psycopg
+
+        return psycopg.connect(self.store.libpq_url(), autocommit=True)
+
+
+def _close(conn: psycopg.Connection[Any] | None) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception as exc:  # closing a broken connection: nothing left to do
+            log.debug("closing a notification connection: %s", exc)

@@ -1,0 +1,299 @@
+"""A remote worker process: ``jobcontrol worker --db postgresql+psycopg://… --name build-1``.
+
+It runs the same ``Worker`` as the daemon's embedded one, on any host that reaches
+the database: it claims task runs of the lanes it serves from the run queue,
+runs them, and records their ends, all through the store's run-queue interface
+(``RunQueue``). The dispatcher and it meet only in the database; the wake-ups
+between them travel by PostgreSQL's LISTEN/NOTIFY (``store.relay``), with the
+back-up polls of both sides for what a lost notification leaves behind.
+
+Rules, and why:
+
+* PostgreSQL only. A SQLite file is one host's: a worker on another host cannot
+  share it safely (file locks over network filesystems), and on the same host the
+  daemon's embedded worker already serves it. Refused with a message saying so.
+* A worker never migrates the schema: the daemon does. A worker whose code is for
+  another revision is refused (it would read columns that are not there).
+* Names are unique. A name that a live worker holds (heartbeat within its lease,
+  or a live process on this host) is refused. A worker restarting under its old
+  name on the same host first kills what its previous process left running and
+  records those runs ``lost`` (their outcome died with it): their trees go on at
+  once instead of after the lease.
+* ``SIGTERM`` (``worker stop``) stops claiming and lets the runs in hand end and be
+  recorded (a warm stop); a second ``SIGTERM`` or ``SIGINT``, or ``worker stop
+  --kill``, kills them (recorded killed, 255) and exits. A ``kill -9`` leaves its
+  runs to their leases: the dispatcher settles them when the leases expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobcontrol import events, filemodes, places, procs, slotgroups
+from jobcontrol.cgroups import Containment
+from jobcontrol.clock import Clock, SystemClock
+from jobcontrol.daemon import READY_SOCKET, PidFile
+from jobcontrol.dispatch.recovery import worker_alive
+from jobcontrol.errors import JobControlError
+from jobcontrol.filemodes import LogAccess
+from jobcontrol.model import KILLED_STATUS, RunState
+from jobcontrol.slotgroups import SlotGroup
+from jobcontrol.store import Store, queries, redact
+from jobcontrol.store.relay import Relay
+from jobcontrol.store.runqueue import RunQueue, get_worker
+from jobcontrol.taskenv import PassEnv
+from jobcontrol.worker import recovery as local_recovery
+from jobcontrol.worker.local import Worker
+
+log = logging.getLogger(__name__)
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+
+
+def check_name(name: str) -> str:
+    if not NAME.fullmatch(name):
+        raise JobControlError(
+            f"worker name {name!r}: use 1 to 128 letters, digits and _ . : @ -, "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass
+class WorkerOptions:
+    db_url: str
+    name: str
+    state_dir: Path
+    groups: list[SlotGroup] = field(default_factory=lambda: slotgroups.every_queue(8))
+    log_root: Path | None = None
+    pass_env: PassEnv = field(default_factory=PassEnv)
+    log_access: LogAccess = field(default_factory=LogAccess)
+    cgroups: str = "auto"
+    kill_grace: float = 5.0
+
+    @property
+    def file_tag(self) -> str:
+        return f"{_SAFE.sub('_', self.name)}-{places.daemon_tag(self.db_url)}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / f"worker-{self.file_tag}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / f"worker-{self.file_tag}.log"
+
+    @property
+    def task_logs(self) -> Path:
+        return self.log_root or self.state_dir / "worker-logs" / _SAFE.sub("_", self.name)
+
+    @property
+    def slots(self) -> int:
+        return sum(g.slots for g in self.groups)
+
+    def make_state_dir(self) -> None:
+        filemodes.make_dir(self.state_dir, filemodes.PRIVATE_DIR)
+
+
+def refuse_unusable(store: Store) -> None:
+    """A worker needs PostgreSQL, and a schema of its own version (the daemon migrates)."""
+    if store.is_sqlite:
+        raise JobControlError(
+            f"a worker process needs a PostgreSQL database, not {redact(store.url)}: a SQLite "
+            "file belongs to one host, where the daemon's embedded worker runs its tasks "
+            "(jobcontrol daemon run --slots N)"
+        )
+    from jobcontrol.service.dbcopy import head_revision
+
+    revision, head = store.current_revision(), head_revision()
+    if revision is None:
+        raise JobControlError(
+            f"{redact(store.url)} has no Job Control schema: start the daemon on it first "
+            "(or run jobcontrol db upgrade)"
+        )
+    if revision != head:
+        raise JobControlError(
+            f"{redact(store.url)}'s schema is at revision {revision} and this worker's is {head}:"
+            " run the same version of Job Control as the daemon"
+        )
+
+
+class RemoteWorker:
+    """Everything one worker process holds: its pid file, the relay, the worker."""
+
+    def __init__(
+        self, opts: WorkerOptions, store: Store | None = None, clock: Clock | None = None
+    ) -> None:
+        check_name(opts.name)
+        self.opts = opts
+        self.store = store or Store(opts.db_url, pool_size=max(4, opts.slots + 2))
+        self.clock = clock or SystemClock()
+        self.host = socket.gethostname()
+        self.pid_file = PidFile(opts.pid_file, what="worker of this name and database")
+        self.relay: Relay | None = None
+        self.worker: Worker | None = None
+        self.containment: Containment | None = None
+        self.stop_requested = threading.Event()
+        self.kill_requested = threading.Event()
+
+    def start(self) -> Worker:
+        refuse_unusable(self.store)
+        self.opts.make_state_dir()
+        self.pid_file.acquire()
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> Worker:
+        from jobcontrol import __version__
+
+        runqueue = RunQueue(self.store)
+        previous = self._refuse_live_namesake()
+        instance = self.store.instance_id()
+        marker = {"JOBCONTROL_WORKER": self.opts.name}
+        # Its own cgroup subtree, apart from the daemon's and other workers' on this host.
+        self.containment = Containment.setup(f"{instance}:{self.opts.name}", self.opts.cgroups)
+        log.info("task runs are contained by %s", self.containment.describe())
+        self._recover(instance, marker, previous)
+        self.relay = Relay(self.store, name=f"worker {self.opts.name}")
+        self.relay.start()
+        self.worker = Worker(
+            runqueue,
+            clock=self.clock,
+            log_root=self.opts.task_logs,
+            instance_id=instance,
+            name=self.opts.name,
+            slots=self.opts.slots,
+            queues=_flat_queues(self.opts.groups),
+            kill_grace=self.opts.kill_grace,
+            version=__version__,
+            pass_env=self.opts.pass_env,
+            log_access=self.opts.log_access,
+            containment=self.containment,
+            marker=marker,
+        )
+        self.worker.start()
+        self.worker.wake()  # runs queued before it listened
+        log.info(
+            "worker %s (pid %s on %s) serving %s with %s on %s",
+            self.opts.name,
+            os.getpid(),
+            self.host,
+            slotgroups.format_groups(self.opts.groups),
+            f"{self.opts.slots} slot(s)",
+            redact(self.store.url),
+        )
+        return self.worker
+
+    def _refuse_live_namesake(self) -> dict[str, Any] | None:
+        """The registry row of an earlier worker of this name, refused if it still lives."""
+        with self.store.read() as conn:
+            row = get_worker(conn, self.opts.name)
+        if row is None or row["stopped"] is not None:
+            return row
+        if row["host"] == self.host:
+            if worker_alive(row, self.host) and row["pid"] != os.getpid():
+                raise JobControlError(
+                    f"worker {self.opts.name} is already running on this host (pid {row['pid']})"
+                )
+            return row
+        lease = RunQueue(self.store).lanes().default.stale_timeout_s
+        age = (self.clock.now() - row["heartbeat"]).total_seconds()
+        if age < lease:
+            raise JobControlError(
+                f"worker {self.opts.name} is running on host {row['host']} (pid {row['pid']}, "
+                f"last heartbeat {age:.0f}s ago): give this one another --name, or stop that one"
+            )
+        return row
+
+    def _recover(
+        self, instance: str, marker: dict[str, str], previous: dict[str, Any] | None
+    ) -> None:
+        """Kill what this worker's earlier process left on this host; record its runs lost."""
+        assert self.containment is not None
+        if previous is not None and previous["host"] != self.host:
+            return  # another host's: their leases settle them
+        with self.store.read() as conn:
+            held = [r for r in queries.active_runs(conn) if r.worker == self.opts.name]
+        local_recovery.kill_leftovers(
+            instance,
+            [r.id for r in held],
+            [],
+            kill_grace=self.opts.kill_grace,
+            containment=self.containment,
+            marker=marker,
+        )
+        now = self.clock.now()
+        runqueue = RunQueue(self.store)
+        for run in held:
+            values: dict[str, Any] = {
+                "state": RunState.LOST,
+                "exit_status": KILLED_STATUS,
+                "ended": now,
+                "lease_until": None,
+                "reason": f"lost: its worker {self.opts.name} restarted; what it ran was killed",
+            }
+            if run.started is not None:
+                values["duration_ms"] = max(0, int((now - run.started).total_seconds() * 1000))
+            if runqueue.finish(run.id, self.opts.name, values, 5).recorded:
+                log.warning("task run %s (%s) %s", run.id, run.job_name, values["reason"])
+                events.task_finished.send(self.store, run_id=run.id)
+
+    def stop(self, *, kill_running: bool = False, timeout: float = 3600.0) -> None:
+        try:
+            if self.worker is not None:
+                if kill_running:
+                    self.worker.kill_all("killed: its worker was stopped")
+                self.worker.stop(timeout)
+            if self.relay is not None:
+                self.relay.stop()  # after the worker: its last ends are announced
+            if self.containment is not None:
+                self.containment.close()
+        finally:
+            self.pid_file.release()
+            self.store.dispose()
+
+    def run_forever(self) -> None:
+        """Foreground: start, tell systemd (or ``worker start``), serve until SIGTERM."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            if self.stop_requested.is_set() or signum == signal.SIGINT:
+                self.kill_requested.set()
+                if self.worker is not None:
+                    self.worker.kill_all("killed: its worker was stopped")
+            self.stop_requested.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, on_signal)
+        started_by = os.environ.pop(READY_SOCKET, None)
+        self.start()
+        try:
+            procs.sd_notify("READY=1")
+            if started_by:
+                procs.sd_notify("READY=1", started_by)
+            while not self.stop_requested.wait(3600):
+                pass
+            procs.sd_notify("STOPPING=1")
+            log.info(
+                "worker %s stopping: no new claims; the runs in hand end first", self.opts.name
+            )
+        finally:
+            self.stop(kill_running=self.kill_requested.is_set())
+
+
+def _flat_queues(groups: list[SlotGroup]) -> list[str] | None:
+    """The queues the whole worker serves (None: every queue)."""
+    if any(g.preference for g in groups):
+        return None
+    return [q for g in groups for q in g.queues]

@@ -1,0 +1,302 @@
+"""Remote workers: ``jobcontrol worker`` processes beside a daemon that runs no tasks.
+
+Real PostgreSQL, the real daemon and real worker processes started by the CLI.
+The dispatcher and the workers meet only in the database (the run queue), with
+LISTEN/NOTIFY for the wake-ups: a task's end reaches its tree at once, not at the
+dispatcher's back-up poll.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import select
+
+from jobcontrol import procs
+from jobcontrol.places import live_pid
+from jobcontrol.store import Store
+from jobcontrol.store.schema import run
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.pgserver import PostgresServer
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.postgres]
+
+TREE = """\
+jobs:
+  - name: hello
+    command: "echo hello from $JOBCONTROL_WORKER; exit 3"
+  - name: sleeper
+    command: sleep 1000
+  - name: chain
+    box_type: sequence
+    children:
+      - name: one
+        command: "true"
+        active: true
+      - name: two
+        command: "true"
+        active: true
+      - name: three
+        command: "true"
+        active: true
+"""
+WAIT = 30.0
+
+
+@pytest.fixture
+def jcpg(postgres_url: str, make_jc: Any) -> JobControl:
+    jc: JobControl = make_jc(postgres_url)
+    jc.upgraded().load(write(jc.base / "tree.yaml", TREE))
+    return jc
+
+
+def runs_of(jc: JobControl, job: str) -> list[dict[str, Any]]:
+    return jc.history(job)
+
+
+def last_run(jc: JobControl, job: str) -> dict[str, Any] | None:
+    runs = runs_of(jc, job)
+    return runs[0] if runs else None
+
+
+def ended(jc: JobControl, job: str) -> dict[str, Any] | None:
+    run = last_run(jc, job)
+    return run if run is not None and run["ended"] else None
+
+
+def task_workers(jc: JobControl, names: tuple[str, ...]) -> set[str | None]:
+    """Which workers ran these jobs' task runs (from the run rows)."""
+    store = Store(jc.url)
+    try:
+        with store.read() as conn:
+            rows = conn.execute(select(run.c.worker).where(run.c.job_name.in_(names)))
+            return {r.worker for r in rows}
+    finally:
+        store.dispose()
+
+
+def worker_pid(jc: JobControl, name: str) -> int | None:
+    files = list(jc.state_dir.glob(f"worker-{name}-*.pid"))
+    return live_pid(files[0]) if files else None
+
+
+def test_a_remote_worker_runs_the_tasks_of_a_daemon_with_no_slots(jcpg: JobControl) -> None:
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    started = jc.ok("worker", "start", "--name", "build-1", "--slots", "2")
+    assert re.search(r"worker build-1 started: pid \d+", started.stdout), describe(started)
+    workers = {w["name"]: w for w in jc.json("workers")}
+    assert (workers["build-1"]["slots"], workers["build-1"]["stopped"]) == (2, None)
+
+    jc.ok("run", "hello")
+    assert wait_until(lambda: ended(jc, "hello"), WAIT), "hello never ended"
+    run = ended(jc, "hello")
+    assert run is not None
+    assert (run["state"], run["exit_status"], run["worker"]) == ("failed", 3, "build-1")
+    assert "hello from build-1" in jc.ok("logs", "hello").stdout
+
+    # A sequence goes task after task on the worker; its end reaches the tree at once.
+    jc.ok("run", "chain")
+    assert wait_until(lambda: ended(jc, "chain"), WAIT), "chain never ended"
+    box = ended(jc, "chain")
+    assert box is not None
+    assert box["state"] == "succeeded", box
+    took = (
+        datetime.fromisoformat(box["ended"]) - datetime.fromisoformat(box["started"])
+    ).total_seconds()
+    # Three tasks: well under one dispatcher back-up poll (2 s) per task.
+    assert took < 2.0, f"a 3-task sequence on a remote worker took {took:.2f}s"
+    assert task_workers(jc, ("one", "two", "three")) == {"build-1"}
+
+    status = jc.ok("worker", "status", "--name", "build-1")
+    assert re.search(r"worker build-1 running: pid \d+", status.stdout), describe(status)
+    stopped = jc.ok("worker", "stop", "--name", "build-1")
+    assert "worker build-1 stopped" in stopped.stdout
+    gone = jc.run("worker", "status", "--name", "build-1")
+    assert gone.returncode == 3, describe(gone)
+    workers = {w["name"]: w for w in jc.json("workers")}
+    assert workers["build-1"]["stopped"] is not None
+
+
+def test_kill_reaches_a_task_on_a_remote_worker(jcpg: JobControl) -> None:
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w1", "--slots", "1")
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
+    pids = jc.marked(JOBCONTROL_JOB="sleeper")
+    assert procs.find_marked({"JOBCONTROL_WORKER": "w1", "JOBCONTROL_JOB": "sleeper"}) == pids
+    jc.ok("kill", "sleeper")
+    assert wait_until(lambda: ended(jc, "sleeper"), WAIT), "the kill never ended the run"
+    run = ended(jc, "sleeper")
+    assert run is not None
+    assert (run["state"], run["exit_status"], run["worker"]) == ("killed", 255, "w1")
+    jc.assert_no_task_processes()
+
+
+def test_a_worker_killed_with_sigkill_loses_its_runs_when_the_lease_expires(
+    jcpg: JobControl,
+) -> None:
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("lane", "set", "default", "stale=3s")
+    jc.ok("worker", "start", "--name", "w2", "--slots", "1")
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
+    pid = worker_pid(jc, "w2")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: ended(jc, "sleeper"), WAIT), "the lease never ran out"
+    run = ended(jc, "sleeper")
+    assert run is not None
+    assert (run["state"], run["exit_status"]) == ("lost", 255), run
+    assert "worker w2 stopped renewing its lease" in run["reason"], run
+    # The worker was on this host: what it left running is killed with the lost run.
+    jc.assert_no_task_processes()
+    # It comes back under its name: the tree runs again on it.
+    jc.ok("worker", "start", "--name", "w2", "--slots", "1")
+    jc.ok("run", "hello")
+    assert wait_until(lambda: ended(jc, "hello"), WAIT)
+
+
+def test_a_worker_restarted_at_once_settles_what_its_killed_process_held(
+    jcpg: JobControl,
+) -> None:
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w3", "--slots", "1")
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT)
+    task = jc.marked(JOBCONTROL_JOB="sleeper")[0]
+    pid = worker_pid(jc, "w3")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(pid), WAIT)
+    assert procs.pid_alive(task), "the task outlives its worker's kill -9"
+    # Within the lease (30 s by default): the new process kills the task and says why.
+    jc.ok("worker", "start", "--name", "w3", "--slots", "1")
+    assert wait_until(lambda: ended(jc, "sleeper"), 10.0), "not settled at the restart"
+    run = ended(jc, "sleeper")
+    assert run is not None
+    assert (run["state"], run["exit_status"]) == ("lost", 255)
+    assert "its worker w3 restarted" in run["reason"], run
+    jc.assert_no_task_processes()
+
+
+def test_a_worker_is_refused_on_sqlite_or_a_bad_spec_and_nothing_changes(
+    jc_sqlite: JobControl, jcpg: JobControl
+) -> None:
+    jc_sqlite.upgraded()
+    refused = jc_sqlite.fails("worker", "--name", "w")
+    assert "a worker process needs a PostgreSQL database" in refused.stderr, describe(refused)
+    assert jc_sqlite.json("workers") == []
+    assert not list(jc_sqlite.state_dir.glob("worker-*"))
+
+    for spec, why in (
+        ("fast:0", "the slot count must be a whole number"),
+        ("fast", "has no slot count"),
+        ("*,fast:2", "fast"),
+    ):
+        bad = jcpg.fails("worker", "--name", "w", "--queues", spec)
+        assert "--queues" in bad.stderr, describe(bad)
+        assert why in bad.stderr, describe(bad)
+    both = jcpg.fails("worker", "--name", "w", "--queues", "*:2", "--slots", "2")
+    assert "--queues or --slots, not both" in both.stderr
+    named = jcpg.fails("worker", "--name", "-bad name")
+    assert "worker name '-bad name'" in named.stderr, describe(named)
+    assert jcpg.json("workers") == []
+
+    # A name a live worker holds is refused.
+    jcpg.ok("worker", "start", "--name", "dup", "--slots", "1")
+    again = jcpg.fails("worker", "--name", "dup", "--slots", "1")
+    assert "another worker of this name" in again.stderr, describe(again)
+    assert [w["name"] for w in jcpg.json("workers")] == ["dup"]
+    jcpg.ok("worker", "stop", "--name", "dup")
+
+
+def _scram_for_workers(server: PostgresServer, group: str) -> None:
+    """Make the server check this group's passwords (the test server trusts everyone)."""
+    hba = server.datadir / "pg_hba.conf"
+    lines = hba.read_text()
+    rule = f"host all +{group} 127.0.0.1/32 scram-sha-256\n"
+    if rule not in lines:
+        hba.write_text(rule + lines)
+    with server.connect(autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def test_worker_credentials_work_the_queue_and_nothing_else(
+    jcpg: JobControl, postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    jc = jcpg
+    bad = jc.fails("worker-credentials", "add", "Bad-Name")
+    assert "use 1 to 40 lower-case letters" in bad.stderr, describe(bad)
+
+    url_file = tmp_path / "w-url"
+    made = jc.ok("worker-credentials", "add", "ci1", "--output", str(url_file))
+    assert "jcw_ci1 created" in made.stdout
+    assert stat.S_IMODE(url_file.stat().st_mode) == 0o600
+    url = url_file.read_text().strip()
+    password = re.search(r"jcw_ci1:([^@]+)@", url).group(1)  # type: ignore[union-attr]
+    assert password not in made.stdout + made.stderr
+    assert jc.ok("worker-credentials", "list").stdout.split() == ["jcw_ci1"]
+    dbname = url.rsplit("/", 1)[1]
+    _scram_for_workers(postgres_server, f"jc_workers_{dbname}"[:63])
+    libpq = url.replace("postgresql+psycopg://", "postgresql://")
+    wrong = libpq.replace(password, "not-the-password")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(wrong, connect_timeout=5).close()
+
+    with psycopg.connect(libpq, autocommit=True, connect_timeout=5) as conn:
+        for statement in (
+            "UPDATE job SET command = 'rm -rf /' WHERE name = 'hello'",
+            "SELECT * FROM job",
+            "SELECT * FROM app_user",
+            "SELECT * FROM audit",
+            "INSERT INTO run (job_name, kind, trigger, state, created) "
+            "VALUES ('x', 'task', 'manual', 'queued', now())",
+            "UPDATE run SET command = 'evil'",
+            "UPDATE lane SET max_slots = 99",
+            "DELETE FROM run",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    # The job is as it was.
+    [hello] = [j for j in jc.json("ls") if j["name"] == "hello"]
+    assert "rm -rf" not in str(hello)
+
+    # With those credentials alone, a worker runs the daemon's tasks.
+    jc.ok("daemon", "start", "--slots", "0")
+    env = dict(jc.env, JOBCONTROL_DB=url)
+    start = jc.bare(
+        "--state-dir",
+        str(jc.state_dir),
+        "worker",
+        "start",
+        "--name",
+        "ci1",
+        "--slots",
+        "1",
+        env=env,
+    )
+    assert start.returncode == 0, describe(start)
+    cmdline = Path(f"/proc/{worker_pid(jc, 'ci1')}/cmdline").read_bytes()
+    assert password.encode() not in cmdline
+    jc.ok("run", "hello")
+    assert wait_until(lambda: ended(jc, "hello"), WAIT), "hello never ran on the ci1 worker"
+    run = ended(jc, "hello")
+    assert run is not None
+    assert (run["worker"], run["exit_status"]) == ("ci1", 3)
+    stop = jc.bare("--state-dir", str(jc.state_dir), "worker", "stop", "--name", "ci1", env=env)
+    assert stop.returncode == 0, describe(stop)
+    jc.ok("daemon", "stop")
+    jc.ok("worker-credentials", "remove", "ci1")
+    assert jc.ok("worker-credentials", "list").stdout.split() == []
