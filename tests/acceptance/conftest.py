@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import JobControl
+from tests.acceptance.harness import JobControl, write
 
 
 @pytest.fixture
@@ -53,3 +53,33 @@ def other_db_url(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) ->
         yield server.url(name)
     finally:
         server.drop_database(name)
+
+
+# The jobs of the remote-worker tests (test_acc_remote_worker.py, test_acc_worker_netns.py).
+REMOTE_TREE = """\
+jobs:
+  - name: hello
+    command: "echo hello from $JOBCONTROL_WORKER; exit 3"
+  - name: sleeper
+    command: sleep 1000
+  - name: chain
+    box_type: sequence
+    children:
+      - name: one
+        command: "true"
+        active: true
+      - name: two
+        command: "true"
+        active: true
+      - name: three
+        command: "true"
+        active: true
+"""
+
+
+@pytest.fixture
+def jcpg(postgres_url: str, make_jc: Callable[[str], JobControl]) -> JobControl:
+    """Job Control on a fresh PostgreSQL database with the remote-worker tests' jobs."""
+    jc = make_jc(postgres_url)
+    jc.upgraded().load(write(jc.base / "tree.yaml", REMOTE_TREE))
+    return jc

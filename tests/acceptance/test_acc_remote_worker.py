@@ -24,38 +24,12 @@ from jobcontrol import procs
 from jobcontrol.places import live_pid
 from jobcontrol.store import Store
 from jobcontrol.store.schema import run
-from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.acceptance.harness import JobControl, describe, wait_until
 from tests.pgserver import PostgresServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.postgres]
 
-TREE = """\
-jobs:
-  - name: hello
-    command: "echo hello from $JOBCONTROL_WORKER; exit 3"
-  - name: sleeper
-    command: sleep 1000
-  - name: chain
-    box_type: sequence
-    children:
-      - name: one
-        command: "true"
-        active: true
-      - name: two
-        command: "true"
-        active: true
-      - name: three
-        command: "true"
-        active: true
-"""
 WAIT = 30.0
-
-
-@pytest.fixture
-def jcpg(postgres_url: str, make_jc: Any) -> JobControl:
-    jc: JobControl = make_jc(postgres_url)
-    jc.upgraded().load(write(jc.base / "tree.yaml", TREE))
-    return jc
 
 
 def runs_of(jc: JobControl, job: str) -> list[dict[str, Any]]:
