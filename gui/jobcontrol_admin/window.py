@@ -130,7 +130,7 @@ class MainWindow(QMainWindow):
         self.history_dock.setObjectName("history-dock")
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.history_dock)
         # Workers & Lanes shares the bottom with the runs, as a tab behind them.
-        self.workers_dock = QDockWidget("Workers & Lanes", self)
+        self.workers_dock = QDockWidget("Workers && Lanes", self)  # && : a plain "&" in tabs
         self.workers_dock.setObjectName("workers-dock")
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.workers_dock)
         self.tabifyDockWidget(self.history_dock, self.workers_dock)

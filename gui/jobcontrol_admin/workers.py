@@ -32,7 +32,6 @@ from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QSettings,
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QApplication,
     QCheckBox,
     QDialog,
     QDialogButtonBox,
@@ -47,7 +46,6 @@ from PySide6.QtWidgets import (
     QSplitter,
     QStyle,
     QStyledItemDelegate,
-    QStyleOptionProgressBar,
     QStyleOptionViewItem,
     QTableWidget,
     QTableWidgetItem,
@@ -168,24 +166,37 @@ class SlotBarDelegate(QStyledItemDelegate):
         if not isinstance(value, tuple) or len(value) != 2:
             super().paint(painter, option, index)
             return
-        used, total = value
+        used, total = int(value[0]), int(value[1])
+        rect: QRect = option.rect.adjusted(4, 4, -4, -4)
+        palette: QPalette = option.palette
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         if option.state & QStyle.StateFlag.State_Selected:
-            painter.fillRect(option.rect, option.palette.highlight())
-        bar = QStyleOptionProgressBar()
-        rect: QRect = option.rect.adjusted(3, 3, -3, -3)
-        bar.rect = rect
-        bar.minimum = 0
-        bar.maximum = max(1, int(total))
-        bar.progress = min(int(used), max(1, int(total)))
-        bar.text = f"{used} / {total}"
-        bar.textVisible = True
-        bar.textAlignment = Qt.AlignmentFlag.AlignCenter
-        bar.state = QStyle.StateFlag.State_Enabled | QStyle.StateFlag.State_Horizontal
-        full = total and used >= total
-        colour = QColor("#c0392b") if full else QColor("#2e86c1")
-        bar.palette.setColor(QPalette.ColorRole.Highlight, colour)
-        style = QApplication.style()
-        style.drawControl(QStyle.ControlElement.CE_ProgressBar, bar, painter)
+            painter.fillRect(option.rect, palette.highlight())
+        painter.setPen(QColor("#9aa5b1"))
+        painter.setBrush(QColor("#eef1f4"))
+        painter.drawRoundedRect(rect, 3, 3)
+        if total > 0 and used > 0:
+            done = QRect(rect)
+            done.setWidth(max(4, rect.width() * min(used, total) // total))
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(QColor("#c0392b") if used >= total else QColor("#3a7bd5"))
+            painter.drawRoundedRect(done.adjusted(1, 1, 0, 0), 2, 2)
+        text = f"{used} / {total}"
+        painter.setPen(QColor("#1b2631"))
+        font = QFont(option.font)
+        font.setBold(True)
+        painter.setFont(font)
+        # The text on a light plate, readable over the bar and beside it alike.
+        metrics = painter.fontMetrics()
+        plate = metrics.boundingRect(text).adjusted(-4, -1, 4, 1)
+        plate.moveCenter(rect.center())
+        painter.setBrush(QColor(255, 255, 255, 200))
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.drawRoundedRect(plate, 2, 2)
+        painter.setPen(QColor("#1b2631"))
+        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
+        painter.restore()
 
 
 # ---------------------------------------------------------------- the lane dialog
@@ -404,9 +415,9 @@ class WorkersPanel(QWidget):
         self.lane_table = _table("lanes", LANE_COLUMNS)
         self.queue_table = _table("queue", QUEUE_COLUMNS)
         for table, widths in (
-            (self.worker_table, (110, 110, 120, 90, 170)),
-            (self.lane_table, (90, 120, 70, 60, 60, 80, 50)),
-            (self.queue_table, (80, 30, 50, 130, 55, 70)),
+            (self.worker_table, (170, 90, 120, 100, 200)),
+            (self.lane_table, (110, 190, 80, 70, 70, 90, 60)),
+            (self.queue_table, (70, 30, 50, 130, 60, 70)),
         ):
             for column, width in enumerate(widths):
                 table.setColumnWidth(column, width)
@@ -424,11 +435,12 @@ class WorkersPanel(QWidget):
         self.status.setObjectName("workers-status")
         self.status.setStyleSheet("color: gray")
 
-        self.splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.splitter.setObjectName("workers-splitter")
-        self.splitter.setChildrenCollapsible(False)
-        self.splitter.addWidget(_titled("Workers", self.worker_table, [self.show_stopped]))
-        self.splitter.addWidget(
+        # Workers over lanes at the left, the queue at the right.
+        self.left = QSplitter(Qt.Orientation.Vertical)
+        self.left.setObjectName("workers-left")
+        self.left.setChildrenCollapsible(False)
+        self.left.addWidget(_titled("Workers", self.worker_table, [self.show_stopped]))
+        self.left.addWidget(
             _titled(
                 "Lanes",
                 self.lane_table,
@@ -441,8 +453,15 @@ class WorkersPanel(QWidget):
                 ],
             )
         )
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("workers-splitter")
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(self.left)
         self.splitter.addWidget(_titled("Queue", self.queue_table, [self.reprioritize_button]))
-        self.splitter.setSizes([400, 520, 380])
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 2)
+        self.splitter.setSizes([860, 520])
+        self.left.setSizes([120, 200])
         bottom = QHBoxLayout()
         bottom.addWidget(self.status, 1)
         bottom.addWidget(self.refresh_button)
@@ -536,7 +555,8 @@ class WorkersPanel(QWidget):
         used = sum(int(w.get("used") or 0) for w in live)
         slots = sum(int(w.get("slots") or 0) for w in live)
         self.status.setText(
-            f"{len(live)} workers, {used} / {slots} slots in use, {len(self.queue)} queued"
+            f"{_count(len(live), 'worker')}, {used} / {slots} slots in use, "
+            f"{len(self.queue)} queued"
             f" — updated {self.refreshed.strftime('%H:%M:%S')}"
         )
         self.update_actions()
@@ -615,7 +635,7 @@ class WorkersPanel(QWidget):
                 _item(lane.get("queued", 0), right=True),
                 _item(seconds_text(lane.get("oldest_wait_s")) or "—", right=True),
                 _item(duration_text(lane.get("poll_interval_s")), right=True),
-                _item(duration_text(lane.get("stale_timeout_s")), right=True),
+                _item(duration_text(lane.get("stale_timeout_s"))),  # the last: it stretches
             ]
             tip = f"queues: {', '.join(lane.get('queues') or [lane['name']])}"
             if lane.get("updated_by"):
@@ -878,6 +898,7 @@ class WorkersPanel(QWidget):
 
     def save_state(self, settings: QSettings) -> None:
         settings.setValue("workers/splitter", self.splitter.saveState())
+        settings.setValue("workers/left", self.left.saveState())
         for key, table in self._tables().items():
             settings.setValue(f"workers/{key}", table.horizontalHeader().saveState())
 
@@ -890,7 +911,7 @@ class WorkersPanel(QWidget):
 
     def state_widgets(self) -> dict[str, Any]:
         """What the window restores from its settings: key -> widget with ``restoreState``."""
-        out: dict[str, Any] = {"workers/splitter": self.splitter}
+        out: dict[str, Any] = {"workers/splitter": self.splitter, "workers/left": self.left}
         for key, table in self._tables().items():
             out[f"workers/{key}"] = table.horizontalHeader()
         return out
@@ -908,3 +929,7 @@ def _since(value: object) -> str:
 def _held_line(run: Mapping[str, Any]) -> str:
     when = format_time(parse_time(run.get("since")))
     return f"run {run.get('run_id')} of {run.get('job')}, pid {run.get('pid')}, since {when}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
