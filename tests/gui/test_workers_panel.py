@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from jobcontrol.client import Client
+from jobcontrol.store import Store
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from jobcontrol_admin.window import MainWindow
 from jobcontrol_admin.workers import (
     LANE_COLUMNS,
@@ -340,3 +343,39 @@ def test_texts_for_waits_settings_and_lane_states() -> None:
     stopped = {"state": "stopped", "stopped_reason": "5 worker ends in 10 minutes"}
     assert lane_state_text(stopped) == "STOPPED: 5 worker ends in 10 minutes"
     assert Qt.ItemDataRole.UserRole < SlotsRole
+
+
+def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
+    qtbot: Any, window: MainWindow, admin_daemon: AdminDaemon
+) -> None:
+    panel = panel_of(qtbot, window)
+    store = Store(admin_daemon.jc.url)
+    try:
+        queue = RunQueue(store)
+        long_ago = datetime.now(UTC) - timedelta(minutes=10)
+        for name in ("ghost", "gone"):
+            queue.register(
+                WorkerInfo(name, "far-host", 4242, 4, "test", long_ago, ["gpu"]), long_ago
+            )
+        queue.deregister("gone", long_ago + timedelta(minutes=1))
+    finally:
+        store.dispose()
+    panel.refresh()
+
+    def rows() -> dict[str, int]:
+        table = panel.worker_table
+        return {table.item(r, 0).text(): r for r in range(table.rowCount())}
+
+    qtbot.waitUntil(lambda: "ghost" in rows(), timeout=WAIT_MS)
+    assert "gone" not in rows()  # stopped: hidden
+    ghost = rows()["ghost"]
+    heartbeat = panel.worker_table.item(ghost, WORKER_COLUMNS.index("Heartbeat")).text()
+    assert heartbeat.startswith("STALE"), heartbeat
+    assert panel.worker_table.item(ghost, 0).font().italic()
+    assert panel.worker_table.item(ghost, WORKER_COLUMNS.index("Groups")).text() == "gpu"
+    live = next(name for name in rows() if name != "ghost")
+    assert not panel.worker_table.item(rows()[live], 0).font().italic()
+    panel.show_stopped.setChecked(True)
+    assert "gone" in rows()
+    stopped = panel.worker_table.item(rows()["gone"], WORKER_COLUMNS.index("Heartbeat"))
+    assert stopped.text().startswith("stopped")
