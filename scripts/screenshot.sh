@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A screenshot of the admin window with the sample trees running:
-#   bash scripts/screenshot.sh [OUT.png]   (relative to the repository; default docs/admin-window.png)
+#   bash scripts/screenshot.sh [OUT.png [workers]]   (relative to the repository; default
+#   docs/admin-window.png; with "workers", the Workers & Lanes panel: scripts/workers_screenshot.py)
 #
 # Runs a throw-away daemon on testsetup/demo.yaml (database, state, HOME and
 # XDG dirs in a temp dir, its API on a free port), opens the admin client on it
@@ -92,5 +93,7 @@ print(token_path(sys.argv[1]))' "$tmp/jc.db")"
 
 mkdir -p "$(dirname "$out")"
 # The window keeps the size it opens with (what a new user sees).
+script=scripts/screenshot.py
+[[ "${2:-}" == workers ]] && script=scripts/workers_screenshot.py
 xvfb-run -a -s "-screen 0 1400x800x24" \
-    python scripts/screenshot.py --url "$url" --token-file "$token_file" --out "$out"
+    python "$script" --url "$url" --token-file "$token_file" --out "$out"

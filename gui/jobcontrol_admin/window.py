@@ -47,6 +47,7 @@ from jobcontrol_admin.model import JobIdRole, JobNode, JobTreeModel
 from jobcontrol_admin.properties import PropertiesPanel
 from jobcontrol_admin.session import Session
 from jobcontrol_admin.treeview import JobTreeView
+from jobcontrol_admin.workers import WorkersPanel
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class MainWindow(QMainWindow):
         self.feed: EventFeed | None = None
         self.properties: PropertiesPanel | None = None
         self.history: HistoryPanel | None = None
+        self.workers: WorkersPanel | None = None
         self.editors: list[ExpressionEditor] = []
         self.errors: list[QMessageBox] = []
         self.connection_state = "disconnected"
@@ -127,8 +129,18 @@ class MainWindow(QMainWindow):
         self.history_dock = QDockWidget("Runs and log", self)
         self.history_dock.setObjectName("history-dock")
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.history_dock)
+        # Workers & Lanes shares the bottom with the runs, as a tab behind them.
+        self.workers_dock = QDockWidget("Workers && Lanes", self)  # && : a plain "&" in tabs
+        self.workers_dock.setObjectName("workers-dock")
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.workers_dock)
+        self.tabifyDockWidget(self.history_dock, self.workers_dock)
+        self.history_dock.raise_()
         self.view_menu.addAction(self.properties_dock.toggleViewAction())
         self.view_menu.addAction(self.history_dock.toggleViewAction())
+        self.act_workers = self.workers_dock.toggleViewAction()
+        self.act_workers.setText("&Workers && Lanes")
+        self.act_workers.setShortcut(QKeySequence("Ctrl+Shift+W"))
+        self.view_menu.addAction(self.act_workers)
         self._docks_restored = self._restore_layout()
         self.update_actions()
 
@@ -297,6 +309,10 @@ class MainWindow(QMainWindow):
         self._restore_state(self.history.table.horizontalHeader(), "runs/header")
         self._restore_state(self.history.splitter, "runs/splitter")
         self.history_dock.setWidget(self.history)
+        self.workers = WorkersPanel(session)
+        for key, widget in self.workers.state_widgets().items():
+            self._restore_state(widget, key)
+        self.workers_dock.setWidget(self.workers)
         if not self._docks_restored:
             # The tree keeps most of the window and its watched columns fit; the runs
             # and the log share the bottom, side by side.
@@ -313,6 +329,7 @@ class MainWindow(QMainWindow):
         self.feed.events.connect(self._events)
         self.feed.connection.connect(self._connection)
         self.feed.start()
+        self.workers.start()
         if daemon_status is not None:
             self._show_status(daemon_status)
         else:
@@ -330,11 +347,12 @@ class MainWindow(QMainWindow):
             self.feed = None
         for editor in list(self.editors):
             editor.close()
-        for panel in (self.properties, self.history):
+        for panel in (self.properties, self.history, self.workers):
             if panel is not None:
                 panel.shutdown()
                 panel.deleteLater()
         self.properties = self.history = None
+        self.workers = None
         if self.session is not None:
             self.session.close()
             self.session.deleteLater()
@@ -386,6 +404,8 @@ class MainWindow(QMainWindow):
         if self.history is not None:
             s.setValue("runs/header", self.history.table.horizontalHeader().saveState())
             s.setValue("runs/splitter", self.history.splitter.saveState())
+        if self.workers is not None:
+            self.workers.save_state(s)
         s.sync()
         if s.status() is not QSettings.Status.NoError:
             log.warning("could not save the window's layout to %s: %s", s.fileName(), s.status())
@@ -426,6 +446,8 @@ class MainWindow(QMainWindow):
         self.model.apply(events, order=False)
         if self.history is not None:
             self.history.on_events(events)
+        if self.workers is not None:
+            self.workers.on_events(events)
         self._event_timer.start()  # what comes meanwhile waits for the next round
         if self.model.unordered and not self._order_timer.isActive():
             self._put_in_order()
@@ -439,6 +461,8 @@ class MainWindow(QMainWindow):
     def _connection(self, state: str, message: str) -> None:
         url = self.session.url if self.session else ""
         previous, self.connection_state = self.connection_state, state
+        if self.workers is not None:
+            self.workers.set_online(state == "live")
         if state == "live":
             caught = " — reconnected and caught up" if self._lost_since_live else ""
             self._lost_since_live = False

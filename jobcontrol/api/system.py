@@ -73,6 +73,17 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).isoformat() if epoch is not None else None
 
 
+@router.get("/api/v1/whoami", tags=["system"])
+def whoami(user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, Any]:
+    """The token's user, its role and what that role may do (the admin client enables its
+    actions by it; the server still checks every request)."""
+    return {
+        "name": user.name,
+        "role": str(user.role),
+        "permissions": sorted(str(a) for a in Action if user.can(a)),
+    }
+
+
 @router.get("/api/v1/status", tags=["system"])
 def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, Any]:
     """Tree state, timers armed (and the next few), paused, runs in flight, version, uptime."""

@@ -277,6 +277,11 @@ class Client:
         result: dict[str, Any] = self._json("GET", "/status")
         return result
 
+    def whoami(self) -> dict[str, Any]:
+        """``{"name", "role", "permissions"}`` of this client's token."""
+        result: dict[str, Any] = self._json("GET", "/whoami")
+        return result
+
     def pause(self) -> dict[str, Any]:
         result: dict[str, Any] = self._json("POST", "/timers/pause")
         return result

@@ -23,6 +23,9 @@ Event data (JSON-ready; job views are ``engine.job_view`` dicts, as in ``snapsho
 * ``run.started`` / ``run.finished``: ``run`` (the run dict of ``events``), ``job`` (its view)
 * ``schedule.changed``: ``id``, ``name``, ``next_runs``, ``jobs`` (the views of the
   whole top-level tree, whose evaluation may have moved any child's next run or order)
+* ``lane.changed``: ``names`` (lanes added, set, drained, resumed or removed; read
+  ``/lanes`` for what they are now). Claims and heartbeats have no event: a client
+  that shows them polls ``/workers`` and ``/queue``.
 
 ``apply_event`` is the client side of that contract: it updates a tree of
 views in place, so ``snapshot`` + ``since(seq)`` replayed equals a later snapshot.
@@ -244,6 +247,10 @@ class EventLog:
             receiver = self._receiver(type_, build)
             signal.connect(receiver, sender=self.dispatcher, weak=False)
             self._receivers.append((signal, receiver))
+        # Lane edits come from the lane service (an API thread), sent by the store.
+        receiver = self._receiver("lane.changed", _lanes_data)
+        events.lanes_changed.connect(receiver, sender=self.dispatcher.store, weak=False)
+        self._receivers.append((events.lanes_changed, receiver))
 
     def stop(self) -> None:
         """Stop listening and end every subscription (their ``get`` returns None)."""
@@ -359,6 +366,10 @@ class EventLog:
         top = self.dispatcher.tree.get(job_id)
         jobs = [_view(n, n.depth()) for n in top.walk()] if top is not None else []
         return {"id": job_id, "name": name, "next_runs": jsonable(next_runs), "jobs": jobs}
+
+
+def _lanes_data(names: list[str]) -> dict[str, Any]:
+    return {"names": list(names)}
 
 
 def _deleted_data(job_ids: list[int]) -> dict[str, Any]:
