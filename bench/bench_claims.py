@@ -36,6 +36,7 @@ slots; it does not judge the 2x target, which a tiny run cannot measure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -44,9 +45,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,61 +66,155 @@ WAIT_S = 600.0  # the longest a side may take to drain (bounded, then the run fa
 # ------------------------------------------------------------------ the Job Control worker
 
 
-def jc_worker(url: str, name: str, slots: int) -> None:
-    """One worker process: register, say "ready", wait for a line on stdin, drain the queue.
+class _EngineOps:
+    """Claim and finish through the run queue (``RunQueue``), as a worker does."""
+
+    def __init__(self, url: str, name: str, slots: int) -> None:
+        from sqlalchemy import event
+
+        from jobcontrol.clock import SystemClock
+        from jobcontrol.model import RunState
+        from jobcontrol.store import Store
+        from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+
+        self.name, self.host, self.clock = name, socket.gethostname(), SystemClock()
+        self.succeeded = RunState.SUCCEEDED
+        self.store = Store(url, pool_size=slots + 2)
+        self.rq = RunQueue(self.store)
+        self.statements = 0
+        event.listen(self.store.engine, "before_cursor_execute", self._count)
+        now = self.clock.now()
+        self.rq.register(WorkerInfo(name, self.host, os.getpid(), slots, "bench", now), now)
+
+    def _count(self, *_: Any) -> None:
+        self.statements += 1  # under the GIL: approximate, which is all it is for
+
+    def session(self) -> Any:
+        return self.store.pinned()  # each thread keeps its connection, as the worker's do
+
+    def claim(self, limit: int) -> list[tuple[int, datetime]]:
+        runs = self.rq.claim(self.name, self.host, self.clock.now(), limit=limit)
+        return [(r.id, r.started or self.clock.now()) for r in runs]
+
+    def finish(self, run_id: int, started: datetime) -> bool:
+        ended = self.clock.now()
+        values = {  # the columns the local worker writes (worker/local.py ``_finish``)
+            "state": self.succeeded,
+            "exit_status": 0,
+            "signal": None,
+            "reason": None,
+            "ended": ended,
+            "duration_ms": max(0, int((ended - started).total_seconds() * 1000)),
+            "log_path": None,
+            "pid": None,
+            "lease_until": None,
+            "cpu_us": None,
+            "mem_peak_bytes": None,
+        }
+        done = self.rq.finish(run_id, self.name, values, 50, take_next=(self.host, ended))
+        return done.recorded
+
+    def close(self) -> None:
+        self.rq.deregister(self.name, self.clock.now())
+        self.store.dispose()
+
+
+# The floor: one autocommit statement per claim and per finish on the same schema, with
+# plain psycopg (no lanes: what the table allows when no lane needs a count).
+_FLOOR_CLAIM = """
+UPDATE run SET state = 'running', started = %(now)s, worker = %(w)s, host = %(h)s,
+       lease_until = %(lease)s
+ WHERE id IN (SELECT id FROM run WHERE state = 'queued' ORDER BY priority DESC, id
+              LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+RETURNING id, started"""
+_FLOOR_FINISH = """
+WITH fin AS (
+  UPDATE run SET state = 'succeeded', exit_status = 0, ended = %(now)s,
+         duration_ms = %(ms)s, lease_until = NULL
+   WHERE id = %(id)s AND worker = %(w)s AND state = 'running' RETURNING id),
+nxt AS (
+  UPDATE run SET state = 'queued'
+   WHERE after_run_id IN (SELECT id FROM fin) AND state = 'pending' RETURNING id)
+SELECT count(*) FROM fin"""
+
+
+def _naive_utc() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)  # how the schema stores times (UTCDateTime)
+
+
+class _FloorOps:
+    def __init__(self, conninfo: str, name: str) -> None:
+        import psycopg
+
+        self.psycopg, self.conninfo = psycopg, conninfo
+        self.name, self.host = name, socket.gethostname()
+        self.local = threading.local()
+        self.statements = 0
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        with self.psycopg.connect(self.conninfo, autocommit=True) as conn:
+            self.local.conn = conn
+            yield
+
+    def claim(self, limit: int) -> list[tuple[int, datetime]]:
+        self.statements += 1
+        now = _naive_utc()
+        lease = now + timedelta(seconds=30)
+        params = {"now": now, "w": self.name, "h": self.host, "lease": lease, "n": limit}
+        return list(self.local.conn.execute(_FLOOR_CLAIM, params, prepare=True).fetchall())
+
+    def finish(self, run_id: int, started: datetime) -> bool:
+        self.statements += 1
+        now = _naive_utc()
+        ms = int((now - started).total_seconds() * 1000)
+        params = {"now": now, "ms": ms, "id": run_id, "w": self.name}
+        row = self.local.conn.execute(_FLOOR_FINISH, params, prepare=True).fetchone()
+        return bool(row and row[0] == 1)
+
+    def close(self) -> None:
+        pass
+
+
+def jc_worker(name: str, slots: int, floor: bool) -> None:
+    """One worker process: say "ready", wait for a line on stdin, drain the queue.
 
     One claim loop (the group's workloop) claims up to the free slots; each slot thread
-    records its run's end. Prints one JSON line: CPU, claims, and the largest number of
-    runs it ever held at once (never more than ``slots``).
+    records its run's end. Prints one JSON line: CPU, claims, time in claim and finish,
+    statements, and the largest number of runs it ever held at once.
     """
-    from jobcontrol.clock import SystemClock
-    from jobcontrol.model import RunState
-    from jobcontrol.store import Store
-    from jobcontrol.store.runqueue import RunQueue, WorkerInfo
-
-    clock = SystemClock()
-    host = socket.gethostname()
-    store = Store(url, pool_size=slots + 2)
-    rq = RunQueue(store)
-    rq.register(
-        WorkerInfo(name, host, os.getpid(), slots, "bench", clock.now(), queues=None), clock.now()
-    )
+    ops: _EngineOps | _FloorOps
+    if floor:
+        ops = _FloorOps(os.environ["BENCH_PG_CONNINFO"], name)
+    else:
+        ops = _EngineOps(os.environ["BENCH_JC_URL"], name, slots)
     print("ready", flush=True)
     if not sys.stdin.readline():
         raise SystemExit("no go line on stdin")
     cpu0, wall0 = time.process_time(), time.monotonic()
+    ops.statements = 0
+    finish_s = [0.0]
+    claim_s = 0.0
 
     cond = threading.Condition()
     held = 0
     most_held = 0
     unrecorded: list[int] = []
     errors: list[str] = []
-    work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    work: queue.SimpleQueue[tuple[int, datetime] | None] = queue.SimpleQueue()
 
     def slot() -> None:
         nonlocal held
-        with store.pinned():
+        with ops.session():
             while (run := work.get()) is not None:
                 try:
-                    ended = clock.now()
-                    values = {
-                        "state": RunState.SUCCEEDED,
-                        "exit_status": 0,
-                        "signal": None,
-                        "reason": None,
-                        "ended": ended,
-                        "duration_ms": max(0, int((ended - run.started).total_seconds() * 1000)),
-                        "log_path": None,
-                        "pid": None,
-                        "lease_until": None,
-                        "cpu_us": None,
-                        "mem_peak_bytes": None,
-                    }
-                    done = rq.finish(run.id, name, values, 50, take_next=(host, ended))
-                    if not done.recorded:
-                        unrecorded.append(run.id)
+                    t = time.perf_counter()
+                    recorded = ops.finish(*run)
+                    finish_s[0] += time.perf_counter() - t
+                    if not recorded:
+                        unrecorded.append(run[0])
                 except Exception as exc:  # reported in the JSON line; the run fails
-                    errors.append(f"finish {run.id}: {exc!r}")
+                    errors.append(f"finish {run[0]}: {exc!r}")
                 with cond:
                     held -= 1
                     cond.notify()
@@ -127,20 +222,21 @@ def jc_worker(url: str, name: str, slots: int) -> None:
     threads = [threading.Thread(target=slot, name=f"slot-{i}") for i in range(slots)]
     for t in threads:
         t.start()
-    claims = empty = 0
+    claims = 0
     try:
-        with store.pinned():
+        with ops.session():
             while True:
                 with cond:
                     while held >= slots:
                         cond.wait()
                     free = slots - held
-                claimed = rq.claim(name, host, clock.now(), limit=free)
+                t = time.perf_counter()
+                claimed = ops.claim(free)
+                claim_s += time.perf_counter() - t
                 claims += 1
                 if len(claimed) > free:
                     errors.append(f"claim returned {len(claimed)} runs for {free} free slots")
                 if not claimed:
-                    empty += 1
                     break  # every run was queued before the start: an empty queue is the end
                 with cond:
                     held += len(claimed)
@@ -154,13 +250,15 @@ def jc_worker(url: str, name: str, slots: int) -> None:
             work.put(None)
         for t in threads:
             t.join()
-    rq.deregister(name, clock.now())
-    store.dispose()
+    ops.close()
     out = {
         "name": name,
         "cpu_s": time.process_time() - cpu0,
         "wall_s": time.monotonic() - wall0,
         "claims": claims,
+        "claim_s": claim_s,
+        "finish_s": finish_s[0],
+        "statements": ops.statements,
         "most_held": most_held,
         "unrecorded": unrecorded,
         "errors": errors,
@@ -196,17 +294,30 @@ def _read_line(proc: subprocess.Popen[str], what: str, timeout: float) -> str:
     return box[0].strip()
 
 
+_DB_STATS = ("xact_commit", "tup_fetched", "tup_inserted", "tup_updated")
+
+
+def _db_stats(server: Any, dbname: str) -> dict[str, int]:
+    """The database's counters in ``pg_stat_database`` (transactions, rows touched)."""
+    with server.connect(autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT {', '.join(_DB_STATS)} FROM pg_stat_database WHERE datname = %s", (dbname,)
+        ).fetchone()
+    return dict(zip(_DB_STATS, row or (0,) * len(_DB_STATS), strict=True))
+
+
 def _run_workers(
     procs: Sequence[subprocess.Popen[str]], server: Any, dbname: str
-) -> tuple[list[dict[str, Any]], float, float]:
+) -> tuple[list[dict[str, Any]], float, float, dict[str, int]]:
     """Wait for every worker's "ready", start them together, wait for their reports.
 
-    Returns the reports, the wall time from go to the last exit, and the PostgreSQL
-    server's CPU seconds over that span."""
+    Returns the reports, the wall time from go to the last exit, the PostgreSQL
+    server's CPU seconds over that span and the database's counters' growth."""
     for i, p in enumerate(procs):
         line = _read_line(p, f"worker {i}", 120)
         if line != "ready":
             raise SystemExit(f"worker {i} said {line!r} instead of ready")
+    stats0 = _db_stats(server, dbname)
     cpu0 = _server_cpu(server)
     t0 = time.monotonic()
     for p in procs:
@@ -226,7 +337,9 @@ def _run_workers(
         reports.append(json.loads(out.strip().splitlines()[-1]))
     wall = time.monotonic() - t0
     _wait_disconnected(server, dbname)
-    return reports, wall, _server_cpu(server) - cpu0
+    cpu = _server_cpu(server) - cpu0
+    stats = _db_stats(server, dbname)
+    return reports, wall, cpu, {k: stats[k] - stats0[k] for k in _DB_STATS}
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -280,6 +393,7 @@ class Side:
     wall_s: float  # go -> the last worker exited
     worker_cpu_s: float
     server_cpu_s: float
+    stats: dict[str, int]
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -291,11 +405,16 @@ class Side:
         return cpu * 1000 / self.jobs
 
 
-def jobcontrol_side(server: Any, args: Any, round_no: int, errors: list[str]) -> Side:
+def jobcontrol_side(
+    server: Any, args: Any, round_no: int, errors: list[str], *, floor: bool = False
+) -> Side:
+    """Job Control's side; with ``floor``, the same database and rows drained by one plain
+    statement per claim and per finish (the SQL floor, a diagnostic)."""
     from jobcontrol.model import Kind, RunState, Trigger
     from jobcontrol.store import Store, queries
 
-    dbname = f"jc_claims_{round_no}"
+    label = "sql-floor" if floor else "jobcontrol"
+    dbname = f"{'fl' if floor else 'jc'}_claims_{round_no}"
     server.create_database(dbname)
     url = server.url(dbname)
     env = {**os.environ, "JOBCONTROL_DB": url}
@@ -335,12 +454,13 @@ def jobcontrol_side(server: Any, args: Any, round_no: int, errors: list[str]) ->
     script = str(Path(__file__).resolve())
     procs = [
         _start(
-            [sys.executable, script, "--jc-worker", f"bench-{i}", str(args.slots)],
-            {**os.environ, "BENCH_JC_URL": url},
+            [sys.executable, script, "--jc-worker", f"bench-{i}", str(args.slots)]
+            + (["--floor"] if floor else []),
+            {**os.environ, "BENCH_JC_URL": url, "BENCH_PG_CONNINFO": server.conninfo(dbname)},
         )
         for i in range(args.workers)
     ]
-    reports, wall, server_cpu = _run_workers(procs, server, dbname)
+    reports, wall, server_cpu, stats = _run_workers(procs, server, dbname)
 
     for r in reports:
         errors += [f"{r['name']}: {e}" for e in r["errors"]]
@@ -351,7 +471,7 @@ def jobcontrol_side(server: Any, args: Any, round_no: int, errors: list[str]) ->
     with server.connect(dbname) as conn:
         states = dict(conn.execute("SELECT state, count(*) FROM run GROUP BY state").fetchall())
         if states != {"succeeded": args.runs}:
-            errors.append(f"Job Control: run states after the drain {states}")
+            errors.append(f"{label}: run states after the drain {states}")
         first, last = conn.execute("SELECT min(started), max(ended) FROM run").fetchone() or (
             None,
             None,
@@ -359,15 +479,23 @@ def jobcontrol_side(server: Any, args: Any, round_no: int, errors: list[str]) ->
         errors += _held_at_once(conn, "SELECT worker, started, ended FROM run", args.slots)
     span = (last - first).total_seconds() if first and last else float("nan")
     side = Side(
-        "jobcontrol",
+        label,
         args.runs,
         span,
         wall,
         sum(r["cpu_s"] for r in reports),
         server_cpu,
+        stats,
     )
     claims = sum(r["claims"] for r in reports)
-    side.notes.append(f"Job Control: {claims} claims for {args.runs} runs")
+    n = args.runs
+    side.notes.append(
+        f"{label}: {claims} claims for {n} runs; per run: claim"
+        f" {sum(r['claim_s'] for r in reports) * 1000 / n:.3f} ms, finish"
+        f" {sum(r['finish_s'] for r in reports) * 1000 / n:.3f} ms (wall, summed over"
+        f" workers), {sum(r['statements'] for r in reports) / n:.2f} statements"
+        + ("" if floor else " (BEGIN and COMMIT not counted)")
+    )
     server.drop_database(dbname)
     return side
 
@@ -376,6 +504,8 @@ def _held_at_once(conn: Any, query: str, slots: int) -> list[str]:
     """Each worker's most runs held at one instant, from the rows' claim intervals."""
     per_worker: dict[str, list[tuple[datetime, int]]] = {}
     for who, start, end in conn.execute(query):
+        if start is None or end is None:
+            continue  # not claimed or not ended: the state check reports it
         per_worker.setdefault(str(who), []).extend([(start, 1), (end, -1)])
     errors = []
     for who, points in per_worker.items():
@@ -431,7 +561,7 @@ def procrastinate_side(
         _start([str(python), child, "worker", f"bench-{i}", str(args.slots)], env)
         for i in range(args.workers)
     ]
-    reports, wall, server_cpu = _run_workers(procs, server, dbname)
+    reports, wall, server_cpu, stats = _run_workers(procs, server, dbname)
     with server.connect(dbname) as conn:
         states = dict(
             conn.execute(
@@ -457,6 +587,7 @@ def procrastinate_side(
         wall,
         sum(r["cpu_s"] for r in reports),
         server_cpu,
+        stats,
     )
     server.drop_database(dbname)
     return side
@@ -482,10 +613,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a tiny run (300 jobs, 2 x 2) that checks correctness, not the target",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also drain with one plain SQL statement per claim and per finish on our"
+        " schema (a diagnostic: what the engine costs above the SQL)",
+    )
     p.add_argument("--jc-worker", nargs=2, metavar=("NAME", "SLOTS"), help=argparse_hidden())
     args = p.parse_args(argv)
     if args.jc_worker:
-        jc_worker(os.environ["BENCH_JC_URL"], args.jc_worker[0], int(args.jc_worker[1]))
+        jc_worker(args.jc_worker[0], int(args.jc_worker[1]), args.floor)
         return 0
     if args.self_check:
         args.runs, args.workers, args.slots, args.rounds = 300, 2, 2, 1
@@ -502,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[str] = []
     ours: list[Side] = []
     theirs: list[Side] = []
+    floors: list[Side] = []
     with PostgresServer(bindir) as server:
         for n in range(args.rounds):
             # Alternate which side goes first, so neither always gets the warmer server.
@@ -511,11 +649,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 theirs.append(procrastinate_side(server, args, n, python, errors))
                 ours.append(jobcontrol_side(server, args, n, errors))
+            if args.floor:
+                floors.append(jobcontrol_side(server, args, n, errors, floor=True))
 
     report = _common.Report("bench_claims", "postgresql")
     best = _median_side(ours)
     base = _median_side(theirs)
-    for side in (best, base):
+    floor = _median_side(floors) if floors else None
+    for side in (best, base, *([floor] if floor else [])):
         report.add(f"{side.name} jobs/s", side.per_s, "jobs/s")
         report.add(f"{side.name} first claim -> last finish", side.span_s, "s")
         report.add(f"{side.name} go -> last worker exit", side.wall_s, "s")
@@ -542,6 +683,14 @@ def main(argv: list[str] | None = None) -> int:
         f" slots, {PROCRASTINATE_PIN}; our side spawns no process (claim + finish only)"
     )
     report.notes += best.notes
+    if floor is not None:
+        report.notes += floor.notes
+        report.ratios["jobs/s jobcontrol / sql-floor"] = _common.ratio(best.per_s, floor.per_s)
+    for side in (best, base, *([floor] if floor else [])):
+        report.notes.append(
+            f"{side.name} per job (pg_stat_database): "
+            + ", ".join(f"{k} {v / side.jobs:.2f}" for k, v in side.stats.items())
+        )
     if args.self_check:
         report.notes.append("self-check: a tiny run; the 2x target is not judged")
     else:
