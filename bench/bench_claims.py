@@ -699,8 +699,10 @@ def main(argv: list[str] | None = None) -> int:
                 "jobs/s jobcontrol / procrastinate", ratio, TARGET_RATIO, "x", at_least=True
             )
         )
-    for e in errors:
+    for e in errors[:20]:
         report.notes.append(f"ERROR: {e}")
+    if len(errors) > 20:
+        report.notes.append(f"ERROR: ... and {len(errors) - 20} more")
     report.print(as_json=args.json)
     if errors:
         return 2
