@@ -294,6 +294,14 @@ def _read_line(proc: subprocess.Popen[str], what: str, timeout: float) -> str:
     return box[0].strip()
 
 
+def _kill(procs: Sequence[subprocess.Popen[str]]) -> None:
+    """End the workers this run started (after one failed), and reap them."""
+    for q in procs:
+        if q.poll() is None:
+            q.kill()
+            q.wait(timeout=10)
+
+
 _DB_STATS = ("xact_commit", "tup_fetched", "tup_inserted", "tup_updated")
 
 
@@ -329,10 +337,10 @@ def _run_workers(
         try:
             out, err = p.communicate(timeout=WAIT_S)
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
+            _kill(procs)
             raise SystemExit(f"worker {i} did not finish within {WAIT_S:.0f} s") from None
         if p.returncode != 0:
+            _kill(procs)
             raise SystemExit(f"worker {i} exited {p.returncode}; stderr:\n{err[-3000:]}")
         reports.append(json.loads(out.strip().splitlines()[-1]))
     wall = time.monotonic() - t0
