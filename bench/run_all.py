@@ -192,6 +192,7 @@ def main() -> int:
     durations: dict[str, float] = {}
     for name in args.only or BENCHES:
         if name in PG_ONLY and not args.pg:
+            print(f"\n##### {name}: PostgreSQL only, skipped (run with --pg)", flush=True)
             continue
         reports, elapsed, rc = run(name, args.pg)
         durations[name] = elapsed
