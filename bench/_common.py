@@ -91,20 +91,28 @@ def machine() -> str:
 
 @dataclass
 class Check:
-    """One target: ``value`` (the engine's figure) against ``limit`` (``<`` or ``<=``)."""
+    """One target: ``value`` (the engine's figure) against ``limit`` (``<`` or ``<=``;
+    ``>=`` with ``at_least``, for a figure that must reach the limit, like a throughput)."""
 
     name: str
     value: float
     limit: float
     unit: str
     inclusive: bool = False
+    at_least: bool = False
 
     @property
     def holds(self) -> bool:
+        if self.at_least:
+            return self.value >= self.limit
         return self.value <= self.limit if self.inclusive else self.value < self.limit
 
+    @property
+    def op(self) -> str:
+        return ">=" if self.at_least else "<=" if self.inclusive else "<"
+
     def text(self) -> str:
-        op = "<=" if self.inclusive else "<"
+        op = self.op
         verdict = "HOLDS" if self.holds else "MISSED"
         return f"{self.name}: {fmt(self.value)} {self.unit} (target {op} {fmt(self.limit)} {self.unit}) {verdict}"
 
@@ -154,7 +162,7 @@ class Report:
                     "value": c.value,
                     "limit": c.limit,
                     "unit": c.unit,
-                    "op": "<=" if c.inclusive else "<",
+                    "op": c.op,
                     "holds": c.holds,
                 }
                 for c in self.checks
