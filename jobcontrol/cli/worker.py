@@ -9,6 +9,7 @@ process in its environment, never on its command line.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import select
@@ -192,9 +193,10 @@ def _credentials(args: argparse.Namespace) -> int:
     from jobcontrol.store import Store
 
     store = Store(args.db)
+    by = f"local:{getpass.getuser()}"
     try:
         if args.credentials_command == "add":
-            url = credentials.add(store, args.name, host=args.host)
+            url = credentials.add(store, args.name, host=args.host, by=by)
             if args.output is not None:
                 from jobcontrol import filemodes
 
@@ -212,7 +214,7 @@ def _credentials(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         elif args.credentials_command == "remove":
-            credentials.remove(store, args.name)
+            credentials.remove(store, args.name, by=by)
             print(f"worker login {credentials.role_name(args.name)} dropped")
         else:
             for name in credentials.names(store):

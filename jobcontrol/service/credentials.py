@@ -44,6 +44,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from jobcontrol.errors import JobControlError, OptionError
+from jobcontrol.service import audit
 from jobcontrol.store import Store, redact
 
 LOGIN = re.compile(r"[a-z0-9_]{1,40}")
@@ -124,10 +125,17 @@ def grant(conn: Any, group: str) -> None:
         conn.execute(text(f"GRANT SELECT, INSERT, DELETE ON run_log TO {q(group)}"))
 
 
-def add(store: Store, name: str, *, host: str | None = None) -> str:
-    """Create the login ``jcw_NAME``; its database URL (with the new password)."""
-    role = role_name(name)
-    _require_postgresql(store)
+def add(store: Store, name: str, *, host: str | None = None, by: str = "local") -> str:
+    """Create the login ``jcw_NAME``; its database URL (with the new password). Audited
+    (``worker-credentials.add``), refusals too."""
+    with audit.scope(store, by, "worker-credentials.add") as note:
+        note.detail = f"login jcw_{name}"
+        role = role_name(name)
+        _require_postgresql(store)
+        return _add(store, role, host)
+
+
+def _add(store: Store, role: str, host: str | None) -> str:
     password = secrets.token_urlsafe(24)
     try:
         with store.write() as conn:
@@ -160,9 +168,15 @@ def add(store: Store, name: str, *, host: str | None = None) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def remove(store: Store, name: str) -> None:
-    role = role_name(name)
-    _require_postgresql(store)
+def remove(store: Store, name: str, *, by: str = "local") -> None:
+    with audit.scope(store, by, "worker-credentials.remove") as note:
+        note.detail = f"login jcw_{name}"
+        role = role_name(name)
+        _require_postgresql(store)
+        _remove(store, role)
+
+
+def _remove(store: Store, role: str) -> None:
     try:
         with store.write() as conn:
             if conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():

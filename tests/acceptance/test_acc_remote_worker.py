@@ -274,3 +274,8 @@ def test_worker_credentials_work_the_queue_and_nothing_else(
     jc.ok("daemon", "stop")
     jc.ok("worker-credentials", "remove", "ci1")
     assert jc.ok("worker-credentials", "list").stdout.split() == []
+    trail = [(e["operation"], e["result"], e["detail"]) for e in jc.json("audit")]
+    assert any(op == "worker-credentials.add" and r == "refused" for op, r, _ in trail), trail
+    assert ("worker-credentials.add", "ok", "login jcw_ci1") in trail, trail
+    assert ("worker-credentials.remove", "ok", "login jcw_ci1") in trail, trail
+    assert password not in str(trail)
