@@ -206,38 +206,37 @@ def test_preference_mode_keeps_the_lane_rules_drained_and_capped(store: Store) -
 def test_each_group_claims_on_its_own_stops_at_capacity_and_only_its_end_resumes_it(
     store: Store, workers: list[Worker], gates: dict[str, Gate], tmp_path: Path
 ) -> None:
-    rq = SpyQueue(store)
-    fast = queue_run(store, "fast", gated(gates, tmp_path, "fast"), queue="fast")
-    manual = [
-        queue_run(store, f"m{i}", gated(gates, tmp_path, f"m{i}"), queue="manual") for i in range(2)
+    mono = ManualMonotonic()  # never moves: no back-off runs out, only ends and wakes count
+    rq = SpyQueue(store, mono)
+    fast = [
+        queue_run(store, f"fast{i}", gated(gates, tmp_path, f"fast{i}"), queue="fast")
+        for i in range(2)
     ]
-    other = queue_run(store, "other", gated(gates, tmp_path, "other"), queue="other")
-    w = start_worker(workers, rq, tmp_path, spec="fast:1 manual,*:2")
+    m0 = queue_run(store, "m0", gated(gates, tmp_path, "m0"), queue="manual")
+    w = start_worker(workers, rq, tmp_path, spec="fast:1 manual:2", mono=mono)
 
-    w.wait_for("both groups full", lambda: used(w) == [1, 2])
-    held = [set(g.runs) for g in w.groups()]
-    assert held == [{fast}, set(manual)], "each group took its own, manual before other"
-    assert state_of(store, other) is RunState.QUEUED, "no group claims past its slots"
-    # Each claim said its group's queues and asked for no more than its free slots.
-    assert {(q[0] if q else None, lim) for _, q, lim, _ in rq.of(0) if lim} == {("fast", 1)}
-    assert all(q == ["manual", "*"] and lim <= 2 for _, q, lim, _ in rq.of(1) if lim)
+    w.wait_for("both groups' first claims", lambda: used(w) == [1, 1] and w.groups()[1].looks)
+    assert [set(g.runs) for g in w.groups()] == [{fast[0]}, {m0}]
+    assert state_of(store, fast[1]) is RunState.QUEUED, "the fast group is at capacity"
+    # Each claim said its own group's queues and asked for no more than its free slots.
+    assert rq.of(0) == [("look", ["fast"], 0, 0.0), ("claim", ["fast"], 1, 0.0)]
+    assert rq.of(1) == [("look", ["manual"], 0, 0.0), ("claim", ["manual"], 2, 0.0)]
 
-    # At capacity, news of work claims nothing (neither group has room).
-    before = len(rq.calls)
+    # Work nobody announced, for the manual group (which has room, and waits).
+    m1 = queue_run(store, "m1", gated(gates, tmp_path, "m1"), queue="manual")
+    # The fast run's end resumes the fast group, and it alone: it claims the next one.
+    gates["fast0"].open()
+    w.wait_for("the fast group's next run", lambda: fast[1] in w.groups()[0].runs)
+    assert rq.of(0)[2:] == [("claim", ["fast"], 1, 0.0)]
+    assert len(rq.of(1)) == 2, "the manual group did not claim"
+    assert state_of(store, m1) is RunState.QUEUED
+
+    # News of work: the group with room claims; the one at capacity does not.
     w.wake()
-    # The fast run's end resumes the fast group alone: it claims (filter: finds nothing).
-    gates["fast"].open()
-    w.wait_for("the fast group to claim again", lambda: len(rq.of(0)) > 1 and used(w)[0] == 0)
-    assert [c for c in rq.calls[before:] if c[0] != "jc-group-0"] == [], "group 1 stayed put"
-    assert rq.of(0)[-1][:3] == ("claim", ["fast"], 1)
-    assert state_of(store, other) is RunState.QUEUED
-
-    # A manual run's end resumes the manual,* group: it takes the other queue's run.
-    gates["m0"].open()
-    w.wait_for("group 1 to take the other run", lambda: other in w.groups()[1].runs)
-    assert rq.of(1)[-1][:3] == ("claim", ["manual", "*"], 1)
-    assert w.groups()[0].runs == ()
-    for name in ("m1", "other"):
+    w.wait_for("the manual group's claim", lambda: m1 in w.groups()[1].runs)
+    assert rq.of(1)[2:] == [("claim", ["manual"], 1, 0.0)]
+    assert len(rq.of(0)) == 3
+    for name in ("fast1", "m0", "m1"):
         gates[name].open()
     w.wait_for("every run to end", lambda: used(w) == [0, 0])
 
@@ -303,13 +302,13 @@ def test_an_idle_pinned_lane_backs_off_alone_while_the_default_group_stays_busy(
     assert len(rq.of(0)) == 1, "the fast group looked once, found nothing, and waits"
     assert rq.of(0)[0] == ("look", ["fast"], 0, 0.0)
 
-    # Its looks from then on: 1 s doubling to 10 s, on its own clock, never earlier.
+    # Its looks from then on: 1 s doubling to 10 s, on its own clock, never earlier:
+    # after each empty look its next one is due that much later, and it comes then.
     when = 0.0
     for gap in (1, 2, 4, 8, 10, 10):
         looked, empty = len(rq.of(0)), w.groups()[0].empty
+        assert w.groups()[0].next_poll == when + gap, (when, gap, rq.of(0))
         when += gap
-        mono.t = when - 0.01
-        w.poke()
         mono.t = when
         w.poke()
         # Done looking (its next wait set) before the clock moves on.
@@ -322,8 +321,7 @@ def test_an_idle_pinned_lane_backs_off_alone_while_the_default_group_stays_busy(
     poll_until("the fast run", lambda: state_of(store, fast) is RunState.SUCCEEDED)
     w.wait_for("the resumed claim", lambda: used(w)[0] == 0 and w.groups()[0].empty == 8)
     assert rq.of(0)[-2:] == [("claim", ["fast"], 1, when)] * 2
-    mono.t = when + 0.99
-    w.poke()
+    assert w.groups()[0].next_poll == when + 1
     mono.t = when + 1
     w.poke()
     w.wait_for("the look 1 s on", lambda: w.groups()[0].empty == 9)
@@ -348,6 +346,10 @@ def test_manual_star_5_is_the_old_pool_of_5(
     assert w.slots == 5
     assert len(w.groups()) == 1
     w.wait_for("five runs", lambda: used(w) == [5])
+    queues = None if spec is None else ["manual", "*"]
+    claims = [c for c in rq.of(0) if c[0] == "claim"]
+    assert claims
+    assert all(c[1] == queues and c[2] <= 5 for c in claims), claims
     # The five most urgent, priority then age, whichever way the pool was given.
     expected = sorted(range(8), key=lambda i: (-prio[i], i))[:5]
     assert set(w.groups()[0].runs) == {runs[i] for i in expected}
