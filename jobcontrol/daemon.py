@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import filemodes, places, procs
+from jobcontrol import filemodes, places, procs, slotgroups
 from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
@@ -80,6 +80,7 @@ class DaemonOptions:
     state_dir: Path
     log_root: Path | None = None
     slots: int = 8
+    queues: str | None = None  # --queues: the embedded worker's slot groups (slots: their sum)
     log_level: str = "INFO"
     api: bool = True
     host: str = "127.0.0.1"
@@ -394,6 +395,8 @@ class Daemon:
             from jobcontrol import __version__
 
             config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
+            if self.opts.queues:
+                config.slot_groups = slotgroups.parse(self.opts.queues)
             self.runtime = Runtime(
                 self.store,
                 config,

@@ -82,6 +82,7 @@ class Runtime:
                 log_root=self.config.log_root,
                 instance_id=d.instance_id,
                 slots=self.config.slots,
+                groups=self.config.slot_groups,
                 default_max_log_files=self.config.default_max_log_files,
                 kill_grace=self.config.kill_grace,
                 version=self.version,

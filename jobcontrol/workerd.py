@@ -174,8 +174,7 @@ class RemoteWorker:
             log_root=self.opts.task_logs,
             instance_id=instance,
             name=self.opts.name,
-            slots=self.opts.slots,
-            queues=_flat_queues(self.opts.groups),
+            groups=self.opts.groups,
             kill_grace=self.opts.kill_grace,
             version=__version__,
             pass_env=self.opts.pass_env,
@@ -290,10 +289,3 @@ class RemoteWorker:
             )
         finally:
             self.stop(kill_running=self.kill_requested.is_set())
-
-
-def _flat_queues(groups: list[SlotGroup]) -> list[str] | None:
-    """The queues the whole worker serves (None: every queue)."""
-    if any(g.preference for g in groups):
-        return None
-    return [q for g in groups for q in g.queues]

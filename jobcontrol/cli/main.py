@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobcontrol import cgroups, diskspace, taskenv
+from jobcontrol import cgroups, diskspace, slotgroups, taskenv
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
@@ -153,7 +153,15 @@ def _commands(sub: Any) -> None:
     dsub = daemon.add_subparsers(dest="daemon_command", required=True)
     for name, text in (("run", "in the foreground"), ("start", "detached, logging to a file")):
         d = dsub.add_parser(name, help=f"start the daemon {text}")
-        d.add_argument("--slots", type=int, default=8, help="task slots of the local executor")
+        d.add_argument(
+            "--slots", type=int, default=None, help="task slots of the local executor (8)"
+        )
+        d.add_argument(
+            "--queues",
+            default=None,
+            metavar="SPEC",
+            help="the local executor's slot groups instead of --slots, e.g. 'fast:1 manual,*:4'",
+        )
         d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
         d.add_argument("--log-level", default="INFO")
         d.add_argument(
@@ -361,6 +369,20 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _offline(args, store)
     finally:
         store.dispose()
+
+
+def _slots(slots: int | None, queues: str | None) -> tuple[int, str | None]:
+    """The embedded worker's slots and slot groups (``--queues``, in its own words),
+    from ``--slots`` or ``--queues``, never both: refused before anything starts."""
+    if queues is None:
+        return (8 if slots is None else slots), None
+    if slots is not None:
+        raise JobControlError(
+            "--slots and --queues: give one, not both (--queues sets the slots: the sum of"
+            " its groups')"
+        )
+    groups = slotgroups.parse(queues)  # OptionError naming the part that is wrong
+    return sum(g.slots for g in groups), slotgroups.format_groups(groups)
 
 
 def _sqlite_file(db: str) -> Path | None:
@@ -696,7 +718,8 @@ def _daemon(args: argparse.Namespace) -> int:
         return 0
     opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     if cmd in ("run", "start"):
-        opts.slots, opts.log_root, opts.log_level = args.slots, args.log_root, args.log_level
+        opts.slots, opts.queues = _slots(args.slots, args.queues)
+        opts.log_root, opts.log_level = args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key
         if args.api_max_connections is not None and args.api_max_connections < 1:
@@ -731,7 +754,8 @@ def _daemon(args: argparse.Namespace) -> int:
         return 0
     if cmd == "start":
         # No --db: the URL (and its password) goes to the daemon in its environment.
-        argv = ["--state-dir", str(opts.state_dir), "daemon", "run", "--slots", str(opts.slots)]
+        argv = ["--state-dir", str(opts.state_dir), "daemon", "run"]
+        argv += ["--queues", opts.queues] if opts.queues else ["--slots", str(opts.slots)]
         argv += ["--log-level", opts.log_level, "--log-format", args.log_format] + (
             ["--log-root", str(opts.log_root)] if opts.log_root else []
         )

@@ -134,20 +134,29 @@ def clock_time(value: Any) -> str:
 
 def table_workers(workers: Sequence[Mapping[str, Any]]) -> str:
     """Workers as ``GET /api/v1/workers`` (or ``jsonable`` of ``list_workers``) gives them."""
-    headers = ["NAME", "HOST", "PID", "SLOTS", "QUEUES", "HEARTBEAT", "RUNS"]
+    headers = ["NAME", "HOST", "PID", "SLOTS", "GROUPS", "HEARTBEAT", "RUNS"]
     rows = [
         [
             w["name"],
             w["host"],
             str(w["pid"]),
             f"{w['used']}/{w['slots']}",
-            "*" if w["queues"] is None else ",".join(w["queues"]) or "-",
+            _groups(w),
             f"stopped {when(w['stopped'])}" if w["stopped"] else age(w["heartbeat_age_s"]),
             _held(w["runs"]),
         ]
         for w in workers
     ]
     return table(headers, rows) if rows else "no workers"
+
+
+def _groups(w: Mapping[str, Any]) -> str:
+    """The worker's slot groups as ``--queues`` writes them, with their use:
+    ``fast_lane:0/1 manual,*:3/4`` (a worker from before slot groups: its queues)."""
+    groups = w.get("groups")
+    if not groups:
+        return "*" if w["queues"] is None else ",".join(w["queues"]) or "-"
+    return " ".join(f"{','.join(g['queues'])}:{g['used']}/{g['slots']}" for g in groups)
 
 
 def _held(runs: Sequence[Mapping[str, Any]]) -> str:

@@ -51,6 +51,7 @@ from jobcontrol.model import (
     Trigger,
 )
 from jobcontrol.outage import Outage
+from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, queries
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 class DispatcherConfig:
     log_root: Path
     slots: int = 8
+    slot_groups: list[SlotGroup] | None = None  # the embedded worker's (None: one of ``slots``)
     default_max_log_files: int = 5
     kill_grace: float = 5.0
     edit_timeout: float = 30.0

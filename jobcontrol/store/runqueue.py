@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, String, and_, bindparam, case, null, select, update
 
 from jobcontrol.model import RunRecord, RunState
+from jobcontrol.slotgroups import WILDCARD, SlotGroup
 from jobcontrol.store import Store, lanes, queries
 from jobcontrol.store.lanes import Lanes
 from jobcontrol.store.prepared import Prepared
@@ -44,6 +45,26 @@ class WorkerInfo:
     queues: list[str] | None = None  # None: every queue
     proc_start: int | None = None
     containment: str | None = None  # how it contains task runs (cgroups.py)
+    groups: list[SlotGroup] | None = None  # its slot groups (None: one group of ``queues``)
+
+    def registry_queues(self) -> str | None:
+        """The registry row's ``queues`` text: its slot groups, as JSON."""
+        if self.groups is None:
+            return json.dumps(self.queues) if self.queues is not None else None
+        return groups_json(self.groups)
+
+
+def groups_json(groups: Sequence[SlotGroup], runs: Sequence[Sequence[int]] = ()) -> str:
+    """The registry's ``queues`` column of a worker with slot groups: one object per
+    group, its queues in order and its slots, and the runs each holds (``runs``, as the
+    worker last reported them)."""
+    out: list[dict[str, Any]] = []
+    for i, g in enumerate(groups):
+        item: dict[str, Any] = {"queues": list(g.queues), "slots": g.slots}
+        if runs:
+            item["runs"] = sorted(runs[i])
+        out.append(item)
+    return json.dumps(out)
 
 
 @dataclass(frozen=True)
@@ -102,10 +123,14 @@ def _pick_stmt(
     named_only: bool = False,
     skipping: bool = False,
     by_id: bool = False,
+    preferred: int = 0,
 ) -> Select[Any]:
     """Queued runs in claim order (priority, then oldest): of the served queues, not of the
     excluded lanes (``w_excluded``; ``w_named``: only the queues with a lane row, when
-    ``default`` is excluded), not the runs already turned down (``w_skip``)."""
+    ``default`` is excluded), not the runs already turned down (``w_skip``).
+
+    ``preferred``: a slot group in preference mode named that many queues before its ``*``
+    (``w_pref0``...): their runs come first, in the order named, then every other run."""
     pick = select(run.c.id, run.c.queue).where(run.c.state == str(RunState.QUEUED))
     if by_id:
         pick = pick.where(run.c.id == bindparam("w_id"))
@@ -117,7 +142,14 @@ def _pick_stmt(
         pick = pick.where(run.c.queue.in_(bindparam("w_named", expanding=True)))
     if skipping:
         pick = pick.where(run.c.id.not_in(bindparam("w_skip", expanding=True)))
-    pick = pick.order_by(run.c.priority.desc(), run.c.id).limit(bindparam("w_limit"))
+    order: list[Any] = [run.c.priority.desc(), run.c.id]
+    if preferred:
+        position = case(
+            *((run.c.queue == bindparam(f"w_pref{i}"), i) for i in range(preferred)),
+            else_=preferred,
+        )
+        order.insert(0, position)
+    pick = pick.order_by(*order).limit(bindparam("w_limit"))
     if skip_locked:
         pick = pick.with_for_update(skip_locked=True)
     return pick
@@ -204,7 +236,7 @@ class RunQueue:
             "pid": info.pid,
             "proc_start": info.proc_start,
             "slots": info.slots,
-            "queues": json.dumps(info.queues) if info.queues is not None else None,
+            "queues": info.registry_queues(),
             "version": info.version,
             "started": info.started,
             "heartbeat": now,
@@ -217,6 +249,12 @@ class RunQueue:
             ).rowcount
             if not updated:
                 conn.execute(worker.insert().values(name=info.name, **values))
+
+    def report_groups(self, name: str, groups: str) -> None:
+        """Which runs each of the worker's slot groups holds now (``groups_json``): the
+        per-group use ``jobcontrol workers`` shows."""
+        with self.store.write() as conn:
+            conn.execute(update(worker).where(worker.c.name == name).values(queues=groups))
 
     def deregister(self, name: str, now: datetime) -> None:
         with self.store.write() as conn:
@@ -253,6 +291,10 @@ class RunQueue:
         limit: int = 1,
     ) -> list[RunRecord]:
         """Take up to ``limit`` queued runs (most urgent first), or the one named, atomically.
+
+        ``queues``: a slot group's list (``slotgroups``): without ``*`` only runs of those
+        queues (filter mode); ending in ``*`` every run, those of the queues named first in
+        the order named (preference mode); None: every run.
 
         ``limit`` is the caller's free slots: never more is returned. On PostgreSQL the
         candidates are locked ``FOR UPDATE SKIP LOCKED``, so claimers never wait on each
@@ -328,6 +370,9 @@ class RunQueue:
         skip_locked: bool | None = None,
     ) -> list[tuple[int, str]]:
         named_only = lanes.DEFAULT_LANE in excluded
+        preferred: Sequence[str] = ()
+        if queues is not None and queues and queues[-1] == WILDCARD:
+            preferred, queues = queues[:-1], None  # preference mode: every queue, these first
         stmt = _pick_stmt(
             queues is not None,
             (not self.store.is_sqlite) if skip_locked is None else skip_locked,
@@ -335,8 +380,10 @@ class RunQueue:
             named_only,
             bool(skip),
             only_id is not None,
+            len(preferred),
         )
         params: dict[str, Any] = {"w_limit": limit}
+        params.update({f"w_pref{i}": q for i, q in enumerate(preferred)})
         if queues is not None:
             params["w_queues"] = list(queues)
         if excluded:
@@ -512,6 +559,7 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
     out = []
     for w in conn.execute(select(worker).order_by(worker.c.stopped.is_not(None), worker.c.name)):
         runs = held.get(w.name, [])
+        queues, groups = _registry_groups(w.queues, w.slots, [r["run_id"] for r in runs])
         out.append(
             {
                 "name": w.name,
@@ -520,7 +568,8 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
                 "slots": w.slots,
                 "used": len(runs),
                 "free": max(0, w.slots - len(runs)),
-                "queues": json.loads(w.queues) if w.queues else None,
+                "queues": queues,
+                "groups": groups,
                 "version": w.version,
                 "started": w.started,
                 "heartbeat": w.heartbeat,
@@ -531,6 +580,28 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _registry_groups(
+    text: str | None, slots: int, held: list[int]
+) -> tuple[list[str] | None, list[dict[str, Any]]]:
+    """A registry row's ``queues`` column read back: the queues the worker serves (None:
+    every queue) and its slot groups with their use. Rows written before slot groups hold
+    a plain list of queue names (or nothing): one group of all the worker's slots."""
+    value = json.loads(text) if text else None
+    if not value or not isinstance(value[0], dict):
+        group = {"queues": value or [WILDCARD], "slots": slots}
+        return value or None, [{**group, "used": len(held), "runs": held}]
+    groups = []
+    for g in value:
+        # One group holds all; of several, each holds what the worker last reported of it
+        # (at each heartbeat and lane re-read) while still running under the worker.
+        mine = held if len(value) == 1 else [r for r in g.get("runs", []) if r in held]
+        groups.append({"queues": g["queues"], "slots": g["slots"], "used": len(mine), "runs": mine})
+    if any(g["queues"][-1] == WILDCARD for g in value):
+        return None, groups
+    named = [q for g in value for q in g["queues"]]
+    return list(dict.fromkeys(named)), groups
 
 
 def get_worker(conn: Connection, name: str) -> dict[str, Any] | None:

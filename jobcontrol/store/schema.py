@@ -146,7 +146,9 @@ worker = Table(
     # alone could have been reused by now.
     Column("proc_start", BigInteger),
     Column("slots", Integer, nullable=False),
-    Column("queues", Text),  # JSON list of the queues served; null: every queue
+    # JSON: the slot groups, [{"queues": [...], "slots": n, "runs": [ids]}, ...]; rows from
+    # before slot groups: a list of the queues served, or null (every queue).
+    Column("queues", Text),
     Column("version", String(64), nullable=False),
     Column("started", UTCDateTime, nullable=False),
     Column("heartbeat", UTCDateTime, nullable=False),

@@ -7,9 +7,18 @@ from running under this worker, in its own transaction). The outcome is never
 held only in memory for longer than the database is away: a finish that meets
 an outage is retried until the database answers.
 
+Its slots are split into slot groups (``slotgroups``; no groups: one group
+``*`` of all its slots). Each group has a workloop of its own: it claims with
+the group's queue list and never more runs than the group has free slots, hands
+them to the group's slot threads, and, when a claim finds nothing, backs off on
+its own (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``). A run stays with the
+group that claimed it; its end resumes that group alone.
+
 Wake-ups are hints, never the only way work is found: ``runs_queued`` and
 ``kill_requested`` signals from the same process (the embedded worker of the
-daemon), and the back-up poll and heartbeat for everything else.
+daemon), ``wake()`` for any other news of work (every group with free slots
+claims at once, whatever its back-off), and each group's back-off poll and the
+heartbeat for everything else.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import subprocess
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,8 +44,9 @@ from jobcontrol.errors import StoreUnavailable
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
 from jobcontrol.outage import Outage
+from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
-from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo
+from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
 from jobcontrol.taskenv import PassEnv
 
 log = logging.getLogger(__name__)
@@ -43,7 +54,11 @@ log = logging.getLogger(__name__)
 # A task still running after this long gets its pid recorded at once; a shorter
 # one records it with its outcome, saving a write on the path between tasks.
 PID_RECORD_DELAY = 0.05
-# The back-up poll backs off on empty polls, doubling up to this many poll intervals.
+# A group's back-off on empty claims (the slot-group design): from BACKOFF_MIN doubling
+# to BACKOFF_MAX seconds; the poll interval of the lanes it serves, when larger, is the
+# least. A worker given a fixed poll_interval (tests, benchmarks) backs off from that,
+# doubling up to POLL_BACKOFF of them (at most BACKOFF_MAX).
+BACKOFF_MIN, BACKOFF_MAX = 1.0, 10.0
 POLL_BACKOFF = 5
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 # The exit status of a task that could not be started (its log, its command, its cwd).
@@ -62,6 +77,47 @@ class TaskOutcome:
     mem_peak_bytes: int | None = None
 
 
+@dataclass(eq=False)
+class _Group:
+    """One slot group's state; guarded by the worker's condition."""
+
+    spec: SlotGroup
+    index: int
+    runs: set[int] = field(default_factory=set)  # the runs it holds, claimed to recorded
+    reserved: int = 0  # slots a claim in flight may fill
+    ready: deque[RunRecord] = field(default_factory=deque)  # claimed, for its slot threads
+    offers: deque[int] | None = None  # announced run ids: only a group of every queue
+    kicked: bool = False  # work may be available: claim now, whatever the back-off
+    low: float = BACKOFF_MIN
+    high: float = BACKOFF_MAX
+    delay: float = BACKOFF_MIN  # the wait after the next empty claim
+    next_poll: float = 0.0  # when the back-off lets it look again (the worker's monotonic)
+    looks: int = 0  # claims and polls so far (what the tests watch)
+    empty: int = 0  # of which found nothing
+
+    @property
+    def free(self) -> int:
+        return self.spec.slots - len(self.runs) - self.reserved
+
+    @property
+    def claim_queues(self) -> list[str] | None:
+        """What its claims say: None for ``*`` alone (every queue, as before groups)."""
+        return None if self.spec.queues == (WILDCARD,) else list(self.spec.queues)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A slot group as the worker sees it now (``Worker.groups``)."""
+
+    key: str
+    slots: int
+    used: int
+    looks: int
+    empty: int
+    delay: float
+    runs: tuple[int, ...]
+
+
 @dataclass
 class _Active:
     run: RunRecord
@@ -73,7 +129,12 @@ class _Active:
 
 
 class Worker:
-    """A pool of ``slots`` threads, each running one task run at a time."""
+    """Slot groups of threads, each thread running one task run at a time.
+
+    ``groups``: the slot groups (``slotgroups.parse``); without them, one group of
+    ``slots`` serving ``queues`` (None: every queue), which is the single pool of old.
+    ``monotonic``: the clock of the groups' back-off (tests inject one).
+    """
 
     def __init__(
         self,
@@ -85,6 +146,8 @@ class Worker:
         name: str | None = None,
         slots: int = 8,
         queues: list[str] | None = None,
+        groups: list[SlotGroup] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
         default_max_log_files: int = 5,
         kill_grace: float = 5.0,
         poll_interval: float | None = None,
@@ -107,8 +170,21 @@ class Worker:
         self._marker_extra = dict(marker or {})
         self.host = socket.gethostname()
         self.name = name or f"{self.host}:{os.getpid()}:embedded"
-        self.slots = slots
-        self.queues = queues
+        if groups is None:
+            groups = [SlotGroup(tuple(queues), slots)] if queues else every_queue(slots)
+        self._groups = [
+            _Group(g, i, offers=deque() if g.queues == (WILDCARD,) else None)
+            for i, g in enumerate(groups)
+        ]
+        self.slot_groups = list(groups)
+        self.slots = sum(g.slots for g in groups)
+        # The queues it serves, for the lanes it follows: None once a group takes any.
+        self.queues: list[str] | None = (
+            None
+            if any(g.preference for g in groups)
+            else list(dict.fromkeys(q for g in groups for q in g.queues))
+        )
+        self._mono = monotonic
         self.default_max_log_files = default_max_log_files
         self.kill_grace = kill_grace
         # None: the lanes it serves decide (their smallest poll_interval_s, their leases'
@@ -121,8 +197,8 @@ class Worker:
         self.version = version
         self.outage = Outage(f"worker {self.name}")
         self._cond = threading.Condition()
-        self._offers: deque[int] = deque()
-        self._poll_hint = 0
+        self._follow_groups(None)
+        self._reported: str | None = None
         self._stopping = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -155,7 +231,40 @@ class Worker:
             queues=self.queues,
             proc_start=procs.start_time(pid),
             containment=self.containment.describe(),
+            groups=self.slot_groups,
         )
+
+    def groups(self) -> list[GroupView]:
+        """Each slot group now: its slots in use, its looks for work, its back-off."""
+        with self._cond:
+            return [
+                GroupView(
+                    g.spec.key,
+                    g.spec.slots,
+                    len(g.runs),
+                    g.looks,
+                    g.empty,
+                    g.delay,
+                    tuple(sorted(g.runs)),
+                )
+                for g in self._groups
+            ]
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait until ``predicate()`` (read under the worker's lock, re-read whenever a
+        group's state changes) holds, or fail naming ``what`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"worker {self.name}: waited {timeout:g}s for {what}")
+                self._cond.wait(left)
+
+    def poke(self) -> None:
+        """Let every workloop look at its clock again (after a test moved it)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _follow_lanes(self, lanes: Lanes | None) -> bool:
         """Take the poll interval, heartbeat and caps from ``lanes``; whether they changed."""
@@ -163,9 +272,6 @@ class Worker:
         self.poll_interval = self._fixed_poll or min(
             (x.poll_interval_s for x in served), default=DEFAULT_POLL_S
         )
-        # An empty back-up poll doubles the wait for the next one up to this: an idle worker
-        # looks for work nobody announced a few times a minute, not every poll_interval.
-        self.max_poll_interval = self.poll_interval * POLL_BACKOFF
         lease = (self.runqueue.lease or DEFAULT_LEASE).total_seconds()
         if self.runqueue.lease is None:
             lease = min([lease] + [x.stale_timeout_s for x in served])
@@ -174,7 +280,30 @@ class Worker:
         seen = lanes.signature() if lanes is not None else None
         changed = seen != self._lanes_seen
         self._lanes_seen = seen
+        if changed and lanes is not None:
+            self._follow_groups(lanes)
         return changed
+
+    def _follow_groups(self, lanes: Lanes | None) -> None:
+        """Each group's back-off bounds from the lanes it serves; a change (a lane
+        resumed, given room or a new poll) lets every group look again at once."""
+        with self._cond:
+            for g in self._groups:
+                if self._fixed_poll is not None:
+                    low = self._fixed_poll
+                    high = max(low, min(BACKOFF_MAX, low * POLL_BACKOFF))
+                else:
+                    served = (
+                        lanes.served(g.claim_queues if not g.spec.preference else None)
+                        if lanes
+                        else []
+                    )
+                    poll = min((x.poll_interval_s for x in served), default=DEFAULT_POLL_S)
+                    low = max(BACKOFF_MIN, poll)
+                    high = max(BACKOFF_MAX, low)
+                g.low, g.high, g.delay = low, high, low
+                g.next_poll = self._mono()
+            self._cond.notify_all()
 
     def _reread_lanes(self) -> bool:
         """The lane table again (each back-up poll); whether a rule it follows changed."""
@@ -199,8 +328,10 @@ class Worker:
         ):
             signal.connect(receiver, sender=self.store, weak=False)
             self._receivers.append((signal, receiver))
-        for i in range(self.slots):
-            self._spawn_thread(self._slot_loop, f"jc-slot-{i}")
+        for g in self._groups:
+            self._spawn_thread(lambda g=g: self._workloop(g), f"jc-group-{g.index}")
+            for i in range(g.spec.slots):
+                self._spawn_thread(lambda g=g: self._slot_loop(g), f"jc-slot-{g.index}-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
 
     def _spawn_thread(self, target: Any, name: str) -> None:
@@ -249,8 +380,14 @@ class Worker:
             self.wake()
             return
         with self._cond:
-            self._offers.extend(run_ids)
-            self._cond.notify(len(run_ids))
+            offered = False
+            for g in self._groups:
+                if g.offers is not None and not offered:
+                    g.offers.extend(run_ids)  # claimed by id: the one-statement path
+                    offered = True
+                elif g.free > 0:
+                    g.kicked = True
+            self._cond.notify_all()
 
     def _on_kill_requested(
         self, _sender: object, run_id: int, reason: str, relayed: bool = False, **_: Any
@@ -267,10 +404,13 @@ class Worker:
         self.wake()  # a lane resumed or got room: its queued runs may be claimable now
 
     def wake(self) -> None:
-        """Work may be available: let a slot look (used when the runs are not known)."""
+        """Work may be available (runs not known, a lane changed, a NOTIFY): every group
+        with free slots claims at once, whatever its back-off."""
         with self._cond:
-            self._poll_hint += 1
-            self._cond.notify()
+            for g in self._groups:
+                if g.free > 0:
+                    g.kicked = True
+            self._cond.notify_all()
 
     def kill(self, run_id: int, reason: str = "killed") -> None:
         """Kill a run this worker holds (or is about to hold)."""
@@ -320,16 +460,17 @@ class Worker:
     # ---------------------------------------------------------- heartbeat and back-up poll
 
     def _heartbeat_loop(self) -> None:
-        next_beat = next_poll = next_lanes = time.monotonic()
-        poll_every = self.poll_interval
+        next_beat = next_lanes = time.monotonic()
         while True:
             if time.monotonic() >= next_lanes and not self._stop.is_set():
-                # The lanes every poll interval, even while the poll for work backs off.
-                if self._reread_lanes():
-                    next_poll, poll_every = time.monotonic(), self.poll_interval
+                # The lanes every poll interval, whatever the groups' back-off: a change
+                # lets every group look again at once (``_follow_groups``).
+                self._reread_lanes()
+                self._report_groups()
                 next_lanes = time.monotonic() + self.poll_interval
             if time.monotonic() >= next_beat:
                 self._beat()
+                self._report_groups()
                 next_beat = time.monotonic() + self.heartbeat_interval
             if self._stop.is_set():
                 # Stopping: keep the leases of the runs still in hand until they are recorded.
@@ -338,14 +479,20 @@ class Worker:
                         return
                     self._cond.wait(min(self.poll_interval, max(0.0, next_beat - time.monotonic())))
                 continue
-            if time.monotonic() >= next_poll:
-                found = self._poll_for_work()
-                # Back off while there is nothing to find; announced work never waits for this.
-                poll_every = (
-                    self.poll_interval if found else min(poll_every * 2, self.max_poll_interval)
-                )
-                next_poll = time.monotonic() + poll_every
-            self._stop.wait(max(0.0, min(next_poll, next_beat, next_lanes) - time.monotonic()))
+            self._stop.wait(max(0.0, min(next_beat, next_lanes) - time.monotonic()))
+
+    def _report_groups(self) -> None:
+        """Which runs each group holds, in the registry, when that changed (``workers``)."""
+        with self._cond:
+            text = groups_json(self.slot_groups, [list(g.runs) for g in self._groups])
+        if text == self._reported:
+            return
+        try:
+            self.runqueue.report_groups(self.name, text)
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return
+        self._reported = text
 
     def _beat(self) -> None:
         self.containment.sweep()  # cgroups of ended runs, once what they left behind ended
@@ -371,61 +518,128 @@ class Worker:
             )
             self.kill(run_id, "settled while its worker was away")
 
-    def _poll_for_work(self) -> bool:
-        """The back-up poll: work nobody announced (another process queued it). Whether
-        there was work to find, or the worker was busy (so the poll stays frequent)."""
+    # ---------------------------------------------------------- slot groups
+
+    def _turn(self, g: _Group) -> tuple[str, int | None, int] | None:
+        """What the group's workloop does next, once it has free slots: ``("offer", id,
+        1)``, ``("claim", None, free)`` (work announced), ``("poll", None, 0)`` (its
+        back-off ran out); None once the worker stops. Called with the lock held."""
+        while not self._stopping:
+            free = g.free
+            if free > 0:
+                if g.offers:
+                    g.reserved += 1
+                    return ("offer", g.offers.popleft(), 1)
+                if g.kicked:
+                    g.kicked = False
+                    g.reserved += free
+                    return ("claim", None, free)
+                wait = g.next_poll - self._mono()
+                if wait <= 0:
+                    return ("poll", None, 0)
+                self._cond.wait(wait)
+            else:
+                self._cond.wait()  # at capacity: the end of one of its runs resumes it
+        return None
+
+    def _workloop(self, g: _Group) -> None:
+        """One group's claims: its own queue list, never more than its free slots."""
+        while True:
+            with self._cond:
+                turn = self._turn(g)
+                if turn is None:
+                    self._cond.notify_all()  # its slot threads may stop once nothing is due
+                    return
+            how, run_id, limit = turn
+            if how == "poll":
+                # The back-off ran out: a read first, so an idle group takes no write lock.
+                found = self._look(g)
+                with self._cond:
+                    if not found:
+                        self._backed_off(g, empty=True)
+                        self._cond.notify_all()  # for ``wait_for``
+                        continue
+                    limit = g.free
+                    if limit <= 0:
+                        continue
+                    g.reserved += limit
+            claimed = self._claim(g, run_id, limit)
+            with self._cond:
+                g.reserved -= limit
+                for run in claimed:
+                    g.runs.add(run.id)
+                    g.ready.append(run)
+                if how != "offer":
+                    g.looks += how == "claim"
+                    self._backed_off(g, empty=not claimed)
+                self._cond.notify_all()
+
+    def _look(self, g: _Group) -> bool:
         with self._cond:
-            free = self.slots - len(self._active)
-        if free <= 0 or self._stopping:
-            return True
+            g.looks += 1
         try:
-            found = self.runqueue.any_queued(self.queues)
+            found = self.runqueue.any_queued(g.claim_queues)
         except StoreUnavailable as exc:
             self.outage.failed(exc)
-            return True
-        if found:
-            self.wake()
+            return False  # backs off; the database answers again some time
+        self.outage.recovered()
         return found
 
-    # ---------------------------------------------------------- slots
+    def _claim(self, g: _Group, run_id: int | None, limit: int) -> list[RunRecord]:
+        try:
+            claimed = self.runqueue.claim(
+                self.name,
+                self.host,
+                self.clock.now(),
+                run_id=run_id,
+                queues=g.claim_queues,
+                limit=limit,
+            )
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return []  # its back-off poll finds the work again once the database is back
+        except Exception:
+            log.exception("slot group %s: claiming a task run failed", g.spec.key)
+            return []
+        self.outage.recovered()
+        return claimed
 
-    def _next_work(self) -> tuple[int | None] | None:
-        """The next announced run id, ``(None,)`` to claim by priority, or None to stop."""
-        with self._cond:
-            while not self._stopping:
-                if self._offers:
-                    return (self._offers.popleft(),)
-                if self._poll_hint:
-                    self._poll_hint -= 1
-                    return (None,)
-                self._cond.wait()
-            return None
+    def _backed_off(self, g: _Group, *, empty: bool) -> None:
+        """After a look: an empty one doubles the group's wait, up to its most; one that
+        found work sets it back to the least. Called with the lock held."""
+        now = self._mono()
+        if empty:
+            g.empty += 1
+            g.next_poll = now + g.delay
+            g.delay = min(g.delay * 2, g.high)
+        else:
+            g.delay = g.low
+            g.next_poll = now + g.low
 
-    def _slot_loop(self) -> None:
-        while (work := self._next_work()) is not None:
-            (run_id,) = work
-            try:
-                claimed = self.runqueue.claim(
-                    self.name, self.host, self.clock.now(), run_id=run_id, queues=self.queues
-                )
-            except StoreUnavailable as exc:
-                self.outage.failed(exc)
-                continue  # the back-up poll finds it again once the database is back
-            except Exception:
-                log.exception("claiming a task run failed")
-                continue
-            self.outage.recovered()
-            if not claimed:
-                continue
-            if run_id is None:
-                self.wake()  # found by polling: there may be more
-            run: RunRecord | None = claimed[0]
+    def _slot_loop(self, g: _Group) -> None:
+        """One slot of the group: runs what the group's workloop claimed, one at a time."""
+        while True:
+            with self._cond:
+                while not g.ready and not (self._stopping and g.reserved == 0):
+                    self._cond.wait()
+                if not g.ready:
+                    return
+                run: RunRecord | None = g.ready.popleft()
             while run is not None:  # the next task of a sequence comes with this one's end
-                run = self._execute(run)
-            if self._capped:
-                self.wake()  # a capped lane may have room again for a run it turned down
+                ended = run.id
+                run = self._execute(run, g)
+                with self._cond:
+                    full = g.free <= 0
+                    g.runs.discard(ended)
+                    if run is not None:
+                        g.runs.add(run.id)  # the sequence's next task: the same group's
+                    elif full or self._capped:
+                        # Resumed: it stopped claiming at capacity (or a capped lane of
+                        # it may have room again): it claims now, the others do not.
+                        g.kicked = True
+                    self._cond.notify_all()
 
-    def _execute(self, run: RunRecord) -> RunRecord | None:
+    def _execute(self, run: RunRecord, g: _Group) -> RunRecord | None:
         """Run one task run to its recorded end; the run claimed with that end, if any."""
         active = _Active(run)
         with self._cond:
@@ -447,7 +661,7 @@ class Worker:
             # Always record the outcome, whatever happened above.
             if outcome is None:
                 outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
-            following = self._finish(active, outcome, started, log_path)
+            following = self._finish(active, outcome, started, log_path, g)
         return following
 
     def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
@@ -549,7 +763,12 @@ class Worker:
         return self.log_access.open_log(log_path)
 
     def _finish(
-        self, active: _Active, outcome: TaskOutcome, started: datetime, log_path: Path | None
+        self,
+        active: _Active,
+        outcome: TaskOutcome,
+        started: datetime,
+        log_path: Path | None,
+        g: _Group,
     ) -> RunRecord | None:
         """Record the outcome in the worker's own transaction, retried through outages.
 
@@ -580,8 +799,9 @@ class Worker:
             "mem_peak_bytes": outcome.mem_peak_bytes,
         }
         run_id = active.run.id
-        # Take the next task along unless stopping, or it may be for a queue not served here.
-        take = self.queues is None and not self._stopping
+        # Take the next task along unless stopping, or it may be for a queue the group
+        # does not serve (a group in filter mode).
+        take = g.spec.preference and not self._stopping
 
         def finish() -> Finished:
             now = self.clock.now()

@@ -18,7 +18,7 @@ jobs:
     command: sleep 1000
 """
 WAIT = 30.0
-HEADERS = ["NAME", "HOST", "PID", "SLOTS", "QUEUES", "HEARTBEAT", "RUNS"]
+HEADERS = ["NAME", "HOST", "PID", "SLOTS", "GROUPS", "HEARTBEAT", "RUNS"]
 
 
 def test_workers_online_while_the_daemon_runs_and_offline_after_it_stopped(
@@ -36,12 +36,15 @@ def test_workers_online_while_the_daemon_runs_and_offline_after_it_stopped(
     assert (w["name"], w["host"], w["pid"]) == (name, socket.gethostname(), pid)
     assert (w["slots"], w["used"], w["free"]) == (8, 1, 7)
     assert (w["queues"], w["stopped"]) == (None, None)
+    assert w["groups"] == [{"queues": ["*"], "slots": 8, "used": 1, "runs": [run_id]}]
     assert datetime.fromisoformat(w["heartbeat"]).tzinfo is not None
     assert [(r["run_id"], r["job"]) for r in w["runs"]] == [(run_id, "sleeper")]
     table = jc.ok("workers")
     header, row = table.stdout.splitlines()
     assert header.split() == HEADERS, describe(table)
-    assert row.split()[:5] == [name, socket.gethostname(), str(pid), "1/8", "*"], describe(table)
+    assert row.split()[:5] == [name, socket.gethostname(), str(pid), "1/8", "*:1/8"], describe(
+        table
+    )
     assert re.search(r" \d+\w* ago ", row), describe(table)
     assert re.search(rf"{run_id}:sleeper\(since \d\d:\d\d:\d\d\)$", row), describe(table)
 
@@ -58,3 +61,65 @@ def test_workers_online_while_the_daemon_runs_and_offline_after_it_stopped(
     header, row = table.stdout.splitlines()
     assert header.split() == HEADERS, describe(table)
     assert re.search(r" stopped \d\d \w{3} \d{4} \d\d:\d\d:\d\d +-$", row), describe(table)
+
+
+GROUPED = """\
+jobs:
+  - name: quick
+    command: sleep 1000
+    queue: fast_lane
+  - name: other
+    command: sleep 1000
+"""
+
+
+def test_the_daemon_worker_takes_slot_groups_and_workers_shows_their_use(
+    jc: JobControl,
+) -> None:
+    jc.upgraded().load(write(jc.base / "tree.yaml", GROUPED))
+    # Filter groups both: a preference group (manual,*) would race the pinned one for
+    # the fast lane's run, as it may.
+    pid = pid_from(jc.ok("daemon", "start", "--queues", "fast_lane:1 default:2").stdout)
+    name = f"{socket.gethostname()}:{pid}:embedded"
+    jc.ok("run", "quick")
+    jc.ok("run", "other")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="quick"), WAIT), "quick never started"
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="other"), WAIT), "other never started"
+
+    def groups() -> list[tuple[list[str], int, int]]:
+        [w] = jc.json("workers")
+        assert (w["name"], w["slots"], w["used"]) == (name, 3, 2)
+        assert w["queues"] == ["fast_lane", "default"]
+        return [(g["queues"], g["slots"], g["used"]) for g in w["groups"]]
+
+    # The fast lane's run in the pinned group, the other in the default one: as the
+    # worker reports them (each heartbeat and lane re-read).
+    want = [(["fast_lane"], 1, 1), (["default"], 2, 1)]
+    assert wait_until(lambda: groups() == want, WAIT), groups()
+    table = jc.ok("workers")
+    assert " fast_lane:1/1 default:1/2 " in table.stdout, describe(table)
+    jc.ok("daemon", "stop", "--kill")
+    jc.assert_no_task_processes()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--queues", "fast_lane"], "--queues: 'fast_lane' has no slot count"),
+        (["--queues", "fast:1 manual,*:x"], "'manual,*:x': the slot count must be a whole"),
+        (["--queues", "*,fast:2"], "'*,fast:2': '*' must come last in its group"),
+        (["--queues", "a b:1"], "'a' has no slot count"),
+        (["--slots", "3", "--queues", "*:3"], "--slots and --queues: give one, not both"),
+    ],
+)
+def test_a_bad_queues_spec_is_refused_naming_the_part_and_nothing_starts(
+    jc_sqlite: JobControl, args: list[str], message: str
+) -> None:
+    jc = jc_sqlite
+    jc.upgraded()
+    for command in ("run", "start"):
+        result = jc.fails("daemon", command, *args)
+        assert message in result.stderr, describe(result)
+        assert jc.live_daemons() == []
+        assert not list(jc.state_dir.glob("*.pid")), "nothing was started"
+    assert jc.json("workers") == [], "no worker joined"

@@ -38,6 +38,7 @@ def test_a_viewer_lists_the_embedded_worker_and_no_token_is_401(api: Api) -> Non
     assert (w["name"], w["host"], w["pid"]) == (EMBEDDED, socket.gethostname(), os.getpid())
     assert (w["slots"], w["used"], w["free"]) == (slots, 0, slots)
     assert w["queues"] is None
+    assert w["groups"] == [{"queues": ["*"], "slots": slots, "used": 0, "runs": []}]
     assert (w["stopped"], w["runs"]) == (None, [])
     # Times are ISO text, on the daemon's clock (here the manual one).
     assert datetime.fromisoformat(w["started"]) == T0
@@ -101,5 +102,6 @@ def test_stopped_workers_come_after_live_ones_with_their_stop_time(api_any: Api)
     assert (stopped["host"], stopped["pid"], stopped["version"]) == ("elsewhere", 4242, "9.9")
     assert (stopped["slots"], stopped["used"], stopped["free"]) == (2, 0, 2)
     assert stopped["queues"] == ["gpu", "io"]
+    assert stopped["groups"] == [{"queues": ["gpu", "io"], "slots": 2, "used": 0, "runs": []}]
     assert datetime.fromisoformat(stopped["stopped"]) == T0 + timedelta(minutes=1)
     assert stopped["runs"] == []

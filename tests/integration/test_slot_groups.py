@@ -1,0 +1,409 @@
+"""Slot groups (``--queues "fast:1 manual,*:4"``): a worker's slots split into groups,
+each with a workloop of its own, on both stores, with real task processes.
+
+The slot-group design's test list: each group claims on its own, with its own queue
+list and never more than its free slots; a group at capacity stops claiming; a run's
+end resumes only its own group; a work-available wake-up makes every group with room
+claim at once, whatever its back-off; an idle pinned group backs off (1 s doubling to
+10 s) while the default group stays busy, neither slowing the other; ``manual,*:5``
+is the old pool of 5. What the workers do is watched through the run queue they call
+(``SpyQueue`` records each claim and look, then does it for real); the back-off's
+clock is injected, so nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcontrol import events
+from jobcontrol.clock import SystemClock
+from jobcontrol.model import Kind, RunRecord, RunState, Trigger
+from jobcontrol.slotgroups import parse
+from jobcontrol.store import Store, lanes, queries
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo, list_workers
+from jobcontrol.worker import Worker
+from tests.integration.helpers import Gate, poll_until
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+class SpyQueue(RunQueue):
+    """The real run queue, recording who claimed or looked, with what, and when."""
+
+    def __init__(self, store: Store, mono: ManualMonotonic | None = None) -> None:
+        super().__init__(store)
+        self.mono = mono
+        self.calls: list[tuple[str, str, list[str] | None, int, float]] = []
+
+    def _record(self, what: str, queues: Sequence[str] | None, limit: int) -> None:
+        when = self.mono() if self.mono is not None else 0.0
+        group = threading.current_thread().name
+        self.calls.append((group, what, None if queues is None else list(queues), limit, when))
+
+    def claim(
+        self,
+        name: str,
+        host: str,
+        now: datetime,
+        *,
+        run_id: int | None = None,
+        queues: Sequence[str] | None = None,
+        limit: int = 1,
+    ) -> list[RunRecord]:
+        self._record("claim" if run_id is None else "offer", queues, limit)
+        return super().claim(name, host, now, run_id=run_id, queues=queues, limit=limit)
+
+    def any_queued(self, queues: Sequence[str] | None = None) -> bool:
+        self._record("look", queues, 0)
+        return super().any_queued(queues)
+
+    def of(self, group: int) -> list[tuple[str, list[str] | None, int, float]]:
+        return [c[1:] for c in list(self.calls) if c[0] == f"jc-group-{group}"]
+
+
+class ManualMonotonic:
+    """The groups' back-off clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store(db_url)
+    s.upgrade()
+    yield s
+    s.dispose()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.kill_all("test over")
+        w.stop(10)
+
+
+@pytest.fixture
+def gates(tmp_path: Path) -> Iterator[dict[str, Gate]]:
+    made: dict[str, Gate] = {}
+    yield made
+    for g in made.values():
+        g.close()
+
+
+def gated(gates: dict[str, Gate], tmp_path: Path, name: str) -> str:
+    """A task command that waits for its gate (one per job name)."""
+    gates[name] = Gate(tmp_path / f"{name}.fifo")
+    return gates[name].command
+
+
+def queue_run(store: Store, name: str, command: str, *, queue: str, priority: int = 0) -> int:
+    with store.write() as conn:
+        return queries.insert_run(
+            conn,
+            {
+                "job_id": None,
+                "job_name": name,
+                "kind": Kind.TASK,
+                "trigger": Trigger.MANUAL,
+                "state": RunState.QUEUED,
+                "queue": queue,
+                "priority": priority,
+                "created": NOW,
+                "command": command,
+            },
+        )
+
+
+def state_of(store: Store, run_id: int) -> RunState:
+    with store.read() as conn:
+        row = queries.get_run(conn, run_id)
+    assert row is not None
+    return row.state
+
+
+def start_worker(
+    started: list[Worker],
+    rq: RunQueue,
+    tmp_path: Path,
+    *,
+    spec: str | None = None,
+    slots: int = 8,
+    mono: ManualMonotonic | None = None,
+    name: str = "w1",
+) -> Worker:
+    extra: dict[str, Any] = {"monotonic": mono} if mono is not None else {}
+    w = Worker(
+        rq,
+        clock=SystemClock(),
+        log_root=tmp_path / f"logs-{name}",
+        instance_id="test",
+        name=name,
+        slots=slots,
+        groups=parse(spec) if spec is not None else None,
+        heartbeat_interval=0.2,
+        **extra,
+    )
+    w.start()
+    started.append(w)
+    return w
+
+
+def used(w: Worker) -> list[int]:
+    return [g.used for g in w.groups()]
+
+
+# ------------------------------------------------------------------ the claim itself
+
+
+def test_preference_mode_takes_the_named_queues_first_in_order_then_the_rest(
+    store: Store,
+) -> None:
+    rq = RunQueue(store)
+    other_hi = queue_run(store, "o", "true", queue="other", priority=9)
+    plain = queue_run(store, "d", "true", queue="default", priority=5)
+    fast = queue_run(store, "f", "true", queue="fast", priority=1)
+    manual_lo = queue_run(store, "m0", "true", queue="manual", priority=0)
+    manual_hi = queue_run(store, "m1", "true", queue="manual", priority=3)
+
+    # Filter mode: only the queues named.
+    assert [r.id for r in rq.claim("w", "h", NOW, queues=["fast"], limit=5)] == [fast]
+    # Preference mode: manual first (priority, then age, within it), then every other run
+    # by priority then age.
+    got = rq.claim("w", "h", NOW, queues=["manual", "*"], limit=5)
+    assert [r.id for r in got] == [manual_hi, manual_lo, other_hi, plain]
+
+
+def test_preference_mode_keeps_the_lane_rules_drained_and_capped(store: Store) -> None:
+    rq = RunQueue(store)
+    with store.write() as conn:
+        lanes.insert(conn, "manual", {"enabled": False}, NOW, "tester")
+        lanes.insert(conn, "gpu", {"max_slots": 1}, NOW, "tester")
+    drained = queue_run(store, "m", "true", queue="manual", priority=9)
+    gpu = [queue_run(store, f"g{i}", "true", queue="gpu") for i in range(2)]
+    plain = queue_run(store, "d", "true", queue="default")
+    got = rq.claim("w", "h", NOW, queues=["manual", "gpu", "*"], limit=5)
+    assert [r.id for r in got] == [gpu[0], plain], "drained skipped, gpu capped at 1"
+    assert state_of(store, drained) is RunState.QUEUED
+    assert rq.any_queued(["manual", "gpu", "*"]) is False
+
+
+# ------------------------------------------------------------------ workloops
+
+
+def test_each_group_claims_on_its_own_stops_at_capacity_and_only_its_end_resumes_it(
+    store: Store, workers: list[Worker], gates: dict[str, Gate], tmp_path: Path
+) -> None:
+    mono = ManualMonotonic()  # never moves: no back-off runs out, only ends and wakes count
+    rq = SpyQueue(store, mono)
+    fast = [
+        queue_run(store, f"fast{i}", gated(gates, tmp_path, f"fast{i}"), queue="fast")
+        for i in range(2)
+    ]
+    m0 = queue_run(store, "m0", gated(gates, tmp_path, "m0"), queue="manual")
+    w = start_worker(workers, rq, tmp_path, spec="fast:1 manual:2", mono=mono)
+
+    w.wait_for("both groups' first claims", lambda: used(w) == [1, 1] and w.groups()[1].looks)
+    assert [set(g.runs) for g in w.groups()] == [{fast[0]}, {m0}]
+    assert state_of(store, fast[1]) is RunState.QUEUED, "the fast group is at capacity"
+    # Each claim said its own group's queues and asked for no more than its free slots.
+    assert rq.of(0) == [("look", ["fast"], 0, 0.0), ("claim", ["fast"], 1, 0.0)]
+    assert rq.of(1) == [("look", ["manual"], 0, 0.0), ("claim", ["manual"], 2, 0.0)]
+
+    # Work nobody announced, for the manual group (which has room, and waits).
+    m1 = queue_run(store, "m1", gated(gates, tmp_path, "m1"), queue="manual")
+    # The fast run's end resumes the fast group, and it alone: it claims the next one.
+    gates["fast0"].open()
+    w.wait_for("the fast group's next run", lambda: fast[1] in w.groups()[0].runs)
+    assert rq.of(0)[2:] == [("claim", ["fast"], 1, 0.0)]
+    assert len(rq.of(1)) == 2, "the manual group did not claim"
+    assert state_of(store, m1) is RunState.QUEUED
+
+    # News of work: the group with room claims; the one at capacity does not.
+    w.wake()
+    w.wait_for("the manual group's claim", lambda: m1 in w.groups()[1].runs)
+    assert rq.of(1)[2:] == [("claim", ["manual"], 1, 0.0)]
+    assert len(rq.of(0)) == 3
+    for name in ("fast1", "m0", "m1"):
+        gates[name].open()
+    w.wait_for("every run to end", lambda: used(w) == [0, 0])
+
+
+def test_work_available_makes_every_group_with_room_claim_at_once(
+    store: Store, workers: list[Worker], gates: dict[str, Gate], tmp_path: Path
+) -> None:
+    mono = ManualMonotonic()  # never moves: no back-off ever runs out
+    rq = SpyQueue(store, mono)
+    hold = queue_run(store, "hold", gated(gates, tmp_path, "hold"), queue="hold")
+    w = start_worker(workers, rq, tmp_path, spec="fast:1 slow:2 *:1", mono=mono)
+    w.wait_for(
+        "the * group full, the others backed off",
+        lambda: hold in w.groups()[2].runs and all(g.empty for g in w.groups()[:2]),
+    )
+    before = [len(rq.of(i)) for i in range(3)]
+
+    fast = queue_run(store, "fast", gated(gates, tmp_path, "fast"), queue="fast")
+    slow = [
+        queue_run(store, f"s{i}", gated(gates, tmp_path, f"s{i}"), queue="slow") for i in range(3)
+    ]
+    any_ = queue_run(store, "any", gated(gates, tmp_path, "any"), queue="elsewhere")
+    # Announced (the dispatcher's signal): every group with free slots claims at once with
+    # its own queues, though its back-off has not run out; the one at capacity does not.
+    events.runs_queued.send(store, run_ids=[any_])
+    w.wait_for(
+        "every group with room to claim",
+        lambda: [set(g.runs) for g in w.groups()[:2]] == [{fast}, set(slow[:2])],
+    )
+    assert rq.of(0)[before[0] :] == [("claim", ["fast"], 1, 0.0)]
+    assert rq.of(1)[before[1] :] == [("claim", ["slow"], 2, 0.0)], "no more than its room"
+    assert len(rq.of(2)) == before[2], "the group at capacity did not claim"
+    assert state_of(store, slow[2]) is RunState.QUEUED
+    assert state_of(store, any_) is RunState.QUEUED
+
+    # Its run's end resumes the * group: it claims the announced run by its id.
+    gates["hold"].open()
+    w.wait_for("the announced run", lambda: any_ in w.groups()[2].runs)
+    assert rq.of(2)[before[2] :] == [("offer", None, 1, 0.0)]
+    for g in gates.values():
+        g.open()
+    every = [hold, fast, *slow, any_]
+    poll_until("every run", lambda: all(state_of(store, r) is RunState.SUCCEEDED for r in every))
+
+
+def test_an_idle_pinned_lane_backs_off_alone_while_the_default_group_stays_busy(
+    store: Store, workers: list[Worker], tmp_path: Path
+) -> None:
+    with store.write() as conn:  # a quick lane: the seed's 1 s is then the least wait
+        lanes.insert(conn, "fast", {"poll_interval_s": 0.5}, NOW, "tester")
+    mono = ManualMonotonic()
+    rq = SpyQueue(store, mono)
+    done = tmp_path / "done"
+    done.mkdir()
+    runs = [queue_run(store, f"d{i}", f"touch {done}/{i}", queue="default") for i in range(6)]
+    w = start_worker(workers, rq, tmp_path, spec="fast:1 default:2", mono=mono)
+
+    # The default group runs all six, one claim after another as its runs end, while the
+    # clock stands still: the fast group's back-off holds nothing up.
+    poll_until("the six runs", lambda: all(state_of(store, r) is RunState.SUCCEEDED for r in runs))
+    w.wait_for("the default group to be idle", lambda: used(w) == [0, 0])
+    assert len(list(done.iterdir())) == 6
+    assert len(rq.of(0)) == 1, "the fast group looked once, found nothing, and waits"
+    assert rq.of(0)[0] == ("look", ["fast"], 0, 0.0)
+
+    # Its looks from then on: 1 s doubling to 10 s, on its own clock, never earlier:
+    # after each empty look its next one is due that much later, and it comes then.
+    when = 0.0
+    for gap in (1, 2, 4, 8, 10, 10):
+        looked, empty = len(rq.of(0)), w.groups()[0].empty
+        assert w.groups()[0].next_poll == when + gap, (when, gap, rq.of(0))
+        when += gap
+        mono.t = when
+        w.poke()
+        # Done looking (its next wait set) before the clock moves on.
+        w.wait_for(f"the fast group's look at {when}", lambda n=empty: w.groups()[0].empty > n)
+        assert rq.of(0)[looked:] == [("look", ["fast"], 0, when)], rq.of(0)
+    # A claim that finds work sets it back to the least wait: its run's end resumes it,
+    # that claim finds nothing, and the next look is 1 s later.
+    fast = queue_run(store, "f", "true", queue="fast")
+    w.wake()
+    poll_until("the fast run", lambda: state_of(store, fast) is RunState.SUCCEEDED)
+    w.wait_for("the resumed claim", lambda: used(w)[0] == 0 and w.groups()[0].empty == 8)
+    assert rq.of(0)[-2:] == [("claim", ["fast"], 1, when)] * 2
+    assert w.groups()[0].next_poll == when + 1
+    mono.t = when + 1
+    w.poke()
+    w.wait_for("the look 1 s on", lambda: w.groups()[0].empty == 9)
+    assert rq.of(0)[-1] == ("look", ["fast"], 0, when + 1)
+
+
+@pytest.mark.parametrize("spec", [None, "manual,*:5"], ids=["old-pool-of-5", "manual,*:5"])
+def test_manual_star_5_is_the_old_pool_of_5(
+    store: Store,
+    workers: list[Worker],
+    gates: dict[str, Gate],
+    tmp_path: Path,
+    spec: str | None,
+) -> None:
+    rq = SpyQueue(store)
+    prio = [0, 4, 1, 4, 2, 0, 3, 1]  # runs without a "manual" queue, as before groups
+    runs = [
+        queue_run(store, f"r{i}", gated(gates, tmp_path, f"r{i}"), queue=q, priority=p)
+        for i, (p, q) in enumerate(zip(prio, ["default", "x", "y"] * 3, strict=False))
+    ]
+    w = start_worker(workers, rq, tmp_path, spec=spec, slots=5)
+    assert w.slots == 5
+    assert len(w.groups()) == 1
+    w.wait_for("five runs", lambda: used(w) == [5])
+    queues = None if spec is None else ["manual", "*"]
+    claims = [c for c in rq.of(0) if c[0] == "claim"]
+    assert claims
+    assert all(c[1] == queues and c[2] <= 5 for c in claims), claims
+    # The five most urgent, priority then age, whichever way the pool was given.
+    expected = sorted(range(8), key=lambda i: (-prio[i], i))[:5]
+    assert set(w.groups()[0].runs) == {runs[i] for i in expected}
+    assert [state_of(store, runs[i]) for i in range(8) if i not in expected] == [
+        RunState.QUEUED
+    ] * 3
+    gates["r1"].open()  # one ends: the next most urgent takes its slot
+    nxt = sorted(range(8), key=lambda i: (-prio[i], i))[5]
+    w.wait_for("the sixth run", lambda: runs[nxt] in w.groups()[0].runs)
+    assert used(w) == [5]
+    for name, g in gates.items():
+        if name != "r1":
+            g.open()
+    poll_until("every run", lambda: all(state_of(store, r) is RunState.SUCCEEDED for r in runs))
+
+
+# ------------------------------------------------------------------ the registry
+
+
+def test_the_registry_shows_the_groups_and_their_use_and_reads_old_rows(
+    store: Store, workers: list[Worker], gates: dict[str, Gate], tmp_path: Path
+) -> None:
+    rq = RunQueue(store)
+    fast = queue_run(store, "fast", gated(gates, tmp_path, "fast"), queue="fast")
+    w = start_worker(workers, rq, tmp_path, spec="fast:1 manual,*:4")
+    w.wait_for("the fast run", lambda: used(w) == [1, 0])
+    with store.read() as conn:
+        row = conn.exec_driver_sql("SELECT slots, queues FROM worker").one()
+    assert row.slots == 5, "the join record's capacity: every group's slots"
+    assert [(g["queues"], g["slots"]) for g in json.loads(row.queues)] == [
+        (["fast"], 1),
+        (["manual", "*"], 4),
+    ]
+
+    def listed() -> dict[str, Any]:
+        with store.read() as conn:
+            return {x["name"]: x for x in list_workers(conn, datetime.now(UTC))}
+
+    poll_until("the group's use reported", lambda: listed()["w1"]["groups"][0]["used"] == 1)
+    me = listed()["w1"]
+    assert (me["slots"], me["used"], me["free"], me["queues"]) == (5, 1, 4, None)
+    assert me["groups"] == [
+        {"queues": ["fast"], "slots": 1, "used": 1, "runs": [fast]},
+        {"queues": ["manual", "*"], "slots": 4, "used": 0, "runs": []},
+    ]
+
+    # A row written before slot groups (a list of queues, or nothing) is one group.
+    old = WorkerInfo("old", "h", 1, 3, "1.0", NOW, queues=["gpu", "io"])
+    rq.register(old, NOW)
+    rq.register(WorkerInfo("older", "h", 2, 2, "1.0", NOW), NOW)
+    assert listed()["old"]["queues"] == ["gpu", "io"]
+    assert listed()["old"]["groups"] == [
+        {"queues": ["gpu", "io"], "slots": 3, "used": 0, "runs": []}
+    ]
+    assert listed()["older"]["groups"] == [{"queues": ["*"], "slots": 2, "used": 0, "runs": []}]
+    gates["fast"].open()
+    w.wait_for("the end", lambda: used(w) == [0, 0])
