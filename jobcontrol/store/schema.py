@@ -84,7 +84,7 @@ job = Table(
     Column("max_log_files", Integer),
     Column("misfire", String(16), nullable=False, default="run-once"),
     # How many more times a task whose run failed or was lost may be run again (0: never).
-    Column("retries", Integer, nullable=False, default=0, server_default="0"),
+    Column("retries", Integer, nullable=False, server_default="0"),
     Column("cwd", Text),
     Column("env", Text),
 )
