@@ -27,8 +27,10 @@ jobs:
       - name: flaky
         command: "test -e {marker} || {{ touch {marker}; exit 3; }}"
         retries: 2
+        active: true
       - name: after
         command: "true"
+        active: true
     on_error: abort
 """
 
