@@ -9,9 +9,11 @@ bad value is refused naming the field, and nothing changes.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 
+from jobcontrol.store import Store, lanes
 from tests.acceptance.harness import JobControl, describe, wait_until, write
 
 pytestmark = pytest.mark.timeout(180)
@@ -70,3 +72,46 @@ def test_a_task_that_fails_once_is_retried_and_its_tree_succeeds(jc: JobControl)
     refused = jc.fails("set", "flaky", "retries=two")
     assert "retries" in refused.stderr, describe(refused)
     assert jc.json("show", "flaky")["retries"] == 2
+
+
+def test_a_stopped_lane_is_visible_everywhere_and_resume_clears_it(jc: JobControl) -> None:
+    """The dispatcher's STOPPED (its rule is tested in tests/integration/test_retries.py,
+    on an injected clock) as the operator meets it: lanes, status, daemon status, resume."""
+    jc.upgraded().load(
+        write(
+            jc.base / "tree.yaml",
+            "jobs:\n  - name: fastjob\n" '    command: "true"\n    queue: fast\n',
+        )
+    )
+    jc.ok("daemon", "start")
+    jc.ok("lane", "add", "fast")
+    reason = "STOPPED: 5 unexpected worker ends within 10 minutes (workers w0, w1, w2, w3, w4)"
+    store = Store(jc.url)
+    try:
+        with store.write() as conn:
+            now = datetime.now(UTC)
+            values = {"stopped_at": now, "stopped_reason": reason}
+            lanes.change(conn, "fast", values, now, lanes.STOPPED_BY)
+    finally:
+        store.dispose()
+
+    listed = jc.ok("lanes")
+    assert re.search(r"^fast +stopped \(STOPPED: 5 unexpected", listed.stdout, re.M), describe(
+        listed
+    )
+    status = jc.ok("status")
+    assert f"lane fast STOPPED: {reason}" in status.stdout, describe(status)
+    daemon = jc.ok("daemon", "status")
+    assert f"lane fast STOPPED: {reason}" in daemon.stdout, describe(daemon)
+
+    started = jc.ok("run", "fastjob")
+    run_id = int(re.search(r"started run (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
+    assert not wait_until(
+        lambda: jc.history("fastjob")[0]["state"] != "queued", 3.0
+    ), "a stopped lane takes no claims"
+
+    jc.ok("lane", "resume", "fast")
+    assert wait_until(lambda: jc.history("fastjob")[0]["state"] == "succeeded", WAIT)
+    assert jc.history("fastjob")[0]["id"] == run_id
+    assert "STOPPED" not in jc.ok("status").stdout
+    assert "STOPPED" not in jc.ok("daemon", "status").stdout
