@@ -358,7 +358,7 @@ def stop_after_worker_ends(conn: Connection, names: Iterable[str], now: datetime
         workers = ", ".join(dict.fromkeys(w for w, _ in ends))
         minutes = int(STOP_WINDOW.total_seconds() // 60)
         reason = (
-            f"STOPPED: {len(ends)} unexpected worker ends within {minutes} minutes "
+            f"{len(ends)} unexpected worker ends within {minutes} minutes "
             f"(workers {workers}; first at {ends[0][1]:%Y-%m-%d %H:%M:%S} UTC); "
             f"`jobcontrol lane resume {name}` to claim again"
         )

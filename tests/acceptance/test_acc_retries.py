@@ -85,7 +85,7 @@ def test_a_stopped_lane_is_visible_everywhere_and_resume_clears_it(jc: JobContro
     )
     jc.ok("daemon", "start")
     jc.ok("lane", "add", "fast")
-    reason = "STOPPED: 5 unexpected worker ends within 10 minutes (workers w0, w1, w2, w3, w4)"
+    reason = "5 unexpected worker ends within 10 minutes (workers w0, w1, w2, w3, w4)"
     store = Store(jc.url)
     try:
         with store.write() as conn:
@@ -96,7 +96,7 @@ def test_a_stopped_lane_is_visible_everywhere_and_resume_clears_it(jc: JobContro
         store.dispose()
 
     listed = jc.ok("lanes")
-    assert re.search(r"^fast +stopped \(STOPPED: 5 unexpected", listed.stdout, re.M), describe(
+    assert re.search(r"^fast +stopped \(5 unexpected worker ends", listed.stdout, re.M), describe(
         listed
     )
     status = jc.ok("status")

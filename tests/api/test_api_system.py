@@ -242,7 +242,7 @@ def test_a_stopped_lane_shows_in_health_and_status_until_resumed(api: Api) -> No
     jc = api.jc
     jc.engine.lanes.add_lane("fast", {}, user="tester")
     with jc.store.write() as conn:
-        reason = "STOPPED: 5 unexpected worker ends within 10 minutes (workers w0, w1)"
+        reason = "5 unexpected worker ends within 10 minutes (workers w0, w1)"
         store_lanes.change(
             conn,
             "fast",
