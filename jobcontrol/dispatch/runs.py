@@ -663,7 +663,8 @@ class TreeRuns:
                 steps.append(lambda: self._task_ended(frame, row))
             return
         frame.children = sorted(node.children, key=sort_key)
-        done = kids.get(row.id, [])  # this box's child runs so far, oldest first
+        # This box's child runs so far, oldest first; of a retried task, its last attempt.
+        done = _last_attempts(kids.get(row.id, []))
         last = done[-1] if done else None
         at = _child_index(frame, last.job_id) if last is not None else None
         if last is not None and at is None:
@@ -720,6 +721,13 @@ class TreeRuns:
     def _go_on(self, frame: Frame, result: int | None) -> None:
         if result is not None:
             self._propagate(frame, result)
+
+
+def _last_attempts(rows: list[RunRecord]) -> list[RunRecord]:
+    """``rows`` without the attempts a later attempt of the same job replaced (``retries``):
+    a box goes on after the last attempt's outcome only."""
+    last = {r.job_id: r.id for r in rows}  # oldest first: the last wins
+    return [r for r in rows if last[r.job_id] == r.id]
 
 
 def _child_index(frame: Frame, job_id: int | None) -> int | None:

@@ -439,3 +439,45 @@ def test_attempt_is_kept_when_the_run_queue_reads_a_row(db_url: str, make_jc: Ma
             },
         )
     assert jc.run(run_id).attempt == 3
+
+
+def test_a_rebuild_from_the_database_goes_on_from_the_last_attempt(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """After a rebuild (an outage, a failed batch) a box counts only its task's last attempt."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    jc.create(
+        box("Box", active=True),
+        task("flaky", "true", "Box", active=True, retries=1),
+        task("next", "true", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Box")
+    first = w.claim_one("w1", "flaky")
+    assert w.finish("w1", first.id, 1)
+    _poll(jc)
+    retry = w.claim_one("w1", "flaky")
+    assert retry.attempt == 2
+
+    def bug() -> None:
+        raise RuntimeError("a bug: the dispatcher rebuilds from the database")
+
+    # A failed batch of two events is rolled back and rebuilt from the database.
+    d = jc.dispatcher
+    with d.protocol.user_edit():
+        seen = d.stats.events
+        d.post((lambda: None, None))
+        poll_until("the dispatcher takes the event", lambda: d.stats.events > seen)
+        d.post((bug, None))
+        d.post((lambda: None, None))
+    jc.sync()
+    jc.errors.records.clear()  # that failure was the point
+
+    assert w.finish("w1", retry.id, 0)
+    _poll(jc)
+    nxt = w.claim_one("w1", "next")
+    assert w.finish("w1", nxt.id, 0)
+    _poll(jc)
+    done = jc.rec.run_finished("Box", since=mark)
+    assert (done["state"], done["exit_status"]) == ("succeeded", 0)
