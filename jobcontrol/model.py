@@ -82,6 +82,7 @@ ACTIVE_RUN_STATES = frozenset({RunState.QUEUED, RunState.RUNNING, RunState.WAITI
 FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES - {RunState.PENDING})
 
 KILLED_STATUS = 255
+MAX_RETRIES = 100  # a task run again more often than this wants a fix, not a retry
 TIMEOUT_STATUS = 124
 
 # Fields a user may change through an edit; everything else is the dispatcher's.
@@ -100,6 +101,7 @@ EDITABLE_FIELDS = frozenset(
         "priority",
         "timeout_s",
         "max_log_files",
+        "retries",
         "misfire",
         "cwd",
         "env",
@@ -137,6 +139,7 @@ class JobRecord:
     timeout_s: float | None = None
     max_log_files: int | None = None
     misfire: Misfire = Misfire.RUN_ONCE
+    retries: int = 0  # more runs a task may have after a failed or lost one
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -208,6 +211,7 @@ class RunRecord:
     after_ok_only: bool = False
     cpu_us: int | None = None  # CPU time (user + system) from the run's cgroup
     mem_peak_bytes: int | None = None  # peak memory from the run's cgroup
+    attempt: int = 1  # which attempt of its job in its tree run (a retry is a new run)
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

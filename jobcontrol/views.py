@@ -87,6 +87,7 @@ def job_detail(
         "priority": rec.priority,
         "timeout": rec.timeout_s,
         "max_log_files": rec.max_log_files,
+        "retries": rec.retries,
         "misfire": str(rec.misfire),
         "cwd": rec.cwd,
         "env": dict(rec.env),

@@ -66,6 +66,7 @@ class DefinitionFields(Strict):
     priority: int = 0
     timeout: Timeout | None = None
     max_log_files: int | None = None
+    retries: int = 0
     misfire: MisfireValue = "run-once"
     cwd: Path | None = None
     env: Annotated[dict[EnvName, EnvValue], Field(max_length=1000)] = Field(default_factory=dict)

@@ -56,17 +56,30 @@ def healthz(ctx: Context) -> JSONResponse:
     if not db["ok"]:
         body = {"status": "database unavailable", "reason": db["error"], "since": _iso(db["since"])}
         return JSONResponse(body, status_code=503)
-    if ctx.disk is None:
+    stopped = _stopped_lanes(ctx)
+    if ctx.disk is None and not stopped:
         return JSONResponse({"status": "ok"})
-    spaces = ctx.disk()
+    spaces = ctx.disk() if ctx.disk is not None else {}
     low = [space.describe() for space in spaces.values() if space.low]
-    body = {
-        "status": "low disk space" if low else "ok",
-        "disk": {key: space.as_dict() for key, space in spaces.items()},
+    # A STOPPED lane keeps 200 too: the other lanes run; the body says which and why.
+    problems = [*low, *(f"lane {s['name']} STOPPED: {s['reason']}" for s in stopped)]
+    health: dict[str, Any] = {
+        "status": "low disk space" if low else ("lane stopped" if stopped else "ok"),
     }
-    if low:
-        body["reason"] = "; ".join(low)
-    return JSONResponse(body)
+    if ctx.disk is not None:
+        health["disk"] = {key: space.as_dict() for key, space in spaces.items()}
+    if stopped:
+        health["stopped_lanes"] = stopped
+    if problems:
+        health["reason"] = "; ".join(problems)
+    return JSONResponse(health)
+
+
+def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
+    return [
+        {**s, "stopped_at": s["stopped_at"].isoformat() if s["stopped_at"] else None}
+        for s in ctx.engine.lanes.stopped()
+    ]
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -110,6 +123,7 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
             for r in view["runs_in_flight"]
         ],
         "event_seq": ctx.eventlog.last_seq,
+        "stopped_lanes": _stopped_lanes(ctx),
         "disk": {key: d.as_dict() for key, d in ctx.disk().items()} if ctx.disk else None,
     }
 

@@ -800,6 +800,7 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
         engine = Engine(store)
         active, armed = engine.daemon_view()
         workers = engine.workers()
+        stopped = engine.lanes.stopped()
     finally:
         store.dispose()
     url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
@@ -813,6 +814,7 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
             "runs_in_flight": [run_json(run.as_dict()) for run in active],
             "trees_scheduled": armed,
             "containment": _containment(workers, live),
+            "stopped_lanes": [{**s, "stopped_at": str(s["stopped_at"])} for s in stopped],
         }
         print(json.dumps(status, indent=2))
         return 0
@@ -824,4 +826,6 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
         print(
             f"  run {run.id} {run.job_name} ({run.kind}, {run.state}) since {out.when(run.started)}"
         )
+    for s in stopped:
+        print(f"lane {s['name']} STOPPED: {s['reason']}")
     return 0

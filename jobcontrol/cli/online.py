@@ -34,13 +34,13 @@ COMMANDS = DAEMON_ONLY | {"ls", "history", "workers", "load", "export"} | cli_la
 
 # `set` sends JSON of the type each field has; a value given empty clears a text field.
 _BOOL_FIELDS = {"active"}
-_INT_FIELDS = {"priority", "max_log_files", "job_order"}
+_INT_FIELDS = {"priority", "max_log_files", "retries", "job_order"}
 _CLEARABLE = {"description", "command", "timer", "cwd", "box_type", "timeout", "parent"}
 _TRUE, _FALSE = {"true", "yes", "y", "1", "on"}, {"false", "no", "n", "0", "off"}
 # The order `show` lists a job's fields in (the rest follow).
 SHOW_ORDER = (
     "name id kind parent state started run_id active description command timer box_type "
-    "on_error queue priority timeout misfire max_log_files cwd env job_order last_ran "
+    "on_error queue priority timeout retries misfire max_log_files cwd env job_order last_ran "
     "last_duration_ms exit_status next_runs version last_updated updated_by"
 ).split()
 
@@ -311,6 +311,7 @@ def _status(client: Client, args: argparse.Namespace) -> int:
         f"  run {r['run_id']} {r['job']} ({r['trigger']}) since {out.when(r['started'])}"
         for r in s["runs_in_flight"]
     ]
+    lines += [f"lane {x['name']} STOPPED: {x['reason']}" for x in s.get("stopped_lanes", [])]
     lines.append(f"last event: {s['event_seq']}")
     return _emit(args, s, "\n".join(lines))
 

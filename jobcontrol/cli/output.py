@@ -100,11 +100,20 @@ def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:
             cpu_time(r.get("cpu_us")),
             size(r.get("mem_peak_bytes")),
             r["requested_by"] or "",
-            r["reason"] or "",
+            _reason(r),
         ]
         for r in runs
     ]
     return table(headers, rows) if rows else "no runs"
+
+
+def _reason(run: Mapping[str, Any]) -> str:
+    """A run's reason; a retry says which attempt it is (``retries``)."""
+    reason = str(run["reason"] or "")
+    attempt = run.get("attempt") or 1
+    if attempt > 1:
+        return f"attempt {attempt}" + (f": {reason}" if reason else "")
+    return reason
 
 
 def age(seconds: Any) -> str:

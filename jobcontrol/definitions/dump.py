@@ -99,6 +99,8 @@ def _job_mapping(record: JobRecord, children: dict[int | None, list[JobRecord]])
         out["timeout"] = format_duration(record.timeout_s)
     if record.max_log_files is not None:
         out["max_log_files"] = record.max_log_files
+    if record.retries:
+        out["retries"] = record.retries
     if record.misfire != Misfire.RUN_ONCE:
         out["misfire"] = str(record.misfire)
     if record.cwd is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.errors import CommandError, JobError, ScheduleError, clip
-from jobcontrol.model import EDITABLE_FIELDS, BoxType, Misfire, OnError
+from jobcontrol.model import EDITABLE_FIELDS, MAX_RETRIES, BoxType, Misfire, OnError
 from jobcontrol.timerexpr.expression import validate_timer
 
 NAME_MAX = 128
@@ -133,6 +133,10 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
         return _int(job, key, value, 0, 2**31 - 1)
     if key == "max_log_files":
         return None if value in (None, "") else _int(job, key, value, 1, 100_000)
+    if key == "retries":
+        if isinstance(value, float) and not value.is_integer():
+            raise JobError(job, f"retries must be a whole number, not {value!r}")
+        return _int(job, key, value, 0, MAX_RETRIES)
     if key == "timeout_s":
         return _timeout(job, value)
     if key == "env":

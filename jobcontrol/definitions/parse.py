@@ -23,7 +23,7 @@ from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.dump import dump_definitions
 from jobcontrol.definitions.durations import format_duration, parse_duration
 from jobcontrol.errors import CommandError, DefinitionError, ScheduleError, clip
-from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
+from jobcontrol.model import MAX_RETRIES, BoxType, JobRecord, Kind, Misfire, OnError
 from jobcontrol.timerexpr.expression import validate_timer
 
 __all__ = [
@@ -53,12 +53,12 @@ MAX_DEPTH = 64
 # The keys of a job, in the order dump_definitions writes them.
 JOB_KEYS = tuple(
     "name description timer command active on_error box_type queue priority timeout"
-    " max_log_files misfire cwd env children".split()
+    " max_log_files retries misfire cwd env children".split()
 )
 # The JobRecord attributes a definition file sets (besides name, kind and job_order).
 DEFINITION_FIELDS = tuple(
     "description timer command active on_error box_type queue priority timeout_s"
-    " max_log_files misfire cwd env".split()
+    " max_log_files retries misfire cwd env".split()
 )
 TOP_LEVEL_KEYS = ("jobs",)
 
@@ -422,6 +422,7 @@ _FIELD_PARSERS: dict[str, tuple[str, _FieldParser]] = {
     "priority": ("priority", lambda p, n, j: p.integer(n, j, "priority", INT32_MIN, INT32_MAX)),
     "timeout": ("timeout_s", _parse_timeout),
     "max_log_files": ("max_log_files", _parse_max_log_files),
+    "retries": ("retries", lambda p, n, j: p.integer(n, j, "retries", 0, MAX_RETRIES)),
     "misfire": ("misfire", lambda p, n, j: p.choice(n, j, "misfire", Misfire)),
     "cwd": ("cwd", _parse_cwd),
     "env": ("env", _parse_env),

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from jobcontrol import procs
+from jobcontrol import events, procs
 from jobcontrol.clock import Clock
 from jobcontrol.model import ACTIVE_RUN_STATES, KILLED_STATUS, Kind, RunRecord, RunState
-from jobcontrol.store import Store, queries, runqueue
+from jobcontrol.store import Store, lanes, queries, runqueue
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
@@ -78,6 +78,15 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
     with store.write() as conn:
         for run in stale:
             _settle(conn, run, now)
+        # A worker found gone is an unexpected end, as one whose lease ran out.
+        gone = [
+            r for r in stale if r.worker and r.kind is Kind.TASK and r.state is RunState.RUNNING
+        ]
+        stopped = lanes.stop_after_worker_ends(conn, lanes.record_worker_ends(conn, gone, now), now)
+    for name in stopped:
+        log.warning("lane %s STOPPED after repeated unexpected worker ends", name)
+    if stopped:
+        events.lanes_changed.send(store, names=stopped)
     log.warning("marked %d run(s) left active by a previous daemon as lost", len(stale))
     if keep:
         log.warning("left %d task run(s) to the live workers holding them", len(keep))

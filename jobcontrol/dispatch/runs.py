@@ -31,7 +31,7 @@ from jobcontrol.model import (
     RunState,
     Trigger,
 )
-from jobcontrol.store import queries, runqueue
+from jobcontrol.store import lanes, queries, runqueue
 
 if TYPE_CHECKING:
     from jobcontrol.dispatch.dispatcher import Dispatcher
@@ -70,6 +70,7 @@ class Frame:
     waited_index: int = -1
     # The next task of this box queued ahead: (its job id, its run id).
     ahead: tuple[int, int] | None = None
+    attempt: int = 1  # a task's: which attempt of its job this run is (``retries``)
 
 
 def final_state(status: int, killed: bool) -> RunState:
@@ -191,6 +192,7 @@ class TreeRuns:
         now: datetime,
         reason: str | None = None,
         after: tuple[int, bool] | None = None,
+        attempt: int = 1,
     ) -> int:
         job = node.job
         values: dict[str, Any] = {
@@ -217,6 +219,7 @@ class TreeRuns:
                 timeout_s=job.timeout_s,
                 max_log_files=job.max_log_files,
             )
+            values["attempt"] = attempt
             if after is not None:
                 values.update(after_run_id=after[0], after_ok_only=after[1])
         else:
@@ -243,7 +246,9 @@ class TreeRuns:
         nxt = box.children[at]
         if nxt.parent is not box.node or nxt.job.kind is not Kind.TASK or not nxt.job.active:
             return
-        ok_only = box.node.job.on_error is OnError.ABORT
+        # A task that may be retried releases its next only by succeeding: a failure
+        # it has retries left for is not the end its box goes on after.
+        ok_only = box.node.job.on_error is OnError.ABORT or task.attempt <= task.node.job.retries
         run_id = self.insert_run(
             nxt, box, tr, RunState.PENDING, self.d.clock.now(), after=(task.run_id, ok_only)
         )
@@ -399,6 +404,8 @@ class TreeRuns:
         self.frames.pop(frame.run_id, None)
         self.d.set_job_state(node, JobState.IDLE, None, None)
         info = run_info(frame.run_id, node, tr, state, exit_status=status, duration_ms=duration)
+        if job.kind is Kind.TASK:
+            info["attempt"] = frame.attempt
         if row is not None:
             info.update(cpu_us=row.cpu_us, mem_peak_bytes=row.mem_peak_bytes)
         self.d.tx.after(lambda: events.run_finished.send(self.d, run=info))
@@ -427,6 +434,8 @@ class TreeRuns:
         self._task_ended(frame, row)
 
     def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
+        if self._retry(frame, row.state, row.exit_status):
+            return
         frame.tree_run.current_task = None
         # The task's own outcome stands: the worker records 255 when it killed the
         # task; one that ended just before a kill keeps its status (its run row says
@@ -486,11 +495,73 @@ class TreeRuns:
             self.d.tx.after(lambda: events.kill_requested.send(store, run_id=run_id, reason=reason))
         return False
 
+    # ------------------------------------------------------------ retries
+
+    def _retry(self, frame: Frame, state: RunState, status: int | None) -> bool:
+        """Run a failed or lost task again, as a new run of the same tree run, when its
+        job's ``retries`` allow it (README "Retries"); False: the end stands."""
+        node, tr = frame.node, frame.tree_run
+        why_not = self._no_retry(frame, state)
+        if why_not is not None:
+            if why_not and state in (RunState.FAILED, RunState.LOST):
+                log.info("Task %s not retried: %s", node.job.name, why_not)
+            return False
+        now = self.d.clock.now()
+        box = frame.parent
+        if box is not None and box.ahead is not None:
+            # Queued ahead after this attempt: the next one releases it instead.
+            self._cancel_ahead(box.ahead[1])
+            box.ahead = None
+        attempt = frame.attempt + 1
+        run_id = self.insert_run(node, box, tr, RunState.QUEUED, now, attempt=attempt)
+        ended = run_info(frame.run_id, node, tr, state, exit_status=status, attempt=frame.attempt)
+        self.frames.pop(frame.run_id, None)
+        retry = Frame(node=node, run_id=run_id, parent=box, tree_run=tr, started=now)
+        retry.attempt = attempt
+        self.frames[run_id] = retry
+        tr.current_task = retry
+        self.d.set_job_state(node, JobState.RUNNING, now, run_id)
+        self.d.tx.offers.append(run_id)
+        started = run_info(run_id, node, tr, RunState.QUEUED, attempt=attempt)
+        self.d.tx.after(lambda: events.run_finished.send(self.d, run=ended))
+        self.d.tx.after(lambda: events.run_started.send(self.d, run=started))
+        log.warning(
+            "Task %s %s (attempt %d of %d): queued again as run %d",
+            node.job.name,
+            "lost" if state is RunState.LOST else f"failed with exit status {status}",
+            frame.attempt,
+            node.job.retries + 1,
+            run_id,
+        )
+        self._queue_ahead(retry)
+        return True
+
+    def _no_retry(self, frame: Frame, state: RunState) -> str | None:
+        """Why this end is not retried ('' when there is nothing to retry); None: retry it."""
+        node, tr = frame.node, frame.tree_run
+        if state not in (RunState.FAILED, RunState.LOST):
+            return ""  # succeeded, or killed by an operator: never retried
+        if frame.attempt > node.job.retries:
+            return "" if not node.job.retries else f"its {node.job.retries} retries are used"
+        if tr.killed:
+            return "its tree run was killed"
+        if self.d.tree_timers.paused:
+            return "timers are paused (held)"
+        for n in (node, *node.ancestors()):
+            if n is tr.root and tr.immediate:
+                break  # a manual run may be of an inactive job: what it ran was active
+            if not n.job.active:
+                return f"{n.job.name} is inactive"
+            if n is tr.root:
+                break
+        return None
+
     # ------------------------------------------------------------ leases
 
     def settle_expired(self, local_host: str, kill: Callable[[RunRecord], None]) -> None:
         """Runs whose worker stopped renewing its lease are lost; their trees go on."""
         conn, now = self.d.tx.conn, self.d.clock.now()
+        settled: list[RunRecord] = []
         for row in runqueue.expired_leases(conn, now):
             reason = (
                 f"lost: worker {row.worker} stopped renewing its lease "
@@ -498,14 +569,28 @@ class TreeRuns:
             )
             if not self._settle_lost(row, reason, now):
                 continue
+            settled.append(row)
             log.warning("task run %s (%s) %s", row.id, row.job_name, reason)
             if row.host == local_host:
                 # Provably ours to collect: nothing of a lost run may keep running.
                 self.d.tx.after(lambda row=row: kill(row))  # type: ignore[misc]
             frame = self.frames.get(row.id)
-            if frame is not None:
+            if frame is not None and not self._retry(frame, RunState.LOST, KILLED_STATUS):
                 frame.tree_run.current_task = None
                 self._propagate(frame, self._finish(frame, KILLED_STATUS, RunState.LOST))
+        if settled:
+            self.stop_lanes_after_worker_ends(settled)
+
+    def stop_lanes_after_worker_ends(self, lost: list[RunRecord]) -> None:
+        """Count the workers these lost runs say died; STOP a lane that saw too many (the
+        WLM rule, README "Lanes"), announced once committed."""
+        conn, now = self.d.tx.conn, self.d.clock.now()
+        stopped = lanes.stop_after_worker_ends(conn, lanes.record_worker_ends(conn, lost, now), now)
+        for name in stopped:
+            log.warning("lane %s STOPPED after repeated unexpected worker ends", name)
+        if stopped:
+            store = self.d.store
+            self.d.tx.after(lambda: events.lanes_changed.send(store, names=stopped))
 
     def _settle_lost(self, row: RunRecord, reason: str, now: datetime) -> bool:
         values: dict[str, Any] = {
@@ -570,6 +655,7 @@ class TreeRuns:
             node, JobState.WAITING if waiting else JobState.RUNNING, frame.started, row.id
         )
         if node.job.kind is Kind.TASK:
+            frame.attempt = row.attempt
             tr.current_task = frame
             if row.state is RunState.QUEUED:
                 self.d.tx.offers.append(row.id)  # announced again: the wake-up may be gone
@@ -577,7 +663,8 @@ class TreeRuns:
                 steps.append(lambda: self._task_ended(frame, row))
             return
         frame.children = sorted(node.children, key=sort_key)
-        done = kids.get(row.id, [])  # this box's child runs so far, oldest first
+        # This box's child runs so far, oldest first; of a retried task, its last attempt.
+        done = _last_attempts(kids.get(row.id, []))
         last = done[-1] if done else None
         at = _child_index(frame, last.job_id) if last is not None else None
         if last is not None and at is None:
@@ -634,6 +721,13 @@ class TreeRuns:
     def _go_on(self, frame: Frame, result: int | None) -> None:
         if result is not None:
             self._propagate(frame, result)
+
+
+def _last_attempts(rows: list[RunRecord]) -> list[RunRecord]:
+    """``rows`` without the attempts a later attempt of the same job replaced (``retries``):
+    a box goes on after the last attempt's outcome only."""
+    last = {r.job_id: r.id for r in rows}  # oldest first: the last wins
+    return [r for r in rows if last[r.job_id] == r.id]
 
 
 def _child_index(frame: Frame, job_id: int | None) -> int | None:

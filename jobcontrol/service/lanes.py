@@ -176,6 +176,17 @@ class LaneService:
             )
         return out
 
+    def stopped(self) -> list[dict[str, Any]]:
+        """The STOPPED lanes (the dispatcher stopped them after repeated worker ends): name,
+        since when, why. For status and health."""
+        with self.store.read() as conn:
+            known = lanes.load(conn)
+        return [
+            {"name": n, "stopped_at": x.stopped_at, "reason": x.stopped_reason}
+            for n, x in sorted(known.by_name.items())
+            if x.stopped_at is not None
+        ]
+
     def get_lane(self, name: str) -> dict[str, Any]:
         for lane in self.list_lanes():
             if lane["name"] == name:

@@ -14,10 +14,11 @@ claim take it without counting (``fast_lane``: enabled, not stopped, no cap).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -36,13 +37,19 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from jobcontrol.model import RunState
-from jobcontrol.store.schema import UTCDateTime, lane, run
+from jobcontrol.model import Kind, RunRecord, RunState
+from jobcontrol.store.access_queries import insert_audit
+from jobcontrol.store.schema import UTCDateTime, lane, run, worker, worker_end
 
 DEFAULT_LANE = "default"
 DEFAULT_POLL_S = 2.0
 DEFAULT_STALE_S = 30.0  # the run lease before lanes (runqueue.DEFAULT_LEASE)
 TASK = "task"
+# The WLM rule (seed-wlm-queueing-manager.txt): five unexpected worker ends within ten
+# minutes on a lane put it in STOPPED (no new claims) until an operator resumes it.
+STOP_AFTER_ENDS = 5
+STOP_WINDOW = timedelta(minutes=10)
+STOPPED_BY = "dispatcher"  # who the audit trail says stopped a lane
 
 
 @dataclass(frozen=True)
@@ -281,3 +288,83 @@ def set_priority(conn: Connection, run_id: int, priority: int) -> bool:
         .values(priority=priority)
     )
     return conn.execute(stmt).rowcount == 1
+
+
+# ------------------------------------------------------------------ unexpected worker ends
+
+
+def record_worker_ends(conn: Connection, lost: Sequence[RunRecord], now: datetime) -> set[str]:
+    """Record each worker whose task runs were just settled lost (lease expired, or gone at
+    start-up recovery), once per lane it held runs in; the lanes that saw an end.
+
+    A worker's life is told apart by its registry row's start time: runs of one life
+    settled by two passes (their leases ran out a poll apart) are one end, while a worker
+    that re-joined under the same name and died again is a new one.
+    """
+    known = load(conn)
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in lost:
+        if r.worker and r.kind is Kind.TASK:
+            groups.setdefault((known.name_of(r.queue), r.worker), []).append(r)
+    touched: set[str] = set()
+    for (name, who), runs in sorted(groups.items()):
+        reg = conn.execute(select(worker.c.started).where(worker.c.name == who)).first()
+        life = reg.started if reg is not None else None
+        if life is not None and any(r.started is not None and r.started < life for r in runs):
+            life = None  # runs of an earlier life: the worker has re-joined since
+        if life is not None:
+            seen = select(worker_end.c.id).where(
+                worker_end.c.lane == name,
+                worker_end.c.worker == who,
+                worker_end.c.worker_started == life,
+            )
+            if conn.execute(seen).first() is not None:
+                continue
+        conn.execute(
+            worker_end.insert().values(
+                lane=name,
+                worker=who,
+                worker_started=life,
+                at=now,
+                runs=json.dumps(sorted(r.id for r in runs)),
+            )
+        )
+        touched.add(name)
+    return touched
+
+
+def recent_worker_ends(conn: Connection, name: str, now: datetime) -> list[tuple[str, datetime]]:
+    """(worker, when) of the lane's unexpected worker ends within ``STOP_WINDOW`` of ``now``."""
+    rows = conn.execute(
+        select(worker_end.c.worker, worker_end.c.at)
+        .where(worker_end.c.lane == name, worker_end.c.at > now - STOP_WINDOW)
+        .order_by(worker_end.c.at, worker_end.c.id)
+    )
+    return [(r.worker, r.at) for r in rows]
+
+
+def stop_after_worker_ends(conn: Connection, names: Iterable[str], now: datetime) -> list[str]:
+    """Put each lane of ``names`` that saw ``STOP_AFTER_ENDS`` unexpected worker ends within
+    ``STOP_WINDOW`` in STOPPED, with the reason naming the workers, audited; the lanes
+    stopped (to announce once committed)."""
+    stopped = []
+    for name in sorted(names):
+        current = get(conn, name)
+        if current is None or current.stopped_at is not None:
+            continue
+        ends = recent_worker_ends(conn, name, now)
+        if len(ends) < STOP_AFTER_ENDS:
+            continue
+        workers = ", ".join(dict.fromkeys(w for w, _ in ends))
+        minutes = int(STOP_WINDOW.total_seconds() // 60)
+        reason = (
+            f"{len(ends)} unexpected worker ends within {minutes} minutes "
+            f"(workers {workers}; first at {ends[0][1]:%Y-%m-%d %H:%M:%S} UTC); "
+            f"`jobcontrol lane resume {name}` to claim again"
+        )
+        values = {"stopped_at": now, "stopped_reason": reason}
+        if not change(conn, name, values, now, STOPPED_BY):
+            continue
+        insert_audit(conn, now, STOPPED_BY, "lane.stop", json.dumps([name]), "ok", reason)
+        stopped.append(name)
+    return stopped

@@ -77,6 +77,7 @@ _JOB_COLUMNS = (
     job.c.misfire,
     job.c.cwd,
     job.c.env,
+    job.c.retries,
 )
 # Enum(value) is slow; a dict lookup per column matters when loading 100,000 jobs.
 _KINDS = {str(m): m for m in Kind}
@@ -117,6 +118,7 @@ def _job_from_row(row: Row[Any]) -> JobRecord:
         misfire,
         cwd,
         env,
+        retries,
     ) = cast(tuple[Any, ...], row)
     return JobRecord(
         id=id_,
@@ -144,6 +146,7 @@ def _job_from_row(row: Row[Any]) -> JobRecord:
         misfire=_MISFIRES[misfire],
         cwd=cwd,
         env=json.loads(env) if env else {},
+        retries=retries,
     )
 
 

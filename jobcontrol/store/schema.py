@@ -83,6 +83,8 @@ job = Table(
     Column("timeout_s", Float),
     Column("max_log_files", Integer),
     Column("misfire", String(16), nullable=False, default="run-once"),
+    # How many more times a task whose run failed or was lost may be run again (0: never).
+    Column("retries", Integer, nullable=False, server_default="0"),
     Column("cwd", Text),
     Column("env", Text),
 )
@@ -128,6 +130,8 @@ run = Table(
     # What the task run used, from its cgroup (null without one): CPU time, peak memory.
     Column("cpu_us", BigInteger),
     Column("mem_peak_bytes", BigInteger),
+    # Which attempt of its job in its tree run this run is (1-based): a retry is a new row.
+    Column("attempt", Integer, nullable=False, default=1, server_default="1"),
     Index("ix_run_job_history", "job_id", "id"),
     Index("ix_run_claim", "state", "queue", "priority", "id"),
     Index("ix_run_parent", "parent_run_id"),
@@ -174,6 +178,21 @@ lane = Table(
     CheckConstraint("max_slots IS NULL OR max_slots >= 1", name="ck_lane_max_slots"),
     CheckConstraint("poll_interval_s > 0", name="ck_lane_poll_interval_s"),
     CheckConstraint("stale_timeout_s > 0", name="ck_lane_stale_timeout_s"),
+)
+
+# A worker found dead (its runs' leases expired, or gone at start-up recovery), once per
+# lane it held runs in: the dispatcher counts them to STOP a lane (README "Lanes").
+worker_end = Table(
+    "worker_end",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("lane", String(64), nullable=False),
+    Column("worker", String(255), nullable=False),
+    # The registry's start time of the worker that died (tells two lives of one name apart).
+    Column("worker_started", UTCDateTime),
+    Column("at", UTCDateTime, nullable=False),
+    Column("runs", Text, nullable=False),  # JSON list of the run ids settled
+    Index("ix_worker_end_lane_at", "lane", "at"),
 )
 
 meta = Table(

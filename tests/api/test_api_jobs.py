@@ -184,6 +184,7 @@ def test_admin_creates_a_box_and_a_task_under_it(api: Api) -> None:
         ({"name": "A", "kind": "folder"}, "kind"),
         ({"name": "A", "kind": "box", "active": "yes"}, "active"),
         ({"name": "A", "kind": "box", "priority": "5"}, "priority"),
+        ({"name": "A", "kind": "task", "command": "true", "retries": "2"}, "retries"),
         ({"name": "", "kind": "box"}, "name"),
         ({"name": "A" * 129, "kind": "box"}, "name"),
         ({"kind": "box"}, "name"),
@@ -279,6 +280,9 @@ def test_a_stale_version_is_409_naming_the_job_and_nothing_is_written(api: Api) 
         {"active": "maybe"},
         {"on_error": "explode"},
         {"priority": 10_000_000},
+        {"retries": -1},
+        {"retries": "two"},
+        {"retries": 1.5},
     ],
 )
 def test_a_bad_change_refuses_the_whole_batch(api: Api, fields: dict[str, Any]) -> None:

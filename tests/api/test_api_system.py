@@ -10,12 +10,14 @@ from datetime import timedelta
 import pytest
 
 from jobcontrol.service.audit import list_entries
+from jobcontrol.store import lanes as store_lanes
 from tests.api.conftest import Api
 from tests.integration.helpers import T0, task
 
 pytestmark = pytest.mark.timeout(60)
 
 AT = T0.replace(hour=13, minute=0)
+V1 = "/api/v1"
 
 
 # ---------------------------------------------------------------- health and status
@@ -234,3 +236,31 @@ def test_routes_need_a_valid_token(api: Api, method: str, path: str) -> None:
     assert api.client.request(method, path).status_code == 401
     bad = {"Authorization": "Bearer jc_nobody"}
     assert api.client.request(method, path, headers=bad).status_code == 401
+
+
+def test_a_stopped_lane_shows_in_health_and_status_until_resumed(api: Api) -> None:
+    jc = api.jc
+    jc.engine.lanes.add_lane("fast", {}, user="tester")
+    with jc.store.write() as conn:
+        reason = "5 unexpected worker ends within 10 minutes (workers w0, w1)"
+        store_lanes.change(
+            conn,
+            "fast",
+            {"stopped_at": jc.clock.now(), "stopped_reason": reason},
+            jc.clock.now(),
+            store_lanes.STOPPED_BY,
+        )
+    health = api.client.get("/healthz")
+    assert health.status_code == 200  # the other lanes run
+    assert health.json()["status"] == "lane stopped"
+    assert health.json()["stopped_lanes"][0]["name"] == "fast"
+    assert "lane fast STOPPED: " + reason in health.json()["reason"]
+    status = api.client.get(f"{V1}/status", headers=api.headers("viewer")).json()
+    assert [(s["name"], s["reason"]) for s in status["stopped_lanes"]] == [("fast", reason)]
+
+    r = api.client.post(f"{V1}/lanes/fast/resume", headers=api.headers("operator"))
+    assert r.status_code == 200, r.text
+    assert api.client.get("/healthz").json() == {"status": "ok"}
+    assert (
+        api.client.get(f"{V1}/status", headers=api.headers("viewer")).json()["stopped_lanes"] == []
+    )

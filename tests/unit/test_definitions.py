@@ -121,6 +121,7 @@ def test_every_optional_field_is_normalised() -> None:
             priority: -3
             timeout: 1h30m
             max_log_files: 7
+            retries: 3
             misfire: skip
             on_error: abort
             box_type: timed
@@ -140,6 +141,7 @@ def test_every_optional_field_is_normalised() -> None:
         "priority": -3,
         "timeout_s": 5400.0,
         "max_log_files": 7,
+        "retries": 3,
         "misfire": Misfire.SKIP,
         "on_error": OnError.ABORT,
         "box_type": BoxType.TIMED,
@@ -190,6 +192,9 @@ def test_format_duration_is_readable() -> None:
 # --- refusals ------------------------------------------------------------------------------
 
 REFUSALS = [
+    ("jobs:\n  - name: a\n    command: x\n    retries: -1\n", 4, ["job 'a'", "'retries'"]),
+    ("jobs:\n  - name: a\n    command: x\n    retries: two\n", 4, ["job 'a'", "retries"]),
+    ("jobs:\n  - name: a\n    command: x\n    retries: 1.5\n", 4, ["job 'a'", "retries"]),
     pytest.param(
         "jobs:\n  - name: a\n    command: [unclosed\n  - name: b\n",
         4,
@@ -579,6 +584,7 @@ def test_round_trip_keeps_everything() -> None:
             priority=-7,
             queue="fast_lane",
             max_log_files=3,
+            retries=4,
         ),
         record(
             3,
