@@ -116,6 +116,7 @@ class GroupView:
     empty: int
     delay: float
     runs: tuple[int, ...]
+    next_poll: float = 0.0  # when its back-off lets it look again (the worker's monotonic)
 
 
 @dataclass
@@ -246,6 +247,7 @@ class Worker:
                     g.empty,
                     g.delay,
                     tuple(sorted(g.runs)),
+                    g.next_poll,
                 )
                 for g in self._groups
             ]
