@@ -82,6 +82,9 @@ ACTIVE_RUN_STATES = frozenset({RunState.QUEUED, RunState.RUNNING, RunState.WAITI
 FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES - {RunState.PENDING})
 
 KILLED_STATUS = 255
+# A run's ``log_path`` when its output is in the database (``run_log``), not in a file:
+# a file's path is absolute, so it can never be this.
+DB_LOG = "db:"
 TIMEOUT_STATUS = 124
 
 # Fields a user may change through an edit; everything else is the dispatcher's.

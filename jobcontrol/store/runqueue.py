@@ -22,8 +22,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, String, and_, bindparam, case, null, select, update
 
-from jobcontrol.model import RunRecord, RunState
-from jobcontrol.store import Store, lanes, queries
+from jobcontrol.model import DB_LOG, RunRecord, RunState
+from jobcontrol.store import Store, lanes, queries, runlogs
 from jobcontrol.store.lanes import Lanes
 from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import UTCDateTime, run, worker
@@ -455,7 +455,8 @@ def _finish_stmt(columns: tuple[str, ...]) -> Prepared:
 def prune_logs(
     conn: Connection, run_id: int, values: dict[str, Any], default_max_log_files: int
 ) -> list[str]:
-    """Forget the logs of the run's job past its ``max_log_files``; their paths, to delete."""
+    """Forget the logs of the run's job past its ``max_log_files``: the paths of those in
+    files, to delete once committed; those in the database (``run_log``) go here and now."""
     if values.get("log_path") is None:
         return []
     row = conn.execute(select(run.c.job_id, run.c.max_log_files).where(run.c.id == run_id)).first()
@@ -464,7 +465,8 @@ def prune_logs(
     keep = row.max_log_files or default_max_log_files
     stale = queries.log_paths_to_prune(conn, row.job_id, keep)
     queries.forget_log(conn, [rid for rid, _ in stale])
-    return [path for _, path in stale]
+    runlogs.delete_runs(conn, [rid for rid, path in stale if path == DB_LOG])
+    return [path for _, path in stale if path != DB_LOG]
 
 
 def expired_leases(conn: Connection, now: datetime) -> list[RunRecord]:

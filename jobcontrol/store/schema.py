@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -133,6 +134,20 @@ run = Table(
     Index("ix_run_parent", "parent_run_id"),
     Index("ix_run_worker", "worker", "state"),
     Index("ix_run_after", "after_run_id"),
+)
+
+# The output of task runs whose worker keeps it in the database (``log_path`` = ``db:``,
+# a remote worker's): in chunks, each starting at byte ``pos`` of the log. No foreign
+# key, as for the run's own history; pruning (``max_log_files``) deletes a run's chunks.
+run_log = Table(
+    "run_log",
+    metadata,
+    Column("run_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("pos", BigInteger, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("data", LargeBinary, nullable=False),
 )
 
 # Every worker that ever joined: the embedded one of each daemon start, and remote ones.
