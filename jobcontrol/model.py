@@ -85,6 +85,11 @@ KILLED_STATUS = 255
 # A run's ``log_path`` when its output is in the database (``run_log``), not in a file:
 # a file's path is absolute, so it can never be this.
 DB_LOG = "db:"
+# Where a worker puts its tasks' output: log files, or the database (``run_log``).
+LOG_STORES = ("file", "database")
+# The daemon's embedded worker keeps files unless this says otherwise (advanced: what a
+# remote worker does, on one host; see the README).
+TASK_LOGS_ENV = "JOBCONTROL_TASK_LOGS"
 TIMEOUT_STATUS = 124
 
 # Fields a user may change through an edit; everything else is the dispatcher's.

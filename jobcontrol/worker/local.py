@@ -32,7 +32,14 @@ from jobcontrol.cgroups import Containment, RunCgroup
 from jobcontrol.clock import Clock
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.model import DB_LOG, KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
+from jobcontrol.model import (
+    DB_LOG,
+    KILLED_STATUS,
+    LOG_STORES,
+    TIMEOUT_STATUS,
+    RunRecord,
+    RunState,
+)
 from jobcontrol.outage import Outage
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo
@@ -49,9 +56,6 @@ POLL_BACKOFF = 5
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 # The exit status of a task that could not be started (its log, its command, its cwd).
 NOT_STARTED = 127
-# Where task output goes: files under the log root (the daemon's embedded worker), or
-# the database (``run_log``; a remote worker, which shares no filesystem with readers).
-LOG_STORES = ("file", "database")
 
 
 @dataclass(frozen=True)
@@ -198,10 +202,9 @@ class Worker:
         return self._follow_lanes(lanes)
 
     def start(self) -> None:
+        self.log_access.make_root(self.log_root)
         if self.log_store == "database":
             filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
-        else:
-            self.log_access.make_root(self.log_root)
         self._reread_lanes()
         self._retry(
             "join the worker registry",
