@@ -291,6 +291,34 @@ def test_memory_is_bounded_when_neither_spool_nor_database_takes_output(
 
 
 @SQLITE_ONLY
+def test_a_killed_task_keeps_its_output_and_leftovers_do_not_hold_its_end(
+    api_db: Api, remote: Worker
+) -> None:
+    jc = api_db.jc
+    jc.create(task("killed", "echo started; sleep 1000"))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("killed")
+    poll_until("its first line stored", lambda: _chunks(api_db, run_id) >= 1)
+    jc.engine.kill("killed", user="tester")
+    finished = jc.rec.run_finished("killed", since=mark)
+    assert (finished["state"], finished["exit_status"]) == ("killed", 255)
+    h = api_db.headers("viewer")
+    assert api_db.client.get(f"{V1}/runs/{run_id}/log", headers=h).content == b"started\n"
+
+    # A process the task left behind holds the pipe: the run ends anyway (within
+    # dblog.LEFTOVER_GRACE), with what was written before.
+    gate = jc.gate()
+    jc.create(task("parent", f"({gate.command}; echo late) & echo done"))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("parent")
+    assert jc.rec.run_finished("parent", since=mark)["state"] == "succeeded"
+    assert jc.task_pids(run_id)  # the leftover still waits on its gate
+    gate.open()
+    poll_until("the leftover to end", lambda: not jc.task_pids(run_id))
+    assert api_db.client.get(f"{V1}/runs/{run_id}/log", headers=h).content == b"done\n"
+
+
+@SQLITE_ONLY
 def test_unknown_log_store_is_refused(api_db: Api, tmp_path: Path) -> None:
     jc = api_db.jc
     with pytest.raises(ValueError, match="log_store 'nfs': not one of file, database"):
