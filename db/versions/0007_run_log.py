@@ -1,4 +1,5 @@
-"""run_log: task output kept in the database, in chunks (remote workers' logs)
+"""run_log: task output kept in the database, in chunks (remote workers' logs); the
+worker's problems with it (log_problems, log_problem)
 
 Revision ID: 0007
 Revises: 0005
@@ -31,7 +32,15 @@ def upgrade() -> None:
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "seq", name="pk_run_log"),
     )
+    with op.batch_alter_table("worker") as batch:
+        batch.add_column(
+            sa.Column("log_problems", sa.Integer(), nullable=False, server_default="0")
+        )
+        batch.add_column(sa.Column("log_problem", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("worker") as batch:
+        batch.drop_column("log_problem")
+        batch.drop_column("log_problems")
     op.drop_table("run_log")

@@ -210,6 +210,8 @@ class RunQueue:
             "heartbeat": now,
             "stopped": None,
             "containment": info.containment,
+            "log_problems": 0,  # a new life: what the last one met is in its log
+            "log_problem": None,
         }
         with self.store.write() as conn:
             updated = conn.execute(
@@ -222,11 +224,22 @@ class RunQueue:
         with self.store.write() as conn:
             conn.execute(update(worker).where(worker.c.name == name).values(stopped=now))
 
-    def heartbeat(self, name: str, now: datetime, mine: Sequence[int] = ()) -> Heartbeat:
+    def heartbeat(
+        self,
+        name: str,
+        now: datetime,
+        mine: Sequence[int] = (),
+        *,
+        log_problems: tuple[int, str | None] | None = None,
+    ) -> Heartbeat:
         """Say the worker lives, renew the lease of every run it holds, and hear of kills
-        and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile."""
+        and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile.
+        ``log_problems``: (how many runs' output met a problem, the last one), for its row."""
         with self.store.write() as conn:
-            conn.execute(_BEAT.values(heartbeat=now), {"w_worker": name})
+            beat: dict[str, Any] = {"heartbeat": now}
+            if log_problems is not None:
+                beat["log_problems"], beat["log_problem"] = log_problems
+            conn.execute(_BEAT.values(beat), {"w_worker": name})
             conn.execute(_RENEW[self.lease is not None], {"w_worker": name, **self._times(now)})
             rows = conn.execute(
                 select(run.c.id).where(_HELD, run.c.kill_requested.is_(True)), {"w_worker": name}
@@ -529,6 +542,8 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
                 "heartbeat_age_s": round((now - w.heartbeat).total_seconds(), 3),
                 "stopped": w.stopped,
                 "containment": w.containment,
+                "log_problems": w.log_problems,
+                "log_problem": w.log_problem,
                 "runs": runs,
             }
         )

@@ -168,6 +168,10 @@ worker = Table(
     Column("stopped", UTCDateTime),
     # How it contains its task runs: a cgroup, or the fallback and why (cgroups.py).
     Column("containment", Text),
+    # Runs whose output met a problem on its way to the database (a spool that could not
+    # be written, bytes lost), and the last such problem: said with each heartbeat.
+    Column("log_problems", Integer, nullable=False, default=0, server_default="0"),
+    Column("log_problem", Text),
 )
 
 # A run's lane is the lane row named by its queue; a queue without one is in ``default``.

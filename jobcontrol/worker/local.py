@@ -355,7 +355,8 @@ class Worker:
         with self._cond:
             mine = [rid for rid, a in self._active.items() if not a.finishing]
         try:
-            beat = self.runqueue.heartbeat(self.name, self.clock.now(), mine)
+            problems = (self.log_problems, self.log_problem) if self.log_problems else None
+            beat = self.runqueue.heartbeat(self.name, self.clock.now(), mine, log_problems=problems)
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return

@@ -14,6 +14,7 @@ import sqlite3
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -49,6 +50,7 @@ def remote(api_db: Api, tmp_path: Path) -> Iterator[Worker]:
         slots=2,
         kill_grace=2.0,
         poll_interval=0.2,
+        heartbeat_interval=0.2,
         log_store="database",
         spool_dir=tmp_path / "remote-spool",
     )
@@ -241,6 +243,15 @@ def test_a_spool_that_cannot_be_written_is_reported_not_swallowed(
     # The database was there: what the spool could not take went by memory, whole.
     r = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
     assert r.content == b"still here\nand here\n"
+    # The worker's health says so too, wherever it runs: its row, by its heartbeat.
+
+    def reported() -> dict[str, Any] | None:
+        workers = api_db.client.get(f"{V1}/workers", headers=api_db.headers("viewer"))
+        row = next(w for w in workers.json()["workers"] if w["name"] == "remote-1")
+        return row if row["log_problems"] == 1 else None
+
+    row = poll_until("the worker to report the spool's problem", reported)
+    assert "No space left on device" in row["log_problem"]
     jc.errors.records.clear()  # the spool's failure is logged as an error, as it should be
 
 
