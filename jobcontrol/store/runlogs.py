@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, delete, func, select, update
 
 from jobcontrol.model import DB_LOG
 from jobcontrol.store import Store
-from jobcontrol.store.schema import run_log
+from jobcontrol.store.schema import run, run_log
 
-__all__ = ["DB_LOG", "append", "delete_runs", "read", "size"]
+__all__ = ["DB_LOG", "append", "delete_runs", "read", "size", "stored", "took_log"]
 
 
 def append(store: Store, run_id: int, seq: int, pos: int, data: bytes, at: datetime) -> None:
@@ -50,6 +50,28 @@ def size(conn: Connection, run_id: int) -> int:
         run_log.c.run_id == run_id
     )
     return int(conn.execute(stmt).scalar_one())
+
+
+def stored(store: Store, run_id: int) -> tuple[int, int]:
+    """(bytes stored, the next chunk's ``seq``) of a run's log: where an upload resumes."""
+    with store.read() as conn:
+        row = conn.execute(
+            select(
+                func.coalesce(func.max(run_log.c.pos + run_log.c.size), 0),
+                func.coalesce(func.max(run_log.c.seq) + 1, 0),
+            ).where(run_log.c.run_id == run_id)
+        ).one()
+        return int(row[0]), int(row[1])
+
+
+def took_log(store: Store, run_id: int) -> bool:
+    """Say the run's log is in the database, unless its row already names one (a spool
+    stored after its run was settled, whose pid and log were never recorded)."""
+    with store.write() as conn:
+        stmt = (
+            update(run).where(run.c.id == run_id, run.c.log_path.is_(None)).values(log_path=DB_LOG)
+        )
+        return conn.execute(stmt).rowcount == 1
 
 
 def read(conn: Connection, run_id: int, start: int, length: int) -> bytes:

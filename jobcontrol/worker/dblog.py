@@ -304,6 +304,33 @@ class DatabaseLog:
         return StoredLog(size, stored, problem)
 
 
+def spool_run_id(path: Path) -> int | None:
+    """The run a spool file is of (``run<ID>.out``), or None for another file."""
+    digits = path.name.removeprefix("run").removesuffix(".out")
+    if not path.name.startswith("run") or path.suffix != ".out" or not digits.isdigit():
+        return None
+    return int(digits)
+
+
+def store_leftover(store: Store, path: Path, now: Callable[[], datetime]) -> int:
+    """Store what a spool file left by an earlier life of the worker holds beyond what is
+    stored already (it stopped during an outage), then delete it; bytes stored.
+    ``StoreUnavailable`` propagates (the caller retries)."""
+    run_id = spool_run_id(path)
+    assert run_id is not None
+    done, seq = runlogs.stored(store, run_id)
+    added = 0
+    with open(path, "rb") as f:
+        f.seek(done)
+        while data := f.read(CHUNK):
+            runlogs.append(store, run_id, seq, done, data, now())
+            seq, done, added = seq + 1, done + len(data), added + len(data)
+    if done:
+        runlogs.took_log(store, run_id)
+    path.unlink()
+    return added
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

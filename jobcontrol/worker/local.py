@@ -44,6 +44,7 @@ from jobcontrol.outage import Outage
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo
 from jobcontrol.taskenv import PassEnv
+from jobcontrol.worker import dblog
 from jobcontrol.worker.dblog import DatabaseLog, StoredLog
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,8 @@ class Worker:
             "join the worker registry",
             lambda: self.runqueue.register(self.info(), self.clock.now()),
         )
+        if self.log_store == "database":
+            self._store_leftovers()
         for signal, receiver in (
             (events.runs_queued, self._on_queued),
             (events.kill_requested, self._on_kill_requested),
@@ -220,6 +223,21 @@ class Worker:
         for i in range(self.slots):
             self._spawn_thread(self._slot_loop, f"jc-slot-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
+
+    def _store_leftovers(self) -> None:
+        """Output an earlier life of this worker spooled but could not store (it stopped
+        during an outage): stored now, before new work, and its spool deleted."""
+        for path in sorted(self.spool_dir.iterdir()):
+            if dblog.spool_run_id(path) is None:
+                log.warning(
+                    "worker %s: %s is not a spool file of a run: left as it is", self.name, path
+                )
+                continue
+            added = self._retry(
+                f"store the output kept in {path}",
+                lambda p=path: dblog.store_leftover(self.store, p, self.clock.now),
+            )
+            log.info("worker %s: stored %s bytes of output kept in %s", self.name, added, path)
 
     def _spawn_thread(self, target: Any, name: str) -> None:
         def run() -> None:

@@ -66,7 +66,10 @@ def remote(api_db: Api, tmp_path: Path) -> Iterator[Worker]:
 @pytest.fixture
 def api_db(db_url: str, make_jc: MakeJC) -> Iterator[Api]:
     """The API over a dispatcher with no embedded worker, on each store in turn."""
-    yield from _api(db_url, lambda u, **kw: make_jc(u, slots=0, busy_timeout=0.3, **kw))
+    yield from _api(
+        db_url,
+        lambda u, **kw: make_jc(u, slots=0, busy_timeout=0.3, lease=2.0, poll_interval=0.2, **kw),
+    )
 
 
 def _chunks(api_db: Api, run_id: int) -> int:
@@ -327,6 +330,67 @@ def test_a_killed_task_keeps_its_output_and_leftovers_do_not_hold_its_end(
     gate.open()
     poll_until("the leftover to end", lambda: not jc.task_pids(run_id))
     assert api_db.client.get(f"{V1}/runs/{run_id}/log", headers=h).content == b"done\n"
+
+
+def _worker(api_db: Api, tmp_path: Path, name: str) -> Worker:
+    jc = api_db.jc
+    return Worker(
+        RunQueue(jc.store),
+        clock=jc.clock,
+        log_root=tmp_path / "remote-logs",
+        instance_id=jc.instance_id,
+        name=name,
+        slots=1,
+        poll_interval=0.2,
+        heartbeat_interval=0.2,
+        log_store="database",
+        spool_dir=tmp_path / "kept-spool",
+    )
+
+
+@SQLITE_ONLY
+def test_output_kept_by_a_worker_stopped_in_an_outage_is_stored_by_its_next_start(
+    api_db: Api, tmp_path: Path
+) -> None:
+    jc = api_db.jc
+    first = _worker(api_db, tmp_path, "remote-first")
+    first.start()
+    gate = jc.gate()
+    jc.create(task("late", f"echo before; {gate.command}; echo during the outage"))
+    run_id = jc.run_now("late")
+    poll_until("the first line stored", lambda: _count(jc.store, run_id) >= 1)
+    spool = first.spool_dir / f"run{run_id}.out"
+    blocker = sqlite3.connect(jc.store.sqlite_file or "", timeout=0)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        gate.open()
+        poll_until("the rest in the spool", lambda: spool.read_bytes().endswith(b"outage\n"))
+        first.stop(timeout=0.5)  # gives up on storing the output and the end: both wait
+        poll_until(
+            "the worker to say it gave up",
+            lambda: any("stopped before it could" in m for m in jc.errors.messages()),
+        )
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert spool.exists()
+    assert jc.run(run_id).state == RunState.RUNNING  # left to its lease, as any lost end
+    jc.errors.records.clear()  # that error is the point here
+
+    second = _worker(api_db, tmp_path, "remote-second")
+    second.start()  # stores the kept output before it takes new work
+    try:
+        assert not spool.exists()
+        r = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
+        assert r.content == b"before\nduring the outage\n"
+        assert jc.run(run_id).log_path == DB_LOG
+        # Its lease runs out: the run is settled lost, and keeps its log.
+        mark = jc.rec.mark()
+        jc.advance(120)
+        assert jc.rec.run_finished("late", since=mark)["state"] == "lost"
+        assert jc.run(run_id).log_path == DB_LOG
+    finally:
+        second.stop(30)
 
 
 @SQLITE_ONLY
