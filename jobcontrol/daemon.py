@@ -93,6 +93,7 @@ class DaemonOptions:
     pass_env: PassEnv = field(default_factory=PassEnv)
     log_access: LogAccess = field(default_factory=LogAccess)
     cgroups: str = "auto"  # $JOBCONTROL_CGROUPS: a cgroup per task run where possible, or off
+    task_log_store: str = "file"  # $JOBCONTROL_TASK_LOGS: log files, or the database (run_log)
     disk_low: LowMark = field(default_factory=lambda: LowMark.parse(DEFAULT_LOW))
     # The admin API's bounds (``api.server``): None is what the open-files limit allows.
     api_max_connections: int | None = None
@@ -405,6 +406,8 @@ class Daemon:
                 log_access=self.opts.log_access,
                 cgroups=self.opts.cgroups,
                 task_open_files=open_files_before if open_files != open_files_before else None,
+                log_store=self.opts.task_log_store,
+                spool_dir=self.opts.state_dir / "spool",
             )
             self.dispatcher = self.runtime.start()
             if self.opts.api:

@@ -83,6 +83,14 @@ FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES - {RunState.PENDI
 
 KILLED_STATUS = 255
 MAX_RETRIES = 100  # a task run again more often than this wants a fix, not a retry
+# A run's ``log_path`` when its output is in the database (``run_log``), not in a file:
+# a file's path is absolute, so it can never be this.
+DB_LOG = "db:"
+# Where a worker puts its tasks' output: log files, or the database (``run_log``).
+LOG_STORES = ("file", "database")
+# The daemon's embedded worker keeps files unless this says otherwise (advanced: what a
+# remote worker does, on one host; see the README).
+TASK_LOGS_ENV = "JOBCONTROL_TASK_LOGS"
 TIMEOUT_STATUS = 124
 
 # Fields a user may change through an edit; everything else is the dispatcher's.

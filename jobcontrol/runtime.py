@@ -8,6 +8,7 @@ in-process wake-ups (``events``) so the path between tasks takes no poll.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from jobcontrol.cgroups import Containment
@@ -39,11 +40,14 @@ class Runtime:
         log_access: LogAccess | None = None,
         cgroups: str = "auto",
         task_open_files: int | None = None,
+        log_store: str = "file",
+        spool_dir: Path | None = None,
     ) -> None:
         """``pass_env``: the daemon's variables its tasks get (default: ``taskenv``'s list);
         ``log_access``: who may read task logs (default: the daemon's user alone);
         ``cgroups``: ``auto`` (a cgroup per task run where the machine allows) or ``off``;
-        ``task_open_files``: the soft open-files limit tasks get (None: the daemon's)."""
+        ``task_open_files``: the soft open-files limit tasks get (None: the daemon's);
+        ``log_store``, ``spool_dir``: where task output goes (``Worker``)."""
         self.store = store
         self.config = config
         self.version = version
@@ -51,6 +55,7 @@ class Runtime:
         self.log_access = log_access or LogAccess()
         self.cgroups = cgroups
         self.task_open_files = task_open_files
+        self.log_store, self.spool_dir = log_store, spool_dir
         self.containment: Containment | None = None
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
@@ -90,6 +95,8 @@ class Runtime:
                 log_access=self.log_access,
                 containment=self.containment,
                 task_open_files=self.task_open_files,
+                log_store=self.log_store,
+                spool_dir=self.spool_dir,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened

@@ -175,6 +175,9 @@ class RemoteWorker:
             instance_id=instance,
             name=self.opts.name,
             groups=self.opts.groups,
+            # No shared filesystem with the daemon: task output goes to the database.
+            log_store="database",
+            spool_dir=self.opts.state_dir / "spool" / _SAFE.sub("_", self.opts.name),
             kill_grace=self.opts.kill_grace,
             version=__version__,
             pass_env=self.opts.pass_env,

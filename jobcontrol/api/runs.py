@@ -2,7 +2,8 @@
 
 A log is only ever read from the run's own ``log_path`` as the executor
 recorded it; a run whose output was empty has none (the executor keeps no
-empty file), nor does a box run.
+empty file), nor does a box run. A ``log_path`` of ``db:`` is a log kept in the
+database (a remote worker's), read through the service the same way, byte for byte.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
 from jobcontrol.api.deps import ApiContext, Context, env_for, require
-from jobcontrol.model import RunRecord
+from jobcontrol.model import DB_LOG, RunRecord
 from jobcontrol.service.users import Action, User
 
 router = APIRouter(prefix="/api/v1", tags=["runs"], max_body_size=MAX_BODY_BYTES)
@@ -95,8 +96,12 @@ def _open_log(run: RunRecord) -> int:
     return fd
 
 
-def _read_log(run: RunRecord, offset: int, length: int, tail: int | None) -> tuple[bytes, int, int]:
+def _read_log(
+    ctx: ApiContext, run: RunRecord, offset: int, length: int, tail: int | None
+) -> tuple[bytes, int, int]:
     """(bytes, where they start, the file's size) of a range or of the tail."""
+    if run.log_path == DB_LOG:
+        return ctx.engine.stored_log(run.id, offset, min(length, MAX_LOG_READ), tail)
     fd = _open_log(run)
     try:
         size = os.fstat(fd).st_size
@@ -107,8 +112,10 @@ def _read_log(run: RunRecord, offset: int, length: int, tail: int | None) -> tup
     return data, start, size
 
 
-def _read_from(path: str, offset: int) -> bytes | None:
-    """Up to a chunk of the file from ``offset``; None when the file is gone."""
+def _read_from(ctx: ApiContext, run_id: int, path: str, offset: int) -> bytes | None:
+    """Up to a chunk of the log from ``offset``; None when the file is gone."""
+    if path == DB_LOG:
+        return ctx.engine.stored_log(run_id, offset, FOLLOW_CHUNK)[0]
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -127,7 +134,7 @@ async def _follow(
         run = await run_in_threadpool(_get_run, ctx, run_id)
         final = run is None or run.state.is_final
         path = run.log_path if run is not None else None
-        chunk = await run_in_threadpool(_read_from, path, offset) if path else None
+        chunk = await run_in_threadpool(_read_from, ctx, run_id, path, offset) if path else None
         if chunk:
             offset += len(chunk)
             delay = FOLLOW_POLL_MIN
@@ -168,13 +175,13 @@ async def run_log(
 ) -> Response:
     run = await run_in_threadpool(_known_run, ctx, run_id)
     if not follow:
-        data, start, size = await run_in_threadpool(_read_log, run, offset, length, tail)
+        data, start, size = await run_in_threadpool(_read_log, ctx, run, offset, length, tail)
         headers = {"X-Log-Size": str(size), "X-Log-Offset": str(start)}
         return Response(data, media_type=TEXT, headers=headers)
     if run.log_path is None and run.state.is_final:
         raise _no_log(run)
     if tail is not None and run.log_path is not None:
-        _, offset, _ = await run_in_threadpool(_read_log, run, 0, 1, tail)
+        _, offset, _ = await run_in_threadpool(_read_log, ctx, run, 0, 1, tail)
     return StreamingResponse(
         _follow(ctx, run_id, offset, request),
         media_type=TEXT,

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
 from jobcontrol.cli import worker as cli_worker
 from jobcontrol.client.locate import find_daemon, token_option_warning
-from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.errors import AlreadyRunningError, JobControlError, OptionError
 from jobcontrol.filemodes import LogAccess
+from jobcontrol.model import LOG_STORES, TASK_LOGS_ENV
 from jobcontrol.places import (
     default_config_dir,
     default_db_path,
@@ -385,6 +386,17 @@ def _slots(slots: int | None, queues: str | None) -> tuple[int, str | None]:
     return sum(g.slots for g in groups), slotgroups.format_groups(groups)
 
 
+def _task_logs(environ: Mapping[str, str]) -> str:
+    """Where the embedded worker puts task output, from ``$JOBCONTROL_TASK_LOGS``."""
+    value = environ.get(TASK_LOGS_ENV, "").strip().lower() or "file"
+    if value not in LOG_STORES:
+        raise OptionError(
+            f"${TASK_LOGS_ENV}={value!r}: expected one of {', '.join(LOG_STORES)} "
+            "(where the daemon's own worker keeps task output)"
+        )
+    return value
+
+
 def _sqlite_file(db: str) -> Path | None:
     """The file of a SQLite URL (None for PostgreSQL or an in-memory database)."""
     from sqlalchemy.engine import make_url
@@ -738,6 +750,7 @@ def _daemon(args: argparse.Namespace) -> int:
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
         opts.log_access = LogAccess.for_group(args.log_group)
         opts.cgroups = cgroups.resolve_mode(os.environ)
+        opts.task_log_store = _task_logs(os.environ)
         opts.disk_low = diskspace.LowMark.parse(args.disk_low)
         # Refused in one line here, before the daemon (or its detached child) touches
         # anything: a port asked for that is taken, a server that does not answer, a

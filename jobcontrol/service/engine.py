@@ -32,7 +32,7 @@ from jobcontrol.model import JobRecord, JobRef, JobState, Kind, Restarted, RunRe
 from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
 from jobcontrol.service.lanes import LaneService
-from jobcontrol.store import Store, queries, runqueue
+from jobcontrol.store import Store, queries, runlogs, runqueue
 from jobcontrol.views import job_detail, job_view, tree_order
 
 log = logging.getLogger(__name__)
@@ -573,6 +573,16 @@ class Engine:
     def get_run(self, run_id: int) -> RunRecord | None:
         with self.store.read() as conn:
             return queries.get_run(conn, run_id)
+
+    def stored_log(
+        self, run_id: int, offset: int, length: int, tail: int | None = None
+    ) -> tuple[bytes, int, int]:
+        """(bytes, where they start, the log's size) of a range or of the tail of a log
+        kept in the database (``log_path`` = ``db:``), as a file's would be read."""
+        with self.store.read() as conn:
+            size = runlogs.size(conn, run_id)
+            start = max(0, size - tail) if tail is not None else min(offset, size)
+            return runlogs.read(conn, run_id, start, length), start, size
 
     def tree_run(self, root_run_id: int) -> list[RunRecord]:
         """Every run of one tree run (the root's and those beneath it)."""

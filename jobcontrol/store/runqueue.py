@@ -22,9 +22,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, String, and_, bindparam, case, null, select, update
 
-from jobcontrol.model import RunRecord, RunState
+from jobcontrol.model import DB_LOG, RunRecord, RunState
 from jobcontrol.slotgroups import WILDCARD, SlotGroup
-from jobcontrol.store import Store, lanes, queries
+from jobcontrol.store import Store, lanes, queries, runlogs
 from jobcontrol.store.lanes import Lanes
 from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import UTCDateTime, run, worker
@@ -242,6 +242,8 @@ class RunQueue:
             "heartbeat": now,
             "stopped": None,
             "containment": info.containment,
+            "log_problems": 0,  # a new life: what the last one met is in its log
+            "log_problem": None,
         }
         with self.store.write() as conn:
             updated = conn.execute(
@@ -260,11 +262,22 @@ class RunQueue:
         with self.store.write() as conn:
             conn.execute(update(worker).where(worker.c.name == name).values(stopped=now))
 
-    def heartbeat(self, name: str, now: datetime, mine: Sequence[int] = ()) -> Heartbeat:
+    def heartbeat(
+        self,
+        name: str,
+        now: datetime,
+        mine: Sequence[int] = (),
+        *,
+        log_problems: tuple[int, str | None] | None = None,
+    ) -> Heartbeat:
         """Say the worker lives, renew the lease of every run it holds, and hear of kills
-        and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile."""
+        and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile.
+        ``log_problems``: (how many runs' output met a problem, the last one), for its row."""
         with self.store.write() as conn:
-            conn.execute(_BEAT.values(heartbeat=now), {"w_worker": name})
+            beat: dict[str, Any] = {"heartbeat": now}
+            if log_problems is not None:
+                beat["log_problems"], beat["log_problem"] = log_problems
+            conn.execute(_BEAT.values(beat), {"w_worker": name})
             conn.execute(_RENEW[self.lease is not None], {"w_worker": name, **self._times(now)})
             rows = conn.execute(
                 select(run.c.id).where(_HELD, run.c.kill_requested.is_(True)), {"w_worker": name}
@@ -502,7 +515,8 @@ def _finish_stmt(columns: tuple[str, ...]) -> Prepared:
 def prune_logs(
     conn: Connection, run_id: int, values: dict[str, Any], default_max_log_files: int
 ) -> list[str]:
-    """Forget the logs of the run's job past its ``max_log_files``; their paths, to delete."""
+    """Forget the logs of the run's job past its ``max_log_files``: the paths of those in
+    files, to delete once committed; those in the database (``run_log``) go here and now."""
     if values.get("log_path") is None:
         return []
     row = conn.execute(select(run.c.job_id, run.c.max_log_files).where(run.c.id == run_id)).first()
@@ -511,7 +525,8 @@ def prune_logs(
     keep = row.max_log_files or default_max_log_files
     stale = queries.log_paths_to_prune(conn, row.job_id, keep)
     queries.forget_log(conn, [rid for rid, _ in stale])
-    return [path for _, path in stale]
+    runlogs.delete_runs(conn, [rid for rid, path in stale if path == DB_LOG])
+    return [path for _, path in stale if path != DB_LOG]
 
 
 def expired_leases(conn: Connection, now: datetime) -> list[RunRecord]:
@@ -576,6 +591,8 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
                 "heartbeat_age_s": round((now - w.heartbeat).total_seconds(), 3),
                 "stopped": w.stopped,
                 "containment": w.containment,
+                "log_problems": w.log_problems,
+                "log_problem": w.log_problem,
                 "runs": runs,
             }
         )

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -139,6 +140,20 @@ run = Table(
     Index("ix_run_after", "after_run_id"),
 )
 
+# The output of task runs whose worker keeps it in the database (``log_path`` = ``db:``,
+# a remote worker's): in chunks, each starting at byte ``pos`` of the log. No foreign
+# key, as for the run's own history; pruning (``max_log_files``) deletes a run's chunks.
+run_log = Table(
+    "run_log",
+    metadata,
+    Column("run_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("pos", BigInteger, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
 # Every worker that ever joined: the embedded one of each daemon start, and remote ones.
 worker = Table(
     "worker",
@@ -159,6 +174,10 @@ worker = Table(
     Column("stopped", UTCDateTime),
     # How it contains its task runs: a cgroup, or the fallback and why (cgroups.py).
     Column("containment", Text),
+    # Runs whose output met a problem on its way to the database (a spool that could not
+    # be written, bytes lost), and the last such problem: said with each heartbeat.
+    Column("log_problems", Integer, nullable=False, default=0, server_default="0"),
+    Column("log_problem", Text),
 )
 
 # A run's lane is the lane row named by its queue; a queue without one is in ``default``.

@@ -37,17 +37,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from jobcontrol import cgroups, events, procs
+from jobcontrol import cgroups, events, filemodes, procs
 from jobcontrol.cgroups import Containment, RunCgroup
 from jobcontrol.clock import Clock
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.model import KILLED_STATUS, TIMEOUT_STATUS, RunRecord, RunState
+from jobcontrol.model import (
+    DB_LOG,
+    KILLED_STATUS,
+    LOG_STORES,
+    TIMEOUT_STATUS,
+    RunRecord,
+    RunState,
+)
 from jobcontrol.outage import Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
 from jobcontrol.taskenv import PassEnv
+from jobcontrol.worker import dblog
+from jobcontrol.worker.dblog import DatabaseLog, StoredLog
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +168,23 @@ class Worker:
         containment: Containment | None = None,
         task_open_files: int | None = None,
         marker: dict[str, str] | None = None,
+        log_store: str = "file",
+        spool_dir: Path | None = None,
     ) -> None:
         """``marker``: variables each task gets besides the database's instance marker,
         so that what one worker left is told from another's on the same host (a remote
-        worker's ``JOBCONTROL_WORKER``)."""
+        worker's ``JOBCONTROL_WORKER``).
+        ``log_store``: ``file`` (a log file per run under ``log_root``) or ``database``
+        (streamed into ``run_log`` by way of a private spool file per run in ``spool_dir``,
+        default ``log_root/spool``, kept only until it is stored)."""
+        if log_store not in LOG_STORES:
+            raise ValueError(f"log_store {log_store!r}: not one of {', '.join(LOG_STORES)}")
+        self.log_store = log_store
+        self.spool_dir = spool_dir or log_root / "spool"
+        # The last problem with a task's output (a spool that could not be written, bytes
+        # lost, an upload that gave up) and how many runs had one: part of the worker's health.
+        self.log_problem: str | None = None
+        self.log_problems = 0
         self.runqueue = runqueue
         self.store = runqueue.store
         self.clock = clock
@@ -318,11 +340,15 @@ class Worker:
 
     def start(self) -> None:
         self.log_access.make_root(self.log_root)
+        if self.log_store == "database":
+            filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
         self._reread_lanes()
         self._retry(
             "join the worker registry",
             lambda: self.runqueue.register(self.info(), self.clock.now()),
         )
+        if self.log_store == "database":
+            self._store_leftovers()
         for signal, receiver in (
             (events.runs_queued, self._on_queued),
             (events.kill_requested, self._on_kill_requested),
@@ -335,6 +361,21 @@ class Worker:
             for i in range(g.spec.slots):
                 self._spawn_thread(lambda g=g: self._slot_loop(g), f"jc-slot-{g.index}-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
+
+    def _store_leftovers(self) -> None:
+        """Output an earlier life of this worker spooled but could not store (it stopped
+        during an outage): stored now, before new work, and its spool deleted."""
+        for path in sorted(self.spool_dir.iterdir()):
+            if dblog.spool_run_id(path) is None:
+                log.warning(
+                    "worker %s: %s is not a spool file of a run: left as it is", self.name, path
+                )
+                continue
+            added = self._retry(
+                f"store the output kept in {path}",
+                lambda p=path: dblog.store_leftover(self.store, p, self.clock.now),
+            )
+            log.info("worker %s: stored %s bytes of output kept in %s", self.name, added, path)
 
     def _spawn_thread(self, target: Any, name: str) -> None:
         def run() -> None:
@@ -501,7 +542,8 @@ class Worker:
         with self._cond:
             mine = [rid for rid, a in self._active.items() if not a.finishing]
         try:
-            beat = self.runqueue.heartbeat(self.name, self.clock.now(), mine)
+            problems = (self.log_problems, self.log_problem) if self.log_problems else None
+            beat = self.runqueue.heartbeat(self.name, self.clock.now(), mine, log_problems=problems)
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return
@@ -649,10 +691,20 @@ class Worker:
             active.kill_reason = self._kill_first.pop(run.id, None)
         outcome: TaskOutcome | None = None
         log_path: Path | None = None
+        sink: DatabaseLog | None = None
+        stored: StoredLog | None = None
         started = run.started or self.clock.now()
         try:
             if active.kill_reason is not None:
                 outcome = TaskOutcome(KILLED_STATUS, RunState.KILLED, None, active.kill_reason)
+            elif self.log_store == "database":
+                sink = self._open_spool(run)
+                if sink is None:
+                    outcome = TaskOutcome(
+                        NOT_STARTED, RunState.FAILED, None, f"log spool: {self.log_problem}"
+                    )
+                else:
+                    outcome = self._spawn_and_wait(active, sink.spool_path, sink)
             else:
                 log_path = self._log_path(run, started)
                 outcome = self._spawn_and_wait(active, log_path)
@@ -663,19 +715,56 @@ class Worker:
             # Always record the outcome, whatever happened above.
             if outcome is None:
                 outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
-            following = self._finish(active, outcome, started, log_path, g)
+            try:
+                if sink is not None:  # all of the output stored before the end is recorded
+                    stored = sink.close()
+            finally:
+                following = self._finish(active, outcome, started, log_path, g, stored)
         return following
 
-    def _spawn_and_wait(self, active: _Active, log_path: Path) -> TaskOutcome:
+    def _open_spool(self, run: RunRecord) -> DatabaseLog | None:
+        """The run's output on its way to the database; None (and the problem noted)
+        when its spool file cannot be made: a task never runs blind."""
+        path = self.spool_dir / f"run{run.id}.out"
+        try:
+            return DatabaseLog(
+                self.store,
+                run.id,
+                path,
+                now=self.clock.now,
+                outage=self.outage,
+                give_up=self._past_hope,
+            )
+        except OSError as exc:
+            log.warning(
+                "task run %s (%s) not started: spool %s: %s", run.id, run.job_name, path, exc
+            )
+            self._log_trouble(f"{path}: {exc.strerror or exc}")
+            return None
+
+    def _past_hope(self) -> bool:
+        give_up = self._give_up_at
+        return give_up is not None and time.monotonic() > give_up
+
+    def _log_trouble(self, problem: str) -> None:
+        with self._cond:
+            self.log_problem = problem
+            self.log_problems += 1
+
+    def _spawn_and_wait(
+        self, active: _Active, log_path: Path, sink: DatabaseLog | None = None
+    ) -> TaskOutcome:
+        """Run the task with its output to ``log_path``, or to ``sink`` (then ``log_path``
+        is the sink's spool, which only the worker writes)."""
         run = active.run
         env = self._base_env.copy()
         env.update(run.env)
         env.update(self._marker(run.id))
         env["JOBCONTROL_JOB"] = run.job_name
         env["JOBCONTROL_JOB_ID"] = str(run.job_id)
-        env["JOBCONTROL_LOG"] = str(log_path)
+        env["JOBCONTROL_LOG"] = DB_LOG if sink is not None else str(log_path)
         try:
-            out = self._open_log(log_path)
+            out = sink.out if sink is not None else self._open_log(log_path)
         except OSError as exc:  # no log, no run: a task never runs blind (full disk)
             log.warning(
                 "task run %s (%s) not started: log %s: %s", run.id, run.job_name, log_path, exc
@@ -699,6 +788,8 @@ class Worker:
                     self.containment.release(cg)
                 out.write(f"jobcontrol: cannot start {run.command!r}: {exc}\n".encode())
                 return TaskOutcome(NOT_STARTED, RunState.FAILED, None, f"cannot start: {exc}")
+            if sink is not None:
+                sink.started()  # the task holds the pipe now: its end is seen when it ends
             with self._cond:
                 active.proc = proc
                 if active.kill_reason is not None:
@@ -706,7 +797,9 @@ class Worker:
             active.pid = proc.pid
             timed_out = False
             try:
-                rc = self._wait_recording_pid(proc, run, log_path)
+                rc = self._wait_recording_pid(
+                    proc, run, DB_LOG if sink is not None else str(log_path)
+                )
             except subprocess.TimeoutExpired:
                 timed_out = True
                 with self._cond:
@@ -714,6 +807,8 @@ class Worker:
                         active.kill_reason = "timeout"
                 self._kill_processes(active, proc)
                 rc = proc.wait()
+        if sink is not None:
+            sink.task_ended()  # the spool has all of it (a failed cgroup join reads it)
         outcome = _outcome(run, rc, active.kill_reason, timed_out)
         return self._contained(active, outcome, log_path) if cg is not None else outcome
 
@@ -731,7 +826,7 @@ class Worker:
         return replace(outcome, cpu_us=usage.cpu_us, mem_peak_bytes=usage.mem_peak_bytes)
 
     def _wait_recording_pid(
-        self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: Path
+        self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: str
     ) -> int:
         """Wait for the task; record its pid once it has run ``PID_RECORD_DELAY``.
 
@@ -743,7 +838,7 @@ class Worker:
         if rc is not None:
             return rc
         try:
-            self.runqueue.record_pid(run.id, self.name, proc.pid, str(log_path))
+            self.runqueue.record_pid(run.id, self.name, proc.pid, log_path)
         except StoreUnavailable as exc:
             self.outage.failed(exc)  # the pid comes with the outcome instead
         rest = None if timeout is None else max(0.0, timeout - first)
@@ -771,6 +866,7 @@ class Worker:
         started: datetime,
         log_path: Path | None,
         g: _Group,
+        stored: StoredLog | None = None,
     ) -> RunRecord | None:
         """Record the outcome in the worker's own transaction, retried through outages.
 
@@ -778,7 +874,15 @@ class Worker:
         """
         active.finishing = True
         kept: str | None = None
-        if log_path is not None:
+        if stored is not None:
+            kept = DB_LOG if stored.size else None  # no output, no log (as with files)
+            if stored.problem is not None:
+                log.warning("task run %s: its output: %s", active.run.id, stored.problem)
+                self._log_trouble(stored.problem)
+                said = f"output: {stored.problem}"
+                reason = f"{outcome.reason}; {said}" if outcome.reason else said
+                outcome = replace(outcome, reason=reason)
+        elif log_path is not None:
             try:
                 if log_path.stat().st_size == 0:
                     log_path.unlink()  # empty output leaves no file (spec 7.8)
