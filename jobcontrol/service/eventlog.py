@@ -368,7 +368,8 @@ class EventLog:
         return {"id": job_id, "name": name, "next_runs": jsonable(next_runs), "jobs": jobs}
 
 
-def _lanes_data(names: list[str]) -> dict[str, Any]:
+def _lanes_data(names: list[str], **_: Any) -> dict[str, Any]:
+    """Lane changes made here, and (``relayed``) another process's: a STOPPED lane."""
     return {"names": list(names)}
 
 
