@@ -153,7 +153,7 @@ def test_sdist_and_wheel_build_without_warnings_and_render_on_their_own(tmp_path
     assert {"postgresql", "gui"} <= set(extras), extras
     requires = metadata.get_all("Requires-Dist") or []
     assert [r for r in requires if r.startswith("psycopg")] == [
-        'psycopg[binary]<4,>=3.1; extra == "postgresql"'
+        'psycopg[binary]<4,>=3.2; extra == "postgresql"'
     ], requires
     assert "croniter==6.0.0" in requires, requires
     (tzdata,) = [r for r in requires if r.startswith("tzdata")]
