@@ -372,7 +372,8 @@ def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
     heartbeat = panel.worker_table.item(ghost, WORKER_COLUMNS.index("Heartbeat")).text()
     assert heartbeat.startswith("STALE"), heartbeat
     assert panel.worker_table.item(ghost, 0).font().italic()
-    assert panel.worker_table.item(ghost, WORKER_COLUMNS.index("Groups")).text() == "gpu"
+    # One filter group of 4 slots, in --queues form (a slot group names its slots).
+    assert panel.worker_table.item(ghost, WORKER_COLUMNS.index("Groups")).text() == "gpu:4"
     live = next(name for name in rows() if name != "ghost")
     assert not panel.worker_table.item(rows()[live], 0).font().italic()
     panel.show_stopped.setChecked(True)
