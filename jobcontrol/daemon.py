@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -549,19 +550,28 @@ class Daemon:
         """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stop_requested.set())
-        # `daemon start`'s socket hears READY=1 once; systemd's hears every state change.
-        started_by = os.environ.pop(READY_SOCKET, None)
-        self.start()
-        try:
-            procs.sd_notify("READY=1")
-            if started_by:
-                procs.sd_notify("READY=1", started_by)
-            while not self.stop_requested.wait(3600):
-                pass
-            procs.sd_notify("STOPPING=1")
-            log.info("JobControl shutdown request")
-        finally:
-            self.stop()
+        serve(self.start, self.stop, self.stop_requested, "JobControl shutdown request")
+
+
+def serve(
+    start: Callable[[], object], stop: Callable[[], None], stop_requested: threading.Event, why: str
+) -> None:
+    """Start, say READY=1 (to systemd, and to ``daemon start`` or ``worker start``), wait
+    for ``stop_requested``, say STOPPING=1, stop: the foreground life of the daemon and of
+    a worker process."""
+    # `start`'s socket hears READY=1 once; systemd's hears every state change.
+    started_by = os.environ.pop(READY_SOCKET, None)
+    start()
+    try:
+        procs.sd_notify("READY=1")
+        if started_by:
+            procs.sd_notify("READY=1", started_by)
+        while not stop_requested.wait(3600):
+            pass
+        procs.sd_notify("STOPPING=1")
+        log.info("%s", why)
+    finally:
+        stop()
 
 
 def _port_from_env() -> int | None:

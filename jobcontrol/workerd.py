@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events, filemodes, places, procs, slotgroups
+from jobcontrol import events, filemodes, places, slotgroups
 from jobcontrol.cgroups import Containment
 from jobcontrol.clock import Clock, SystemClock
-from jobcontrol.daemon import READY_SOCKET, PidFile
+from jobcontrol.daemon import PidFile, serve
 from jobcontrol.dispatch.recovery import worker_alive
 from jobcontrol.errors import JobControlError
 from jobcontrol.filemodes import LogAccess
@@ -278,17 +278,9 @@ class RemoteWorker:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, on_signal)
-        started_by = os.environ.pop(READY_SOCKET, None)
-        self.start()
-        try:
-            procs.sd_notify("READY=1")
-            if started_by:
-                procs.sd_notify("READY=1", started_by)
-            while not self.stop_requested.wait(3600):
-                pass
-            procs.sd_notify("STOPPING=1")
-            log.info(
-                "worker %s stopping: no new claims; the runs in hand end first", self.opts.name
-            )
-        finally:
-            self.stop(kill_running=self.kill_requested.is_set())
+        serve(
+            self.start,
+            lambda: self.stop(kill_running=self.kill_requested.is_set()),
+            self.stop_requested,
+            f"worker {self.opts.name} stopping: no new claims; the runs in hand end first",
+        )
