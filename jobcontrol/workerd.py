@@ -138,6 +138,7 @@ class RemoteWorker:
         self.store = store or Store(opts.db_url, pool_size=max(4, opts.slots + 2))
         self.clock = clock or SystemClock()
         self.host = socket.gethostname()
+        self.runqueue = RunQueue(self.store)
         self.pid_file = PidFile(opts.pid_file, what="worker of this name and database")
         self.relay: Relay | None = None
         self.worker: Worker | None = None
@@ -158,7 +159,6 @@ class RemoteWorker:
     def _start(self) -> Worker:
         from jobcontrol import __version__
 
-        runqueue = RunQueue(self.store)
         previous = self._refuse_live_namesake()
         instance = self.store.instance_id()
         marker = {"JOBCONTROL_WORKER": self.opts.name}
@@ -169,7 +169,7 @@ class RemoteWorker:
         self.relay = Relay(self.store, name=f"worker {self.opts.name}")
         self.relay.start()
         self.worker = Worker(
-            runqueue,
+            self.runqueue,
             clock=self.clock,
             log_root=self.opts.task_logs,
             instance_id=instance,
@@ -210,7 +210,7 @@ class RemoteWorker:
                     f"worker {self.opts.name} is already running on this host (pid {row['pid']})"
                 )
             return row
-        lease = RunQueue(self.store).lanes().default.stale_timeout_s
+        lease = self.runqueue.lanes().default.stale_timeout_s
         age = (self.clock.now() - row["heartbeat"]).total_seconds()
         if age < lease:
             raise JobControlError(
@@ -237,7 +237,6 @@ class RemoteWorker:
             marker=marker,
         )
         now = self.clock.now()
-        runqueue = RunQueue(self.store)
         for run in held:
             values: dict[str, Any] = {
                 "state": RunState.LOST,
@@ -248,7 +247,7 @@ class RemoteWorker:
             }
             if run.started is not None:
                 values["duration_ms"] = max(0, int((now - run.started).total_seconds() * 1000))
-            if runqueue.finish(run.id, self.opts.name, values, 5).recorded:
+            if self.runqueue.finish(run.id, self.opts.name, values, 5).recorded:
                 log.warning("task run %s (%s) %s", run.id, run.job_name, values["reason"])
                 events.task_finished.send(self.store, run_id=run.id)
 
