@@ -129,6 +129,10 @@ def _use_wal(cur: sqlite3.Cursor) -> None:
         delay = min(delay * 2, 0.1)
 
 
+# ``_in``: no transaction at all (PostgreSQL autocommit), for ``Store.single``.
+_AUTOCOMMIT = "AUTOCOMMIT"
+
+
 class Store:
     """Connections and transactions; the queries live in ``store.queries``."""
 
@@ -220,6 +224,17 @@ class Store:
                 lock.release()
 
     @contextmanager
+    def single(self) -> Iterator[Connection]:
+        """One statement, atomic alone, that needs no transaction around it. On
+        PostgreSQL it runs in autocommit: no BEGIN and no COMMIT, two round trips of
+        three spared on the claim and finish paths. On SQLite it is a write transaction."""
+        if self.is_sqlite:
+            with self.write() as conn:
+                yield conn
+            return
+        yield from self._transaction(_AUTOCOMMIT)
+
+    @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read transaction: one consistent snapshot."""
         yield from self._transaction("BEGIN")
@@ -282,6 +297,15 @@ class Store:
     def _in(self, conn: Connection, sqlite_begin: str) -> Iterator[Connection]:
         if self.is_sqlite:
             yield from _sqlite_txn(conn, sqlite_begin)
+        elif sqlite_begin == _AUTOCOMMIT:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                yield conn
+                conn.commit()  # ends SQLAlchemy's transaction; the server has none
+            finally:
+                if conn.in_transaction():
+                    conn.rollback()
+                conn.execution_options(isolation_level=conn.default_isolation_level)
         else:
             with conn.begin():
                 yield conn

@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, String, and_, bindparam, case, null, select, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    String,
+    and_,
+    bindparam,
+    case,
+    literal,
+    null,
+    select,
+    update,
+)
 
 from jobcontrol.model import DB_LOG, RunRecord, RunState
 from jobcontrol.slotgroups import WILDCARD, SlotGroup
@@ -155,6 +166,45 @@ def _pick_stmt(
     return pick
 
 
+@functools.lru_cache(maxsize=64)
+def _claim_stmt(
+    by_queue: bool,
+    skip_locked: bool,
+    excluding: bool,
+    named_only: bool,
+    preferred: int,
+    fixed: bool,
+) -> Any:
+    """The claim in one statement, for when no lane needs a count: the pick (claim order,
+    locked ``SKIP LOCKED``) is the subquery of the update that takes its runs. The update
+    checks each run's lane again (``fast_lane``), so a lane capped, drained or stopped
+    since the caller last read the lanes loses no run to it."""
+    pick = _pick_stmt(by_queue, skip_locked, excluding, named_only, False, False, preferred)
+    # A materialized CTE, evaluated once: as a plain ``IN (subquery)`` PostgreSQL may
+    # re-run the locked pick while re-checking a row a concurrent claim changed, and
+    # hand out more runs than the limit.
+    picked = (
+        pick.with_only_columns(run.c.id)
+        .cte("picked")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
+    )
+    return (
+        update(run)
+        .where(
+            run.c.id.in_(select(picked.c.id)),
+            run.c.state == str(RunState.QUEUED),
+            lanes.fast_lane(),
+        )
+        .values(_claimed(fixed))
+        .returning(*run.c)
+    )
+
+
+# How long a claimer trusts its last read of the lanes to choose the one-statement
+# claim (it re-reads sooner when a claim comes back short). The statement itself
+# reads each run's lane as it is, so a stale read can only cost claim order.
+LANES_FRESH = timedelta(seconds=1)
+
 _HELD = and_(run.c.worker == bindparam("w_worker"), run.c.state == str(RunState.RUNNING))
 _RECORD_PID = (
     update(run)
@@ -218,6 +268,13 @@ class RunQueue:
         daemon's way): each run's lane's ``stale_timeout_s``."""
         self.store = store
         self.lease = lease
+        self._lanes_read: tuple[datetime, Lanes] | None = None  # (when, what): ``_known``
+
+    def _read_lanes(self, conn: Connection, now: datetime) -> Lanes:
+        """The lanes as they are, kept for the next claims' choice of statement."""
+        known = lanes.load(conn)
+        self._lanes_read = (now, known)
+        return known
 
     def _times(self, now: datetime) -> dict[str, Any]:
         return {"v_now": now, "v_lease": now + (self.lease or DEFAULT_LEASE)}
@@ -317,6 +374,15 @@ class RunQueue:
             return []
         params = {"v_started": now, "v_worker": name, "v_host": host, **self._times(now)}
         fixed = self.lease is not None
+        claimed: list[RunRecord] = []
+        seen = self._lanes_read
+        fresh = seen is not None and seen[0] <= now < seen[0] + LANES_FRESH
+        if run_id is None and seen is not None and fresh and not seen[1].capped():
+            # The usual case: one statement, no transaction around it.
+            with self.store.single() as conn:
+                claimed = self._claim_uncounted(conn, params, seen[1], queues, limit)
+            if len(claimed) == limit:
+                return claimed
         with self.store.write() as conn:
             if run_id is not None:
                 row = _CLAIM_BY_ID[fixed].first(conn, {"w_id": run_id, **params})
@@ -325,7 +391,50 @@ class RunQueue:
                 # Taken by someone else, or its lane needs a count (capped) or refuses it
                 # (drained, stopped): the lane-aware claim decides, for this run alone.
                 return self._claim_in_lanes(conn, params, None, 1, only_id=run_id)
-            return self._claim_in_lanes(conn, params, queues, limit)
+            # The queue may be short, or a lane may have changed since the last read:
+            # read them again, and claim the rest by the rules they say now.
+            known = self._read_lanes(conn, now)
+            rest = limit - len(claimed)
+            if known.capped():
+                return claimed + self._claim_in_lanes(conn, params, queues, rest, known=known)
+            return claimed + self._claim_uncounted(conn, params, known, queues, rest)
+
+    def _claim_uncounted(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        known: Lanes,
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> list[RunRecord]:
+        """Up to ``limit`` runs in one statement, while no lane has a cap: the usual case,
+        and the one that must be fast (README "Lanes")."""
+        excluded = known.blocked()
+        named_only = lanes.DEFAULT_LANE in excluded
+        preferred: Sequence[str] = ()
+        if queues is not None and queues and queues[-1] == WILDCARD:
+            preferred, queues = queues[:-1], None
+        stmt = _claim_stmt(
+            queues is not None,
+            not self.store.is_sqlite,
+            bool(excluded),
+            named_only,
+            len(preferred),
+            self.lease is not None,
+        )
+        args: dict[str, Any] = {"w_limit": limit, **params}
+        args.update({f"w_pref{i}": q for i, q in enumerate(preferred)})
+        if queues is not None:
+            args["w_queues"] = list(queues)
+        if excluded:
+            args["w_excluded"] = sorted(excluded)
+        if named_only:
+            args["w_named"] = sorted(known.by_name.keys() - excluded)
+        runs = [queries.run_from_row(row) for row in conn.execute(stmt, args)]
+        # RETURNING keeps no order: hand them out in claim order.
+        position = {q: i for i, q in enumerate(preferred)}
+        runs.sort(key=lambda r: (position.get(r.queue, len(preferred)), -r.priority, r.id))
+        return runs
 
     def _claim_in_lanes(
         self,
@@ -335,12 +444,14 @@ class RunQueue:
         limit: int,
         *,
         only_id: int | None = None,
+        known: Lanes | None = None,
     ) -> list[RunRecord]:
         """Pick in claim order, skipping drained and stopped lanes; for a capped lane, lock
         its row (PostgreSQL; SQLite's write transaction is already the only one), count its
         running runs, and take no more than it has room for. A run of a lane found full is
         turned down and the pick goes on without that lane, until ``limit`` runs are taken."""
-        known = lanes.load(conn)
+        if known is None:
+            known = lanes.load(conn)
         excluded = known.blocked()
         room: dict[str, int] = {}  # capped lanes counted (and locked) so far: runs they may start
         skip: list[int] = []
@@ -472,6 +583,8 @@ class RunQueue:
         ``take_next`` (host, now) this worker claims it at once and gets it back.
         """
         ok = values.get("exit_status") == 0
+        if not self.store.is_sqlite:
+            return self._finish_pg(run_id, name, values, default_max_log_files, ok, take_next)
         with self.store.write() as conn:
             if not finish_run(conn, run_id, name, values):
                 return Finished(False)
@@ -485,6 +598,39 @@ class RunQueue:
             if row is None or row["state"] != str(RunState.RUNNING):
                 return Finished(True, stale)  # none, or released for a claim that counts
             return Finished(True, stale, queries.run_from_row(row))
+
+    def _finish_pg(
+        self,
+        run_id: int,
+        name: str,
+        values: dict[str, Any],
+        default_max_log_files: int,
+        ok: bool,
+        take_next: tuple[str, datetime] | None,
+    ) -> Finished:
+        """``finish`` on PostgreSQL: one statement (``_finish_and_next_stmt``), with no
+        transaction around it unless the run's logs need pruning in the same one."""
+        fixed = self.lease is not None
+        stmt = _finish_and_next_stmt(tuple(sorted(values)), ok, take_next is not None, fixed)
+        params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
+        params.update(w_id=run_id, w_worker=name)
+        if take_next is not None:
+            host, now = take_next
+            params.update(v_started=now, v_worker=name, v_host=host, **self._times(now))
+        logged = values.get("log_path") is not None
+        with self.store.write() if logged else self.store.single() as conn:
+            row = conn.execute(stmt, params).first()
+            if row is None:
+                return Finished(False)
+            stale: list[str] = []
+            if logged and row.job_id is not None:
+                keep = row.max_log_files or default_max_log_files
+                stale = _prune(conn, row.job_id, keep)
+        m = row._mapping
+        if m["n_id"] is None or m["n_state"] != str(RunState.RUNNING):
+            return Finished(True, stale)  # none, released, or released for a claim that counts
+        taken = {c.name: m[f"n_{c.name}"] for c in run.c}
+        return Finished(True, stale, queries.run_from_row(taken))
 
 
 # ------------------------------------------------------------------ statements
@@ -512,6 +658,29 @@ def _finish_stmt(columns: tuple[str, ...]) -> Prepared:
     )
 
 
+@functools.lru_cache(maxsize=32)
+def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed: bool) -> Any:
+    """PostgreSQL: the end recorded and the run queued after it released (``take``: and
+    claimed by this worker), in one statement. One row when the end was recorded (the
+    run's job and ``max_log_files`` for pruning; ``n_*``: the run taken next, or nulls),
+    none when the run was settled meanwhile."""
+    fin = (
+        update(run)
+        .where(run.c.id == bindparam("w_id"), _HELD)
+        .values({col: bindparam(f"v_{col}") for col in columns})
+        .returning(run.c.id, run.c.job_id, run.c.max_log_files)
+        .cte("fin")
+    )
+    follows = and_(run.c.after_run_id.in_(select(fin.c.id)), run.c.state == str(RunState.PENDING))
+    if not ok:
+        follows = and_(follows, run.c.after_ok_only.is_(False))
+    values = _take_or_release(fixed) if take else {"state": str(RunState.QUEUED)}
+    nxt = update(run).where(follows).values(values).returning(*run.c).cte("nxt")
+    return select(
+        fin.c.job_id, fin.c.max_log_files, *(c.label(f"n_{c.name}") for c in nxt.c)
+    ).select_from(fin.outerjoin(nxt, literal(True)))
+
+
 def prune_logs(
     conn: Connection, run_id: int, values: dict[str, Any], default_max_log_files: int
 ) -> list[str]:
@@ -522,8 +691,11 @@ def prune_logs(
     row = conn.execute(select(run.c.job_id, run.c.max_log_files).where(run.c.id == run_id)).first()
     if row is None or row.job_id is None:
         return []
-    keep = row.max_log_files or default_max_log_files
-    stale = queries.log_paths_to_prune(conn, row.job_id, keep)
+    return _prune(conn, row.job_id, row.max_log_files or default_max_log_files)
+
+
+def _prune(conn: Connection, job_id: int, keep: int) -> list[str]:
+    stale = queries.log_paths_to_prune(conn, job_id, keep)
     queries.forget_log(conn, [rid for rid, _ in stale])
     runlogs.delete_runs(conn, [rid for rid, path in stale if path == DB_LOG])
     return [path for _, path in stale if path != DB_LOG]

@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -138,6 +139,14 @@ run = Table(
     Index("ix_run_parent", "parent_run_id"),
     Index("ix_run_worker", "worker", "state"),
     Index("ix_run_after", "after_run_id"),
+    # The queued runs in claim order, and no others (migration 0008).
+    Index(
+        "ix_run_queued",
+        text("priority DESC"),
+        "id",
+        postgresql_where=text("state = 'queued'"),
+        sqlite_where=text("state = 'queued'"),
+    ),
 )
 
 # The output of task runs whose worker keeps it in the database (``log_path`` = ``db:``,

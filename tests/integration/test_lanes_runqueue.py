@@ -208,6 +208,45 @@ def test_the_next_task_of_a_sequence_waits_for_a_claim_that_counts(rq: RunQueue)
     assert state_of(rq.store, nxt) is RunState.QUEUED
 
 
+def test_a_lane_capped_or_drained_since_the_last_read_loses_nothing_to_the_fast_claim(
+    rq: RunQueue,
+) -> None:
+    """A claimer trusts its read of the lanes for a second to claim in one statement;
+    a lane capped or drained meanwhile still gets its rules, from the run's own lane row."""
+    add_lane(rq.store, "burst")
+    add_lane(rq.store, "batch")
+    burst = queue_runs(rq.store, 6, priority=9, queue="burst")
+    batch = queue_runs(rq.store, 2, priority=5, queue="batch")
+    plain = queue_runs(rq.store, 2)
+    assert ids(rq.claim("w", "h", NOW, limit=1)) == burst[:1]  # lanes read: none capped
+    # Another process caps one lane and drains the other, within the same second.
+    set_lane(rq.store, "burst", max_slots=2)
+    set_lane(rq.store, "batch", enabled=False)
+    got = rq.claim("w2", "h", NOW, limit=5)
+    assert ids(got) == burst[1:2] + plain, "one more of the capped lane, none of the drained"
+    assert rq.claim("w3", "h", NOW, limit=5) == []
+    with rq.store.read() as conn:
+        running = conn.execute(
+            run.select().where(run.c.state == str(RunState.RUNNING), run.c.queue == "burst")
+        ).fetchall()
+    assert len(running) == 2, "the cap holds"
+    assert {state_of(rq.store, i) for i in batch} == {RunState.QUEUED}
+
+
+def test_a_one_statement_transaction_leaves_the_next_one_atomic(rq: RunQueue) -> None:
+    """``Store.single`` (autocommit on PostgreSQL) must not leak into the transactions a
+    thread's pinned connection runs after it: a failed write still changes nothing."""
+    (first,) = queue_runs(rq.store, 1)
+    with rq.store.pinned():
+        with rq.store.single() as conn:
+            conn.execute(update(run).where(run.c.id == first).values(priority=7))
+        with pytest.raises(RuntimeError), rq.store.write() as conn:
+            conn.execute(update(run).where(run.c.id == first).values(priority=8))
+            raise RuntimeError("the caller fails mid-transaction")
+        with rq.store.read() as conn:
+            assert queries.get_run(conn, first).priority == 7  # type: ignore[union-attr]
+
+
 def test_leases_are_the_lanes_stale_timeout_at_claim_and_heartbeat(rq: RunQueue) -> None:
     add_lane(rq.store, "long", stale_timeout_s=1800.0)
     (short,) = queue_runs(rq.store, 1)
