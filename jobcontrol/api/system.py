@@ -58,19 +58,37 @@ def healthz(ctx: Context) -> JSONResponse:
         body = {"status": "database unavailable", "reason": db["error"], "since": _iso(db["since"])}
         return JSONResponse(body, status_code=503)
     stopped = _stopped_lanes(ctx)
-    if ctx.disk is None and not stopped:
+    troubled = _workers_with_log_problems(ctx)
+    if ctx.disk is None and not stopped and not troubled:
         return JSONResponse({"status": "ok"})
     spaces = ctx.disk() if ctx.disk is not None else {}
     low = [space.describe() for space in spaces.values() if space.low]
     # A STOPPED lane keeps 200 too: the other lanes run; the body says which and why.
-    problems = [*low, *(f"lane {s['name']} STOPPED: {s['reason']}" for s in stopped)]
-    health: dict[str, Any] = {
-        "status": "low disk space" if low else ("lane stopped" if stopped else "ok"),
-    }
+    # So does a worker whose task output met a problem (a full spool, a failed write):
+    # its runs go on, and the output it could not keep is said in the run's reason.
+    problems = [
+        *low,
+        *(f"lane {s['name']} STOPPED: {s['reason']}" for s in stopped),
+        *(
+            f"worker {w['name']}: {w['log_problems']} task runs' output met a problem, "
+            f"the last: {w['log_problem']}"
+            for w in troubled
+        ),
+    ]
+    status = "ok"
+    if low:
+        status = "low disk space"
+    elif stopped:
+        status = "lane stopped"
+    elif troubled:
+        status = "worker log problems"
+    health: dict[str, Any] = {"status": status}
     if ctx.disk is not None:
         health["disk"] = {key: space.as_dict() for key, space in spaces.items()}
     if stopped:
         health["stopped_lanes"] = stopped
+    if troubled:
+        health["worker_log_problems"] = troubled
     if problems:
         health["reason"] = "; ".join(problems)
     return JSONResponse(health)
@@ -87,6 +105,21 @@ def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
     return [
         {**s, "stopped_at": s["stopped_at"].isoformat() if s["stopped_at"] else None}
         for s in stopped
+    ]
+
+
+def _workers_with_log_problems(ctx: Context) -> list[dict[str, Any]]:
+    """Workers not stopped whose task output met a problem in this life (their registry
+    row, renewed with each heartbeat). None listed while the database does not answer."""
+    try:
+        workers = ctx.engine.workers()
+    except StoreUnavailable as exc:
+        log.info("workers not read for /healthz: %s", exc)
+        return []
+    return [
+        {"name": w["name"], "log_problems": w["log_problems"], "log_problem": w["log_problem"]}
+        for w in workers
+        if w["stopped"] is None and w["log_problems"]
     ]
 
 
@@ -217,9 +250,21 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     queued = -1  # unknown while the database is away
     if db["ok"]:
         queued = ctx.engine.count_queued()
+    live = log_problems = -1  # unknown while the database is away
+    if db["ok"]:
+        try:
+            workers = [w for w in ctx.engine.workers() if w["stopped"] is None]
+            live, log_problems = len(workers), sum(w["log_problems"] for w in workers)
+        except StoreUnavailable as exc:
+            log.info("workers not read for /metrics: %s", exc)
     d = ctx.engine.dispatcher_gauges()
     conns = ctx.connections
     return {
+        "jobcontrol_workers": ("Workers registered and not stopped.", live),
+        "jobcontrol_worker_log_problems": (
+            "Task runs whose output a live worker could not keep whole (this life).",
+            log_problems,
+        ),
         "jobcontrol_queue_depth": ("Task runs queued for a free slot.", queued),
         "jobcontrol_timers_armed": ("Top-level trees scheduled.", d["timers_armed"]),
         "jobcontrol_timers_paused": (

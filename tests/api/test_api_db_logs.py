@@ -25,6 +25,7 @@ from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.store.schema import run_log
 from jobcontrol.worker import Worker, dblog
 from tests.api.conftest import Api, _api
+from tests.api.test_api_system import parse_metrics
 from tests.conftest import MakeJC
 from tests.integration.helpers import poll_until, task
 from tests.pgserver import PostgresServer
@@ -255,6 +256,15 @@ def test_a_spool_that_cannot_be_written_is_reported_not_swallowed(
 
     row = poll_until("the worker to report the spool's problem", reported)
     assert "No space left on device" in row["log_problem"]
+    # ... and the daemon's health and metrics, which a monitor watches (still 200: it runs).
+    health = api_db.client.get("/healthz")
+    assert health.status_code == 200, health.text
+    assert health.json()["status"] == "worker log problems"
+    assert "worker remote-1: 1 task runs' output met a problem" in health.json()["reason"]
+    assert "No space left on device" in health.json()["reason"]
+    gauges = parse_metrics(api_db.client.get("/metrics", headers=api_db.headers("viewer")).text)
+    assert gauges["jobcontrol_worker_log_problems"] == 1
+    assert gauges["jobcontrol_workers"] == 1
     jc.errors.records.clear()  # the spool's failure is logged as an error, as it should be
 
 
