@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -359,6 +359,7 @@ class RunQueue:
         run_id: int | None = None,
         queues: Sequence[str] | None = None,
         limit: int = 1,
+        clock: Callable[[], datetime] | None = None,
     ) -> list[RunRecord]:
         """Take up to ``limit`` queued runs (most urgent first), or the one named, atomically.
 
@@ -369,6 +370,12 @@ class RunQueue:
         ``limit`` is the caller's free slots: never more is returned. On PostgreSQL the
         candidates are locked ``FOR UPDATE SKIP LOCKED``, so claimers never wait on each
         other; on SQLite ``BEGIN IMMEDIATE`` serialises them.
+
+        ``clock``: read again once a capped lane has been counted (its row locked), so a
+        run's ``started`` is no earlier than the count that gave it its slot: ``now`` is
+        read before the claim waits for the lock, meanwhile a run of the lane may end,
+        and the run rows' intervals would then show more runs at once than the cap let
+        run (a loaded worker waits tens of milliseconds).
         """
         if limit < 1:
             return []
@@ -390,13 +397,15 @@ class RunQueue:
                     return [queries.run_from_row(row)]
                 # Taken by someone else, or its lane needs a count (capped) or refuses it
                 # (drained, stopped): the lane-aware claim decides, for this run alone.
-                return self._claim_in_lanes(conn, params, None, 1, only_id=run_id)
+                return self._claim_in_lanes(conn, params, None, 1, only_id=run_id, clock=clock)
             # The queue may be short, or a lane may have changed since the last read:
             # read them again, and claim the rest by the rules they say now.
             known = self._read_lanes(conn, now)
             rest = limit - len(claimed)
             if known.capped():
-                return claimed + self._claim_in_lanes(conn, params, queues, rest, known=known)
+                return claimed + self._claim_in_lanes(
+                    conn, params, queues, rest, known=known, clock=clock
+                )
             return claimed + self._claim_uncounted(conn, params, known, queues, rest)
 
     def _claim_uncounted(
@@ -445,11 +454,13 @@ class RunQueue:
         *,
         only_id: int | None = None,
         known: Lanes | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> list[RunRecord]:
         """Pick in claim order, skipping drained and stopped lanes; for a capped lane, lock
         its row (PostgreSQL; SQLite's write transaction is already the only one), count its
         running runs, and take no more than it has room for. A run of a lane found full is
-        turned down and the pick goes on without that lane, until ``limit`` runs are taken."""
+        turned down and the pick goes on without that lane, until ``limit`` runs are taken.
+        After a count, the runs are stamped from ``clock`` (see ``claim``)."""
         if known is None:
             known = lanes.load(conn)
         excluded = known.blocked()
@@ -463,6 +474,9 @@ class RunQueue:
             uncounted = {known.name_of(q) for _, q in picked} & (known.capped() - room.keys())
             if uncounted:
                 self._count(conn, known, uncounted, room, excluded)
+                if clock is not None:
+                    stamp = max(clock(), params["v_started"])
+                    params.update(v_started=stamp, **self._times(stamp))
             turned_down = False
             for run_id, queue in picked:
                 name = known.name_of(queue)

@@ -638,6 +638,7 @@ class Worker:
                 run_id=run_id,
                 queues=g.claim_queues,
                 limit=limit,
+                clock=self.clock.now,
             )
         except StoreUnavailable as exc:
             self.outage.failed(exc)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,9 +56,12 @@ class SpyQueue(RunQueue):
         run_id: int | None = None,
         queues: Sequence[str] | None = None,
         limit: int = 1,
+        clock: Callable[[], datetime] | None = None,
     ) -> list[RunRecord]:
         self._record("claim" if run_id is None else "offer", queues, limit)
-        return super().claim(name, host, now, run_id=run_id, queues=queues, limit=limit)
+        return super().claim(
+            name, host, now, run_id=run_id, queues=queues, limit=limit, clock=clock
+        )
 
     def any_queued(self, queues: Sequence[str] | None = None) -> bool:
         self._record("look", queues, 0)
