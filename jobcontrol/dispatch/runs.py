@@ -434,6 +434,14 @@ class TreeRuns:
         self._task_ended(frame, row)
 
     def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
+        if row.state is RunState.LOST:
+            # Recorded lost by its worker: one restarted under its name settles what its
+            # killed process held, before the lease would have. An unexpected worker
+            # end all the same (the WLM rule), or a worker crashing under a supervisor
+            # that restarts it at once would never stop its lane.
+            full = queries.get_run(self.d.tx.conn, frame.run_id)
+            if full is not None:
+                self.stop_lanes_after_worker_ends([full])
         if self._retry(frame, row.state, row.exit_status):
             return
         frame.tree_run.current_task = None

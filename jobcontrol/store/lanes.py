@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Select,
     and_,
     bindparam,
     case,
@@ -312,14 +313,19 @@ def record_worker_ends(conn: Connection, lost: Sequence[RunRecord], now: datetim
         life = reg.started if reg is not None else None
         if life is not None and any(r.started is not None and r.started < life for r in runs):
             life = None  # runs of an earlier life: the worker has re-joined since
+        mine = select(worker_end.c.id).where(worker_end.c.lane == name, worker_end.c.worker == who)
+        seen: Select[Any] | None = None
         if life is not None:
-            seen = select(worker_end.c.id).where(
-                worker_end.c.lane == name,
-                worker_end.c.worker == who,
-                worker_end.c.worker_started == life,
-            )
-            if conn.execute(seen).first() is not None:
-                continue
+            seen = mine.where(worker_end.c.worker_started == life)
+        else:
+            # An earlier life, settled by the worker's next one run by run (each end
+            # reaches the dispatcher on its own): an end of this worker in this lane
+            # recorded since these runs started is that life's death, already counted.
+            started = [r.started for r in runs if r.started is not None]
+            if started and len(started) == len(runs):
+                seen = mine.where(worker_end.c.at >= min(started))
+        if seen is not None and conn.execute(seen).first() is not None:
+            continue
         conn.execute(
             worker_end.insert().values(
                 lane=name,

@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import Row, func, select
 
 from jobcontrol.store import Store
-from jobcontrol.store.schema import run
+from jobcontrol.store.schema import run, worker_end
 from tests.acceptance.harness import JobControl, describe, wait_until, write
 from tests.acceptance.test_acc_remote_worker import worker_pid
 
@@ -80,6 +80,7 @@ def lane_runs(db: Store) -> list[Row[Any]]:
             run.c.worker,
             run.c.attempt,
             run.c.reason,
+            run.c.pid,
         )
         .where(run.c.kind == "task", run.c.queue == LANE)
         .order_by(run.c.id)
@@ -295,3 +296,61 @@ def test_five_kill_9s_of_workers_holding_lane_runs_stop_the_lane_until_resumed(
 def _state(db: Store, run_id: int) -> str | None:
     with db.read() as conn:
         return conn.execute(select(run.c.state).where(run.c.id == run_id)).scalar()
+
+
+def test_five_workers_restarted_at_once_after_kill_9_stop_the_lane_too(
+    jcpg: JobControl, db: Store
+) -> None:
+    """A supervisor (systemd ``Restart=``) restarts a crashed worker at once, long before
+    its lease would run out: the new process settles what the killed one held. Those
+    are unexpected worker ends as well, counted once per death, and the fifth STOPs
+    the lane."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("lane", "add", LANE, "stale=30m", f"poll={POLL:g}s")  # no lease runs out here
+    jc.ok("worker", "start", "--name", "w1", "--slots", "2")
+    # Two runs held per death: each death still counts once.
+    jc.load(
+        write(
+            jc.base / "hang.yaml",
+            "jobs:\n"
+            + "".join(
+                f"  - name: hang{i}\n    command: sleep 1000\n    queue: {LANE}\n" for i in (1, 2)
+            ),
+        )
+    )
+    for death in range(1, 6):
+        before = {r.id for r in lane_runs(db)}
+        jc.ok("run", "hang1")
+        jc.ok("run", "hang2")
+        assert wait_until(
+            lambda b=before: len([r for r in lane_runs(db) if r.id not in b and r.pid]) == 2,
+            WAIT,
+        ), lane_runs(db)
+        pid = worker_pid(jc, "w1")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        jc.ok("worker", "start", "--name", "w1", "--slots", "2")
+        assert wait_until(
+            lambda b=before: [r.state for r in lane_runs(db) if r.id not in b] == ["lost"] * 2,
+            WAIT,
+        ), lane_runs(db)
+        assert all(
+            "its worker w1 restarted" in r.reason for r in lane_runs(db) if r.id not in before
+        )
+        # The dispatcher hears of both ends (each on its own) and counts one death.
+        assert wait_until(lambda d=death: ends(db) >= d, WAIT), ends(db)
+        assert ends(db) == death, "one death, however many runs it held"
+        if death < 5:
+            assert lane(jc)["state"] == "open", f"stopped after {death} deaths"
+    assert wait_until(lambda: lane(jc)["state"] == "stopped", WAIT), lane(jc)
+    assert "5 unexpected worker ends within 10 minutes" in lane(jc)["stopped_reason"]
+    trail = [(e["user"], e["operation"]) for e in jc.json("audit")]
+    assert trail.count(("dispatcher", "lane.stop")) == 1, trail
+
+
+def ends(db: Store) -> int:
+    """Unexpected worker ends the dispatcher recorded for the lane."""
+    with db.read() as conn:
+        stmt = select(func.count()).select_from(worker_end).where(worker_end.c.lane == LANE)
+        return int(conn.execute(stmt).scalar() or 0)
