@@ -548,9 +548,54 @@ class Daemon:
 
     def run_forever(self) -> None:
         """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: self.stop_requested.set())
+        StopSignals(lambda _signum: self.stop_requested.set()).install()
         serve(self.start, self.stop, self.stop_requested, "JobControl shutdown request")
+
+
+def _acted_on_elsewhere(_signum: int, _frame: object) -> None:
+    """The Python-level handler of a ``StopSignals`` signal: the work is the thread's."""
+
+
+class StopSignals:
+    """SIGTERM and SIGINT of a foreground process (the daemon, a worker), acted on by a
+    thread of their own, ``jc-signals``, whichever thread the kernel hands them to.
+
+    The kernel gives a process's signal to any of its threads that does not block it,
+    and to another than the main one when the main thread already has one pending (the
+    second of two sent back to back, as ``worker stop --kill`` does) or is busy. Python
+    runs its handlers in the main thread only, the next time that thread runs Python
+    code; a main thread asleep in a lock wait (``Event.wait``, ``Thread.join``) is not
+    woken by a signal another thread took. A handler doing the work could so wait an
+    hour to run. Here the C-level handler writes each signal's number to a pipe
+    (``signal.set_wakeup_fd``) from whatever thread it ran in, and the ``jc-signals``
+    thread reads it and calls ``act(signum)``: nothing runs in signal context, and no
+    lock is ever taken there (a handler that sets an ``Event`` deadlocks when a second
+    signal lands while the first one's ``set`` holds the event's lock).
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, act: Callable[[int], None]) -> None:
+        self._act = act
+
+    def install(self) -> None:
+        """From the main thread (``set_wakeup_fd`` is refused elsewhere)."""
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(write_fd, False)  # the C handler must never block
+        threading.Thread(target=self._loop, args=(read_fd,), name="jc-signals", daemon=True).start()
+        signal.set_wakeup_fd(write_fd)
+        for signum in self.SIGNALS:
+            signal.signal(signum, _acted_on_elsewhere)
+
+    def _loop(self, read_fd: int) -> None:
+        while True:
+            for signum in os.read(read_fd, 64):
+                if signum not in self.SIGNALS:
+                    continue
+                try:
+                    self._act(signum)
+                except Exception:  # reported; the next signal is still acted on
+                    log.exception("acting on signal %s failed", signal.Signals(signum).name)
 
 
 def serve(

@@ -40,7 +40,7 @@ from typing import Any
 from jobcontrol import events, filemodes, places, slotgroups
 from jobcontrol.cgroups import Containment
 from jobcontrol.clock import Clock, SystemClock
-from jobcontrol.daemon import PidFile, serve
+from jobcontrol.daemon import PidFile, StopSignals, serve
 from jobcontrol.dispatch.recovery import worker_alive
 from jobcontrol.errors import JobControlError
 from jobcontrol.filemodes import LogAccess
@@ -265,18 +265,18 @@ class RemoteWorker:
             self.pid_file.release()
             self.store.dispose()
 
+    def on_signal(self, signum: int) -> None:
+        """SIGTERM: a warm stop; SIGINT, or a second signal: kill the runs in hand too.
+        Called in the ``jc-signals`` thread (``StopSignals``), never in signal context."""
+        if self.stop_requested.is_set() or signum == signal.SIGINT:
+            self.kill_requested.set()
+            if self.worker is not None:
+                self.worker.kill_all("killed: its worker was stopped")
+        self.stop_requested.set()
+
     def run_forever(self) -> None:
         """Foreground: start, tell systemd (or ``worker start``), serve until SIGTERM."""
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            if self.stop_requested.is_set() or signum == signal.SIGINT:
-                self.kill_requested.set()
-                if self.worker is not None:
-                    self.worker.kill_all("killed: its worker was stopped")
-            self.stop_requested.set()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, on_signal)
+        StopSignals(self.on_signal).install()
         serve(
             self.start,
             lambda: self.stop(kill_running=self.kill_requested.is_set()),
