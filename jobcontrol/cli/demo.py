@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import getpass
 import queue
-import signal
 import sys
 import tempfile
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jobcontrol import events, filemodes
-from jobcontrol.daemon import Daemon, DaemonOptions, configure_logging
+from jobcontrol.daemon import Daemon, DaemonOptions, StopSignals, configure_logging
 from jobcontrol.model import JobState
 from jobcontrol.service.engine import Engine
 from jobcontrol.service.loader import load_definitions
@@ -78,8 +77,7 @@ def run_demo(directory: Path | None, *, duration: float | None, slots: int, verb
     for sig, fn in receivers:
         sig.connect(fn)
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    StopSignals(lambda _signum: stop.set()).install()  # whichever thread gets them
     printer.thread.start()
     print(
         f"Job Control demo: database {directory / 'demo.db'}, task logs in {opts.task_logs}",
