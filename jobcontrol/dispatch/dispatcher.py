@@ -31,7 +31,7 @@ from typing import Any
 from jobcontrol import events, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
-from jobcontrol.dispatch.runs import TreeRuns, Tx
+from jobcontrol.dispatch.runs import Held, TreeRuns, Tx
 from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
 from jobcontrol.dispatch.treestate import TreeStateProtocol
@@ -281,8 +281,10 @@ class Dispatcher:
 
     def _handle_safely(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
         self.stats.events += len(fns)
+        # What was in flight as last committed: a rolled-back handler may have changed it.
+        held = self.runs.held()
         try:
-            self._handle(fns, fut)
+            self._handle(fns, fut, held)
         except Exception:
             # A bug, not the database: logged with its trace, counted for health.
             self.stats.failures += 1
@@ -290,7 +292,7 @@ class Dispatcher:
             if len(fns) > 1:
                 # The batch was rolled back: the events of the others are re-derived
                 # from the database, as after an outage (ends, timers by their misfire).
-                self._ride_out(None, None)
+                self._ride_out(None, None, held)
 
     def _poll(self) -> None:
         """The back-up poll: ends that were not announced, and leases that ran out."""
@@ -311,11 +313,14 @@ class Dispatcher:
 
     # ------------------------------------------------------------ outages
 
-    def _ride_out(self, exc: StoreUnavailable | None, pending: EditChange | None) -> None:
+    def _ride_out(
+        self, exc: StoreUnavailable | None, pending: EditChange | None, held: list[Held]
+    ) -> None:
         """The database went away mid-handler: wait for it, then rebuild from it.
 
         Without ``exc``: a batch of events failed on a bug and was rolled back; the
-        rebuild re-derives what those events would have done.
+        rebuild re-derives what those events would have done. ``held``: the tree runs
+        with a task at their root in flight before the handler (``_rebuild``).
         """
         failed = exc is not None
         if exc is not None:
@@ -329,7 +334,7 @@ class Dispatcher:
                 with self.protocol.dispatcher_section() as another:
                     if another is not None:
                         edits.append(another)
-                    self._rebuild()
+                    self._rebuild(held)
                 for edit in edits:
                     if not edit.done.done():
                         edit.done.set_result(None)  # committed before: the rebuild has it
@@ -342,8 +347,14 @@ class Dispatcher:
             self.outage.recovered()
             self._leases_judged_after = time.monotonic() + self.config.lease
 
-    def _rebuild(self) -> None:
-        """Everything held in memory, re-derived from the database (as after an outage)."""
+    def _rebuild(self, held: list[Held]) -> None:
+        """Everything held in memory, re-derived from the database (as after an outage).
+
+        A tree run is in flight by the database while its root run is active. One whose
+        root is a task that ended meanwhile is not, yet nothing reacted to its end (its
+        wake-up found the dispatcher away, or the batch that reacted was rolled back):
+        it is brought back from ``held`` and its end reacted to now.
+        """
         before = {n.id: n.state for n in self.tree.nodes.values()}
         for top_id in list(self.tree_timers.armed):
             self.timers.cancel(("tree", top_id))
@@ -358,6 +369,7 @@ class Dispatcher:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
                 queries.drop_pending(conn)  # queued ahead: queued again as the runs go on
                 steps = self.runs.resume_tree_runs()
+                steps += self.runs.resume_ended(held)
                 self._arm_idle_trees()
                 for step in steps:
                     step()
@@ -385,17 +397,20 @@ class Dispatcher:
             len(self.runs.tree_runs),
         )
 
-    def _handle(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
+    def _handle(
+        self, fns: list[Callable[[], Any]], fut: Future[Any] | None, held: list[Held]
+    ) -> None:
         pending: EditChange | None = None
         try:
             with self.protocol.dispatcher_section() as pending:
                 result, error, tx = self._handle_in_tx(pending, fns)
+                held.clear()  # committed: what it did stands, whatever fails after
         except StoreUnavailable as exc:
             # Rolled back. A request is refused now (its caller can try again); an
             # edit is committed already, and the rebuild below reflects it.
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
-            self._ride_out(exc, pending)
+            self._ride_out(exc, pending, held)
             return
         except BaseException as exc:
             # Whoever waits must hear about it rather than time out.
