@@ -21,6 +21,9 @@ from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(90)
+# The test's lock waits for the engine's short write to end before it is held (with no
+# wait, BEGIN IMMEDIATE fails whenever one is under way).
+LOCK_WAIT = 10.0
 
 
 def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_jc: MakeJC) -> None:
@@ -46,7 +49,7 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     jc.wait_task_process(through)
 
     path = sqlite_url.split("///", 1)[1]
-    blocker = sqlite3.connect(path, timeout=0)
+    blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
     blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
     try:
         gate.open()  # the task ends during the outage
@@ -144,7 +147,7 @@ def test_an_end_announced_while_the_dispatcher_waits_out_an_outage_is_reacted_to
     run = worker.claim("through")
     worker.finish(run.id, 0)  # committed; its wake-up not yet sent
 
-    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=0)
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
     blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
     try:
         d = jc.dispatcher
@@ -174,3 +177,41 @@ def test_an_end_announced_while_the_dispatcher_waits_out_an_outage_is_reacted_to
     assert jc.rec.run_finished("Outer" if boxed else "through", since=mark)["id"] == again
     assert jc.dispatcher.stats.failures == 0
     jc.errors.records.clear()  # the outage's warnings are the point
+
+
+def test_an_end_whose_batch_is_rolled_back_is_still_reacted_to_and_retried(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A failed first attempt's end is reacted to in a batch that a bug rolls back; the
+    rebuild, finding the run ended, must still retry it (``retries``) and announce it."""
+    jc = make_jc(db_url, slots=0, poll_interval=3600.0)
+    jc.create(task("flaky", "false", active=True, retries=1))
+    worker = _Worker(jc)
+    mark = jc.rec.mark()
+    jc.run_now("flaky")
+    first = worker.claim("flaky")
+    worker.finish(first.id, 1)
+
+    def bug() -> None:
+        raise RuntimeError("a bug: the dispatcher rebuilds from the database")
+
+    d = jc.dispatcher
+    with d.protocol.user_edit():  # holds the dispatcher so the next two make one batch
+        seen = d.stats.events
+        d.post((lambda: None, None))
+        poll_until("the dispatcher takes the event", lambda: d.stats.events > seen)
+        worker.announce(first.id)
+        d.post((bug, None))
+    jc.sync()
+    jc.errors.records.clear()  # that failure was the point
+
+    ended = jc.rec.run_finished("flaky", since=mark)
+    assert (ended["id"], ended["state"], ended["attempt"]) == (first.id, "failed", 1)
+    retry = worker.claim("flaky")  # queued again by the rebuild's reaction
+    assert retry.attempt == 2
+    mark = jc.rec.mark()
+    worker.finish(retry.id, 0)
+    worker.announce(retry.id)
+    done = jc.rec.run_finished("flaky", since=mark)
+    assert (done["id"], done["state"], done["attempt"]) == (retry.id, "succeeded", 2)
+    assert jc.dispatcher.stats.failures == 1  # the bug, and nothing else
