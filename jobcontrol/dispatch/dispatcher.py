@@ -281,10 +281,8 @@ class Dispatcher:
 
     def _handle_safely(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
         self.stats.events += len(fns)
-        # What was in flight as last committed: a rolled-back handler may have changed it.
-        held = self.runs.held()
         try:
-            self._handle(fns, fut, held)
+            self._handle(fns, fut)
         except Exception:
             # A bug, not the database: logged with its trace, counted for health.
             self.stats.failures += 1
@@ -292,7 +290,7 @@ class Dispatcher:
             if len(fns) > 1:
                 # The batch was rolled back: the events of the others are re-derived
                 # from the database, as after an outage (ends, timers by their misfire).
-                self._ride_out(None, None, held)
+                self._ride_out(None, None)
 
     def _poll(self) -> None:
         """The back-up poll: ends that were not announced, and leases that ran out."""
@@ -313,15 +311,13 @@ class Dispatcher:
 
     # ------------------------------------------------------------ outages
 
-    def _ride_out(
-        self, exc: StoreUnavailable | None, pending: EditChange | None, held: list[Held]
-    ) -> None:
+    def _ride_out(self, exc: StoreUnavailable | None, pending: EditChange | None) -> None:
         """The database went away mid-handler: wait for it, then rebuild from it.
 
         Without ``exc``: a batch of events failed on a bug and was rolled back; the
-        rebuild re-derives what those events would have done. ``held``: the tree runs
-        with a task at their root in flight before the handler (``_rebuild``).
+        rebuild re-derives what those events would have done.
         """
+        held = self.runs.held()  # before any rebuild attempt clears the memory
         failed = exc is not None
         if exc is not None:
             self.outage.failed(exc)
@@ -397,20 +393,18 @@ class Dispatcher:
             len(self.runs.tree_runs),
         )
 
-    def _handle(
-        self, fns: list[Callable[[], Any]], fut: Future[Any] | None, held: list[Held]
-    ) -> None:
+    def _handle(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
         pending: EditChange | None = None
         try:
             with self.protocol.dispatcher_section() as pending:
                 result, error, tx = self._handle_in_tx(pending, fns)
-                held.clear()  # committed: what it did stands, whatever fails after
+                self.runs.reacted.clear()  # committed: what it did stands, whatever fails after
         except StoreUnavailable as exc:
             # Rolled back. A request is refused now (its caller can try again); an
             # edit is committed already, and the rebuild below reflects it.
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
-            self._ride_out(exc, pending, held)
+            self._ride_out(exc, pending)
             return
         except BaseException as exc:
             # Whoever waits must hear about it rather than time out.
@@ -436,6 +430,7 @@ class Dispatcher:
         """The reaction to a pending edit and to a request or a batch of events, in one
         transaction. A request comes alone: its result (or refusal) is returned."""
         result, error = None, None
+        self.runs.reacted.clear()
         with self.store.write() as conn:
             self._tx = tx = Tx(conn)
             try:

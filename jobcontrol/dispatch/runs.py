@@ -119,6 +119,9 @@ class TreeRuns:
         self.d = d
         self.tree_runs: dict[int, TreeRun] = {}  # by the id of the tree's root job
         self.frames: dict[int, Frame] = {}  # by run id: every box or task run in flight
+        # The tree runs rooted at a task whose end the current handler reacted to: should
+        # it roll back, the rebuild must react to that end again (``held``).
+        self.reacted: list[Held] = []
 
     def start_run(
         self,
@@ -434,6 +437,8 @@ class TreeRuns:
         self._task_ended(frame, row)
 
     def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
+        if frame.parent is None:
+            self.reacted.append((frame.tree_run, frame))
         if self._retry(frame, row.state, row.exit_status):
             return
         frame.tree_run.current_task = None
@@ -705,20 +710,23 @@ class TreeRuns:
         steps.append(child_ended)
 
     def held(self) -> list[Held]:
-        """What the dispatcher waits on for each tree run whose root is a task: taken
-        before each handler, so a rebuild knows what was in flight when it last committed."""
-        return [
+        """Each tree run rooted at a task, with the task run it waits on: those in memory,
+        and those whose end a handler that then rolled back reacted to. Read before a
+        rebuild (``resume_ended``); what a rolled-back handler started cannot pass its
+        checks, as its rows do not exist."""
+        in_memory = [
             (tr, task)
             for tr in self.tree_runs.values()
             if (task := tr.current_task) is not None and task.parent is None
         ]
+        return self.reacted + in_memory
 
     def resume_ended(self, held: list[Held]) -> list[Callable[[], None]]:
         """Tree runs whose root task ended while the dispatcher was away (after an outage).
 
         Their end is recorded on the run row, so the database no longer shows them in
         flight; but nothing reacted to it: no outcome announced, no job result, no retry,
-        no re-arming. Brought back from what was ``held`` at the last commit; returns
+        no re-arming. Brought back from what was ``held`` before the rebuild; returns
         the reactions to take once every tree run is back in memory.
         """
         steps: list[Callable[[], None]] = []
