@@ -31,7 +31,7 @@ from typing import Any
 from jobcontrol import events, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
-from jobcontrol.dispatch.runs import TreeRuns, Tx
+from jobcontrol.dispatch.runs import Held, TreeRuns, Tx
 from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
 from jobcontrol.dispatch.treestate import TreeStateProtocol
@@ -317,6 +317,7 @@ class Dispatcher:
         Without ``exc``: a batch of events failed on a bug and was rolled back; the
         rebuild re-derives what those events would have done.
         """
+        held = self.runs.held()  # before any rebuild attempt clears the memory
         failed = exc is not None
         if exc is not None:
             self.outage.failed(exc)
@@ -329,7 +330,7 @@ class Dispatcher:
                 with self.protocol.dispatcher_section() as another:
                     if another is not None:
                         edits.append(another)
-                    self._rebuild()
+                    self._rebuild(held)
                 for edit in edits:
                     if not edit.done.done():
                         edit.done.set_result(None)  # committed before: the rebuild has it
@@ -342,8 +343,14 @@ class Dispatcher:
             self.outage.recovered()
             self._leases_judged_after = time.monotonic() + self.config.lease
 
-    def _rebuild(self) -> None:
-        """Everything held in memory, re-derived from the database (as after an outage)."""
+    def _rebuild(self, held: list[Held]) -> None:
+        """Everything held in memory, re-derived from the database (as after an outage).
+
+        A tree run is in flight by the database while its root run is active. One whose
+        root is a task that ended meanwhile is not, yet nothing reacted to its end (its
+        wake-up found the dispatcher away, or the batch that reacted was rolled back):
+        it is brought back from ``held`` and its end reacted to now.
+        """
         before = {n.id: n.state for n in self.tree.nodes.values()}
         for top_id in list(self.tree_timers.armed):
             self.timers.cancel(("tree", top_id))
@@ -358,6 +365,7 @@ class Dispatcher:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
                 queries.drop_pending(conn)  # queued ahead: queued again as the runs go on
                 steps = self.runs.resume_tree_runs()
+                steps += self.runs.resume_ended(held)
                 self._arm_idle_trees()
                 for step in steps:
                     step()
@@ -390,6 +398,7 @@ class Dispatcher:
         try:
             with self.protocol.dispatcher_section() as pending:
                 result, error, tx = self._handle_in_tx(pending, fns)
+                self.runs.reacted.clear()  # committed: what it did stands, whatever fails after
         except StoreUnavailable as exc:
             # Rolled back. A request is refused now (its caller can try again); an
             # edit is committed already, and the rebuild below reflects it.
@@ -421,6 +430,7 @@ class Dispatcher:
         """The reaction to a pending edit and to a request or a batch of events, in one
         transaction. A request comes alone: its result (or refusal) is returned."""
         result, error = None, None
+        self.runs.reacted.clear()
         with self.store.write() as conn:
             self._tx = tx = Tx(conn)
             try:

@@ -119,6 +119,9 @@ class TreeRuns:
         self.d = d
         self.tree_runs: dict[int, TreeRun] = {}  # by the id of the tree's root job
         self.frames: dict[int, Frame] = {}  # by run id: every box or task run in flight
+        # The tree runs rooted at a task whose end the current handler reacted to: should
+        # it roll back, the rebuild must react to that end again (``held``).
+        self.reacted: list[Held] = []
 
     def start_run(
         self,
@@ -434,6 +437,8 @@ class TreeRuns:
         self._task_ended(frame, row)
 
     def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
+        if frame.parent is None:
+            self.reacted.append((frame.tree_run, frame))
         if row.state is RunState.LOST:
             # Recorded lost by its worker: one restarted under its name settles what its
             # killed process held, before the lease would have. An unexpected worker
@@ -698,7 +703,10 @@ class TreeRuns:
         if len(done) > 1:
             before = _child_index(frame, done[-2].job_id)
             frame.prev = frame.children[before] if before is not None else None
-        if last.state in ACTIVE_RUN_STATES:
+        if last.state in ACTIVE_RUN_STATES or last_node.job.kind is Kind.TASK:
+            # A task that ended under a box still running is an end not yet reacted
+            # to (the reaction would have gone on past it): react to it as to any end,
+            # so it is retried, recorded and announced, not only folded into its box.
             self._resume_frame(last, last_node, frame, tr, kids, steps)
             return
         status = last.exit_status or 0
@@ -708,6 +716,49 @@ class TreeRuns:
             self._go_on(frame, self._finish(frame) if stop else self._advance(frame))
 
         steps.append(child_ended)
+
+    def held(self) -> list[Held]:
+        """Each tree run rooted at a task, with the task run it waits on: those in memory,
+        and those whose end a handler that then rolled back reacted to. Read before a
+        rebuild (``resume_ended``); what a rolled-back handler started cannot pass its
+        checks, as its rows do not exist."""
+        in_memory = [
+            (tr, task)
+            for tr in self.tree_runs.values()
+            if (task := tr.current_task) is not None and task.parent is None
+        ]
+        return self.reacted + in_memory
+
+    def resume_ended(self, held: list[Held]) -> list[Callable[[], None]]:
+        """Tree runs whose root task ended while the dispatcher was away (after an outage).
+
+        Their end is recorded on the run row, so the database no longer shows them in
+        flight; but nothing reacted to it: no outcome announced, no job result, no retry,
+        no re-arming. Brought back from what was ``held`` before the rebuild; returns
+        the reactions to take once every tree run is back in memory.
+        """
+        steps: list[Callable[[], None]] = []
+        for old, task in held:
+            node = self.d.tree.get(old.root.id)
+            if node is None or node.id in self.tree_runs:
+                continue  # its job is gone, or it is in flight again (resumed)
+            row = queries.get_run(self.d.tx.conn, task.run_id)
+            if row is None or row.job_id != node.id or row.state in ACTIVE_RUN_STATES:
+                continue
+            tr = TreeRun(
+                root=node,
+                top=node.top(),
+                trigger=old.trigger,
+                immediate=old.immediate,
+                requested_by=old.requested_by,
+                root_run_id=old.root_run_id,
+                fired_at=old.fired_at,
+                killed=row.kill_requested,
+            )
+            self.tree_runs[node.id] = tr
+            log.info("task run %s (%s) ended while the database was away", row.id, row.job_name)
+            self._resume_frame(row, node, None, tr, {}, steps)
+        return steps
 
     @staticmethod
     def _fold(frame: Frame, ended: list[RunRecord]) -> None:
@@ -729,6 +780,10 @@ class TreeRuns:
     def _go_on(self, frame: Frame, result: int | None) -> None:
         if result is not None:
             self._propagate(frame, result)
+
+
+# A tree run whose root is a task, with the task run it waits on.
+Held = tuple[TreeRun, Frame]
 
 
 def _last_attempts(rows: list[RunRecord]) -> list[RunRecord]:

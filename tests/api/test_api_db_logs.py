@@ -36,6 +36,9 @@ V1 = "/api/v1"
 # For what the store does not change (the spool, the worker's checks); SQLite's lock
 # stands for an outage here, PostgreSQL's is stopped in its own test below.
 SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+# The test's lock waits for a worker's or the dispatcher's short write to end before it
+# is held (with no wait, BEGIN IMMEDIATE fails whenever one is under way).
+LOCK_WAIT = 10.0
 
 
 @pytest.fixture
@@ -193,7 +196,7 @@ def test_a_sqlite_outage_mid_task_loses_no_output(api_db: Api, remote: Worker) -
     run_id = jc.run_now("through")
     poll_until("the first line stored", lambda: _chunks(api_db, run_id) >= 1)
     path = jc.store.sqlite_file or ""
-    blocker = sqlite3.connect(path, timeout=0)
+    blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
     blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
     try:
         gate.open()
@@ -284,7 +287,7 @@ def test_memory_is_bounded_when_neither_spool_nor_database_takes_output(
     mark = jc.rec.mark()
     run_id = jc.run_now("flood")
     jc.wait_task_process(run_id)
-    blocker = sqlite3.connect(jc.store.sqlite_file or "", timeout=0)
+    blocker = sqlite3.connect(jc.store.sqlite_file or "", timeout=LOCK_WAIT)
     blocker.execute("BEGIN IMMEDIATE")
     try:
         gate.open()
@@ -370,7 +373,7 @@ def test_output_kept_by_a_worker_stopped_in_an_outage_is_stored_by_its_next_star
     run_id = jc.run_now("late")
     poll_until("the first line stored", lambda: _count(jc.store, run_id) >= 1)
     spool = first.spool_dir / f"run{run_id}.out"
-    blocker = sqlite3.connect(jc.store.sqlite_file or "", timeout=0)
+    blocker = sqlite3.connect(jc.store.sqlite_file or "", timeout=LOCK_WAIT)
     blocker.execute("BEGIN IMMEDIATE")
     try:
         gate.open()

@@ -233,6 +233,12 @@ def test_a_lane_capped_or_drained_since_the_last_read_loses_nothing_to_the_fast_
     assert {state_of(rq.store, i) for i in batch} == {RunState.QUEUED}
 
 
+def _write_then_fail(store: Store, run_id: int) -> None:
+    with store.write() as conn:
+        conn.execute(update(run).where(run.c.id == run_id).values(priority=8))
+        raise RuntimeError("the caller fails mid-transaction")
+
+
 def test_a_one_statement_transaction_leaves_the_next_one_atomic(rq: RunQueue) -> None:
     """``Store.single`` (autocommit on PostgreSQL) must not leak into the transactions a
     thread's pinned connection runs after it: a failed write still changes nothing."""
@@ -240,9 +246,8 @@ def test_a_one_statement_transaction_leaves_the_next_one_atomic(rq: RunQueue) ->
     with rq.store.pinned():
         with rq.store.single() as conn:
             conn.execute(update(run).where(run.c.id == first).values(priority=7))
-        with pytest.raises(RuntimeError), rq.store.write() as conn:
-            conn.execute(update(run).where(run.c.id == first).values(priority=8))
-            raise RuntimeError("the caller fails mid-transaction")
+        with pytest.raises(RuntimeError):
+            _write_then_fail(rq.store, first)
         with rq.store.read() as conn:
             assert queries.get_run(conn, first).priority == 7  # type: ignore[union-attr]
 

@@ -14,11 +14,16 @@ from datetime import timedelta
 
 import pytest
 
-from jobcontrol import RunState
+from jobcontrol import RunState, events
+from jobcontrol.model import RunRecord
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from tests.integration.conftest import MakeJC
-from tests.integration.helpers import box, poll_until, task
+from tests.integration.helpers import JC, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(90)
+# The test's lock waits for the engine's short write to end before it is held (with no
+# wait, BEGIN IMMEDIATE fails whenever one is under way).
+LOCK_WAIT = 10.0
 
 
 def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_jc: MakeJC) -> None:
@@ -44,7 +49,7 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     jc.wait_task_process(through)
 
     path = sqlite_url.split("///", 1)[1]
-    blocker = sqlite3.connect(path, timeout=0)
+    blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
     blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
     try:
         gate.open()  # the task ends during the outage
@@ -83,3 +88,130 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     active = [r for r in jc.dump()["run"] if r["state"] in ("queued", "running", "waiting")]
     assert active == []
     assert jc.dispatcher.stats.failures == 0
+
+
+# ------------------------------------------------------------ ends the dispatcher missed
+
+LEASE = timedelta(seconds=30)
+
+
+class _Worker:
+    """The test as a worker on another host: it claims and records ends through the run
+    queue itself, and announces an end only when the test says so."""
+
+    def __init__(self, jc: JC) -> None:
+        self.jc = jc
+        self.rq = RunQueue(jc.store, LEASE)
+        now = jc.clock.now()
+        self.rq.register(WorkerInfo("w-test", "host-b", 4242, 1, "test", now), now)
+
+    def claim(self, job: str) -> RunRecord:
+        queued = [r for r in self.jc.runs(job) if r.state is RunState.QUEUED]
+        assert len(queued) == 1, self.jc.runs(job)
+        now = self.jc.clock.now()
+        (claimed,) = self.rq.claim("w-test", "host-b", now, run_id=queued[0].id)
+        return claimed
+
+    def finish(self, run_id: int, status: int) -> None:
+        state = RunState.SUCCEEDED if status == 0 else RunState.FAILED
+        values = {
+            "state": state,
+            "exit_status": status,
+            "ended": self.jc.clock.now(),
+            "duration_ms": 5,
+        }
+        assert self.rq.finish(run_id, "w-test", values, 5).recorded
+
+    def announce(self, run_id: int) -> None:
+        events.task_finished.send(self.jc.store, run_id=run_id)
+
+
+@pytest.mark.parametrize("shape", ["top-level task", "task in a box"])
+def test_an_end_announced_while_the_dispatcher_waits_out_an_outage_is_reacted_to(
+    sqlite_url: str, make_jc: MakeJC, shape: str
+) -> None:
+    """The order of a CI failure: a remote worker records a task's end; the dispatcher
+    meets SQLite's lock before it reacts; the wake-up arrives while it waits the lock
+    out; it rebuilds from the database, where the run has ended. The rebuild must not
+    forget the tree run whose end it never reacted to."""
+    # No embedded worker; the back-up poll runs only when the test posts it.
+    jc = make_jc(sqlite_url, slots=0, busy_timeout=0.3, poll_interval=3600.0)
+    boxed = shape == "task in a box"
+    if boxed:
+        jc.create(box("Outer", active=True), task("through", "true", "Outer", active=True))
+    else:
+        jc.create(task("through", "true", active=True))
+    worker = _Worker(jc)
+    mark = jc.rec.mark()
+    jc.run_now("Outer" if boxed else "through")
+    run = worker.claim("through")
+    worker.finish(run.id, 0)  # committed; its wake-up not yet sent
+
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
+    try:
+        d = jc.dispatcher
+        d.post((d._poll, None))  # the back-up poll meets the lock
+        poll_until("the dispatcher to meet the locked database", lambda: d.outage.down)
+        worker.announce(run.id)  # handled only after the dispatcher has rebuilt itself
+    finally:
+        blocker.rollback()
+        blocker.close()
+
+    finished = jc.rec.run_finished("through", since=mark, timeout=30)
+    assert (finished["id"], finished["state"], finished["exit_status"]) == (
+        run.id,
+        "succeeded",
+        0,
+    )
+    if boxed:
+        assert jc.rec.run_finished("Outer", since=mark)["state"] == "succeeded"
+    assert jc.job("through").last_ran is not None  # the job's result is written too
+    poll_until("the dispatcher to see the database again", lambda: not d.outage.down)
+    # Nothing is left in flight: the tree runs again at once (not "tree busy").
+    mark = jc.rec.mark()
+    again = jc.run_now("Outer" if boxed else "through")
+    second = worker.claim("through")
+    worker.finish(second.id, 0)
+    worker.announce(second.id)
+    assert jc.rec.run_finished("Outer" if boxed else "through", since=mark)["id"] == again
+    assert jc.dispatcher.stats.failures == 0
+    jc.errors.records.clear()  # the outage's warnings are the point
+
+
+def test_an_end_whose_batch_is_rolled_back_is_still_reacted_to_and_retried(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A failed first attempt's end is reacted to in a batch that a bug rolls back; the
+    rebuild, finding the run ended, must still retry it (``retries``) and announce it."""
+    jc = make_jc(db_url, slots=0, poll_interval=3600.0)
+    jc.create(task("flaky", "false", active=True, retries=1))
+    worker = _Worker(jc)
+    mark = jc.rec.mark()
+    jc.run_now("flaky")
+    first = worker.claim("flaky")
+    worker.finish(first.id, 1)
+
+    def bug() -> None:
+        raise RuntimeError("a bug: the dispatcher rebuilds from the database")
+
+    d = jc.dispatcher
+    with d.protocol.user_edit():  # holds the dispatcher so the next two make one batch
+        seen = d.stats.events
+        d.post((lambda: None, None))
+        poll_until("the dispatcher takes the event", lambda: d.stats.events > seen)
+        worker.announce(first.id)
+        d.post((bug, None))
+    jc.sync()
+    jc.errors.records.clear()  # that failure was the point
+
+    ended = jc.rec.run_finished("flaky", since=mark)
+    assert (ended["id"], ended["state"], ended["attempt"]) == (first.id, "failed", 1)
+    retry = worker.claim("flaky")  # queued again by the rebuild's reaction
+    assert retry.attempt == 2
+    mark = jc.rec.mark()
+    worker.finish(retry.id, 0)
+    worker.announce(retry.id)
+    done = jc.rec.run_finished("flaky", since=mark)
+    assert (done["id"], done["state"], done["attempt"]) == (retry.id, "succeeded", 2)
+    assert jc.dispatcher.stats.failures == 1  # the bug, and nothing else
