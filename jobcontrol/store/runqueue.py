@@ -431,14 +431,7 @@ class RunQueue:
             len(preferred),
             self.lease is not None,
         )
-        args: dict[str, Any] = {"w_limit": limit, **params}
-        args.update({f"w_pref{i}": q for i, q in enumerate(preferred)})
-        if queues is not None:
-            args["w_queues"] = list(queues)
-        if excluded:
-            args["w_excluded"] = sorted(excluded)
-        if named_only:
-            args["w_named"] = sorted(known.by_name.keys() - excluded)
+        args = {**params, **_pick_params(known, queues, preferred, excluded, limit)}
         runs = [queries.run_from_row(row) for row in conn.execute(stmt, args)]
         # RETURNING keeps no order: hand them out in claim order.
         position = {q: i for i, q in enumerate(preferred)}
@@ -520,14 +513,7 @@ class RunQueue:
             only_id is not None,
             len(preferred),
         )
-        params: dict[str, Any] = {"w_limit": limit}
-        params.update({f"w_pref{i}": q for i, q in enumerate(preferred)})
-        if queues is not None:
-            params["w_queues"] = list(queues)
-        if excluded:
-            params["w_excluded"] = sorted(excluded)
-        if named_only:
-            params["w_named"] = sorted(known.by_name.keys() - excluded)
+        params = _pick_params(known, queues, preferred, excluded, limit)
         if skip:
             params["w_skip"] = skip
         if only_id is not None:
@@ -648,6 +634,26 @@ class RunQueue:
 
 
 # ------------------------------------------------------------------ statements
+
+
+def _pick_params(
+    known: Lanes,
+    queues: Sequence[str] | None,
+    preferred: Sequence[str],
+    excluded: set[str],
+    limit: int,
+) -> dict[str, Any]:
+    """The parameters of a pick (``_pick_stmt``) that serves ``queues`` (filter mode) or
+    ``preferred`` first (preference mode), not the ``excluded`` lanes."""
+    params: dict[str, Any] = {"w_limit": limit}
+    params.update({f"w_pref{i}": q for i, q in enumerate(preferred)})
+    if queues is not None:
+        params["w_queues"] = list(queues)
+    if excluded:
+        params["w_excluded"] = sorted(excluded)
+    if lanes.DEFAULT_LANE in excluded:  # only the queues with a lane row (``named_only``)
+        params["w_named"] = sorted(known.by_name.keys() - excluded)
+    return params
 
 
 def _held(conn: Connection, name: str, run_ids: Sequence[int]) -> list[int]:
