@@ -122,11 +122,13 @@ class DaemonOptions:
         return self.log_root or self.state_dir / "logs"
 
     def disk_space(self) -> dict[str, DiskSpace]:
-        """Free space where the daemon writes, for /healthz, /status and /metrics."""
-        return {
-            "state_dir": disk_space("state directory", self.state_dir, self.disk_low),
-            "log_root": disk_space("log root", self.task_logs, self.disk_low),
-        }
+        """Free space where the daemon writes, for /healthz, /status and /metrics. The log
+        root only with an embedded worker: a dispatcher that only coordinates
+        (``--slots 0``) writes no task log, and makes no log root to watch."""
+        spaces = {"state_dir": disk_space("state directory", self.state_dir, self.disk_low)}
+        if self.slots > 0 or self.queues:
+            spaces["log_root"] = disk_space("log root", self.task_logs, self.disk_low)
+        return spaces
 
     @property
     def logs_inside_state_dir(self) -> bool:

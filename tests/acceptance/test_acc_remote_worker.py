@@ -25,6 +25,7 @@ from jobcontrol.places import live_pid
 from jobcontrol.store import Store
 from jobcontrol.store.schema import run
 from tests.acceptance.harness import JobControl, describe, wait_until
+from tests.acceptance.test_acc_full_disk import health
 from tests.pgserver import PostgresServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.postgres]
@@ -114,6 +115,10 @@ def test_kill_reaches_a_task_on_a_remote_worker(jcpg: JobControl) -> None:
     assert run is not None
     assert (run["state"], run["exit_status"], run["worker"]) == ("killed", 255, "w1")
     jc.assert_no_task_processes()
+    # A dispatcher that only coordinates writes no task log: no log root to call low.
+    status, body = health(jc)
+    assert (status, body["status"]) == (200, "ok"), body
+    assert "log_root" not in body.get("disk", {}), body
 
 
 def test_a_worker_killed_with_sigkill_loses_its_runs_when_the_lease_expires(
