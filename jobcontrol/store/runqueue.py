@@ -218,9 +218,12 @@ _RENEW = {
 }
 
 
-def _successor(ok: bool) -> Any:
-    """The run queued ahead after ``w_id`` that the end just recorded releases."""
-    cond = and_(run.c.after_run_id == bindparam("w_id"), run.c.state == str(RunState.PENDING))
+def _successor(ok: bool, after: Any = None) -> Any:
+    """The run queued ahead after ``w_id`` (or the runs ``after`` names) that the end
+    just recorded releases."""
+    if after is None:
+        after = run.c.after_run_id == bindparam("w_id")
+    cond = and_(after, run.c.state == str(RunState.PENDING))
     return cond if ok else and_(cond, run.c.after_ok_only.is_(False))
 
 
@@ -268,13 +271,20 @@ class RunQueue:
         daemon's way): each run's lane's ``stale_timeout_s``."""
         self.store = store
         self.lease = lease
-        self._lanes_read: tuple[datetime, Lanes] | None = None  # (when, what): ``_known``
+        self._lanes_read: tuple[datetime, Lanes] | None = None  # (when, what): ``_read_lanes``
 
     def _read_lanes(self, conn: Connection, now: datetime) -> Lanes:
         """The lanes as they are, kept for the next claims' choice of statement."""
         known = lanes.load(conn)
         self._lanes_read = (now, known)
         return known
+
+    def _lanes_read_since(self, now: datetime) -> Lanes | None:
+        """The last read of the lanes while it is fresh (``LANES_FRESH``), else None."""
+        seen = self._lanes_read
+        if seen is not None and seen[0] <= now < seen[0] + LANES_FRESH:
+            return seen[1]
+        return None
 
     def _times(self, now: datetime) -> dict[str, Any]:
         return {"v_now": now, "v_lease": now + (self.lease or DEFAULT_LEASE)}
@@ -382,12 +392,11 @@ class RunQueue:
         params = {"v_started": now, "v_worker": name, "v_host": host, **self._times(now)}
         fixed = self.lease is not None
         claimed: list[RunRecord] = []
-        seen = self._lanes_read
-        fresh = seen is not None and seen[0] <= now < seen[0] + LANES_FRESH
-        if run_id is None and seen is not None and fresh and not seen[1].capped():
+        read = self._lanes_read_since(now) if run_id is None else None
+        if read is not None and not read.capped():
             # The usual case: one statement, no transaction around it.
             with self.store.single() as conn:
-                claimed = self._claim_uncounted(conn, params, seen[1], queues, limit)
+                claimed = self._claim_uncounted(conn, params, read, queues, limit)
             if len(claimed) == limit:
                 return claimed
         with self.store.write() as conn:
@@ -420,9 +429,7 @@ class RunQueue:
         and the one that must be fast (README "Lanes")."""
         excluded = known.blocked()
         named_only = lanes.DEFAULT_LANE in excluded
-        preferred: Sequence[str] = ()
-        if queues is not None and queues and queues[-1] == WILDCARD:
-            preferred, queues = queues[:-1], None
+        queues, preferred = _preference(queues)
         stmt = _claim_stmt(
             queues is not None,
             not self.store.is_sqlite,
@@ -501,9 +508,7 @@ class RunQueue:
         skip_locked: bool | None = None,
     ) -> list[tuple[int, str]]:
         named_only = lanes.DEFAULT_LANE in excluded
-        preferred: Sequence[str] = ()
-        if queues is not None and queues and queues[-1] == WILDCARD:
-            preferred, queues = queues[:-1], None  # preference mode: every queue, these first
+        queues, preferred = _preference(queues)
         stmt = _pick_stmt(
             queues is not None,
             (not self.store.is_sqlite) if skip_locked is None else skip_locked,
@@ -612,8 +617,7 @@ class RunQueue:
         transaction around it unless the run's logs need pruning in the same one."""
         fixed = self.lease is not None
         stmt = _finish_and_next_stmt(tuple(sorted(values)), ok, take_next is not None, fixed)
-        params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
-        params.update(w_id=run_id, w_worker=name)
+        params = _finish_params(run_id, name, values)
         if take_next is not None:
             host, now = take_next
             params.update(v_started=now, v_worker=name, v_host=host, **self._times(now))
@@ -634,6 +638,16 @@ class RunQueue:
 
 
 # ------------------------------------------------------------------ statements
+
+
+def _preference(
+    queues: Sequence[str] | None,
+) -> tuple[Sequence[str] | None, Sequence[str]]:
+    """A slot group's queues as (the filter, the queues preferred first): ending in ``*``
+    it is preference mode, every queue with those named first; else a filter (or None)."""
+    if queues and queues[-1] == WILDCARD:
+        return None, queues[:-1]
+    return queues, ()
 
 
 def _pick_params(
@@ -664,9 +678,15 @@ def _held(conn: Connection, name: str, run_ids: Sequence[int]) -> list[int]:
 
 
 def finish_run(conn: Connection, run_id: int, name: str, values: dict[str, Any]) -> bool:
+    params = _finish_params(run_id, name, values)
+    return _finish_stmt(tuple(sorted(values))).execute(conn, params).rowcount == 1
+
+
+def _finish_params(run_id: int, name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``_finish_stmt``'s parameters: the run's final columns, compare-and-set on its worker."""
     params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
     params.update(w_id=run_id, w_worker=name)
-    return _finish_stmt(tuple(sorted(values))).execute(conn, params).rowcount == 1
+    return params
 
 
 @functools.lru_cache(maxsize=16)
@@ -684,16 +704,9 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
     claimed by this worker), in one statement. One row when the end was recorded (the
     run's job and ``max_log_files`` for pruning; ``n_*``: the run taken next, or nulls),
     none when the run was settled meanwhile."""
-    fin = (
-        update(run)
-        .where(run.c.id == bindparam("w_id"), _HELD)
-        .values({col: bindparam(f"v_{col}") for col in columns})
-        .returning(run.c.id, run.c.job_id, run.c.max_log_files)
-        .cte("fin")
-    )
-    follows = and_(run.c.after_run_id.in_(select(fin.c.id)), run.c.state == str(RunState.PENDING))
-    if not ok:
-        follows = and_(follows, run.c.after_ok_only.is_(False))
+    record: Any = _finish_stmt(columns).stmt
+    fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files).cte("fin")
+    follows = _successor(ok, run.c.after_run_id.in_(select(fin.c.id)))
     values = _take_or_release(fixed) if take else {"state": str(RunState.QUEUED)}
     nxt = update(run).where(follows).values(values).returning(*run.c).cte("nxt")
     return select(
