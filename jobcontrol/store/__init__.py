@@ -129,7 +129,7 @@ def _use_wal(cur: sqlite3.Cursor) -> None:
         delay = min(delay * 2, 0.1)
 
 
-# ``_in``: no transaction at all (PostgreSQL autocommit), for ``Store.single``.
+# ``_in``'s ``begin`` for no transaction at all (PostgreSQL autocommit): ``Store.single``.
 _AUTOCOMMIT = "AUTOCOMMIT"
 
 
@@ -261,17 +261,17 @@ class Store:
             with contextlib.suppress(SQLAlchemyError):
                 conn.close()
 
-    def _transaction(self, sqlite_begin: str) -> Iterator[Connection]:
+    def _transaction(self, begin: str) -> Iterator[Connection]:
         if getattr(self._local, "pinned", False):
-            yield from self._pinned_transaction(sqlite_begin)
+            yield from self._pinned_transaction(begin)
             return
         try:
             with self.engine.connect() as conn:
-                yield from self._in(conn, sqlite_begin)
+                yield from self._in(conn, begin)
         except SQLAlchemyError as exc:
             raise wrap_error(exc) from exc
 
-    def _pinned_transaction(self, sqlite_begin: str) -> Iterator[Connection]:
+    def _pinned_transaction(self, begin: str) -> Iterator[Connection]:
         conn: Connection | None = getattr(self._local, "conn", None)
         now = time.monotonic()
         if conn is not None and not self.is_sqlite and now - self._local.used > PING_IDLE:
@@ -287,17 +287,19 @@ class Store:
         try:
             if conn is None or conn.closed or conn.invalidated:
                 conn = self._local.conn = self.engine.connect()
-            yield from self._in(conn, sqlite_begin)
+            yield from self._in(conn, begin)
         except (SQLAlchemyError, StoreError) as exc:
             self._unpin()  # the database failed it: the next transaction starts afresh
             if isinstance(exc, StoreError):
                 raise
             raise wrap_error(exc) from exc
 
-    def _in(self, conn: Connection, sqlite_begin: str) -> Iterator[Connection]:
+    def _in(self, conn: Connection, begin: str) -> Iterator[Connection]:
+        """A transaction on ``conn``: on SQLite opened with ``begin`` (deferred or
+        ``BEGIN IMMEDIATE``); on PostgreSQL a plain one, or none with ``_AUTOCOMMIT``."""
         if self.is_sqlite:
-            yield from _sqlite_txn(conn, sqlite_begin)
-        elif sqlite_begin == _AUTOCOMMIT:
+            yield from _sqlite_txn(conn, begin)
+        elif begin == _AUTOCOMMIT:
             conn.execution_options(isolation_level="AUTOCOMMIT")
             try:
                 yield conn
