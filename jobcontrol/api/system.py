@@ -108,19 +108,19 @@ def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
     ]
 
 
+def _live_workers(ctx: ApiContext, where: str) -> list[dict[str, Any]] | None:
+    """The workers not stopped, or None while the database does not answer."""
+    try:
+        return ctx.engine.live_workers()
+    except StoreUnavailable as exc:
+        log.info("workers not read for %s: %s", where, exc)
+        return None
+
+
 def _workers_with_log_problems(ctx: Context) -> list[dict[str, Any]]:
     """Workers not stopped whose task output met a problem in this life (their registry
     row, renewed with each heartbeat). None listed while the database does not answer."""
-    try:
-        workers = ctx.engine.workers()
-    except StoreUnavailable as exc:
-        log.info("workers not read for /healthz: %s", exc)
-        return []
-    return [
-        {"name": w["name"], "log_problems": w["log_problems"], "log_problem": w["log_problem"]}
-        for w in workers
-        if w["stopped"] is None and w["log_problems"]
-    ]
+    return [w for w in _live_workers(ctx, "/healthz") or [] if w["log_problems"]]
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -247,16 +247,12 @@ def shutdown(
 def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     db = ctx.database_state()
     up = 1 if db["ok"] else 0
-    queued = -1  # unknown while the database is away
+    queued = live = log_problems = -1  # unknown while the database is away
     if db["ok"]:
         queued = ctx.engine.count_queued()
-    live = log_problems = -1  # unknown while the database is away
-    if db["ok"]:
-        try:
-            workers = [w for w in ctx.engine.workers() if w["stopped"] is None]
+        workers = _live_workers(ctx, "/metrics")
+        if workers is not None:
             live, log_problems = len(workers), sum(w["log_problems"] for w in workers)
-        except StoreUnavailable as exc:
-            log.info("workers not read for /metrics: %s", exc)
     d = ctx.engine.dispatcher_gauges()
     conns = ctx.connections
     return {

@@ -599,6 +599,11 @@ class Engine:
         with self.store.read() as conn:
             return runqueue.list_workers(conn, self.clock.now())
 
+    def live_workers(self) -> list[dict[str, Any]]:
+        """The workers not stopped: name, ``log_problems``, ``log_problem``."""
+        with self.store.read() as conn:
+            return runqueue.live_workers(conn)
+
     def daemon_view(self) -> tuple[list[RunRecord], list[str]]:
         """(the active runs, the names of the top-level jobs with a next run) from the database."""
         with self.store.read() as conn:

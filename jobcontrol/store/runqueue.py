@@ -826,6 +826,17 @@ def _registry_groups(
     return list(dict.fromkeys(named)), groups
 
 
+def live_workers(conn: Connection) -> list[dict[str, Any]]:
+    """The workers not stopped, with the task-output problems of their life so far: what
+    health and metrics watch (one read of the registry, none of the runs)."""
+    stmt = (
+        select(worker.c.name, worker.c.log_problems, worker.c.log_problem)
+        .where(worker.c.stopped.is_(None))
+        .order_by(worker.c.name)
+    )
+    return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
 def get_worker(conn: Connection, name: str) -> dict[str, Any] | None:
     row = conn.execute(select(worker).where(worker.c.name == name)).first()
     return dict(row._mapping) if row else None
