@@ -58,6 +58,17 @@ def task_workers(jc: JobControl, names: tuple[str, ...]) -> set[str | None]:
         store.dispose()
 
 
+def sleeper_on(jc: JobControl, name: str) -> int:
+    """Worker ``name`` started with one slot and the job ``sleeper`` running on it: the
+    worker's pid."""
+    jc.ok("worker", "start", "--name", name, "--slots", "1")
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
+    pid = worker_pid(jc, name)
+    assert pid is not None
+    return pid
+
+
 def worker_pid(jc: JobControl, name: str) -> int | None:
     files = list(jc.state_dir.glob(f"worker-{name}-*.pid"))
     return live_pid(files[0]) if files else None
@@ -127,11 +138,7 @@ def test_a_worker_killed_with_sigkill_loses_its_runs_when_the_lease_expires(
     jc = jcpg
     jc.ok("daemon", "start", "--slots", "0")
     jc.ok("lane", "set", "default", "stale=3s")
-    jc.ok("worker", "start", "--name", "w2", "--slots", "1")
-    jc.ok("run", "sleeper")
-    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
-    pid = worker_pid(jc, "w2")
-    assert pid is not None
+    pid = sleeper_on(jc, "w2")
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: ended(jc, "sleeper"), WAIT), "the lease never ran out"
     run = ended(jc, "sleeper")
@@ -151,12 +158,8 @@ def test_a_worker_restarted_at_once_settles_what_its_killed_process_held(
 ) -> None:
     jc = jcpg
     jc.ok("daemon", "start", "--slots", "0")
-    jc.ok("worker", "start", "--name", "w3", "--slots", "1")
-    jc.ok("run", "sleeper")
-    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT)
+    pid = sleeper_on(jc, "w3")
     task = jc.marked(JOBCONTROL_JOB="sleeper")[0]
-    pid = worker_pid(jc, "w3")
-    assert pid is not None
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: not procs.pid_alive(pid), WAIT)
     assert procs.pid_alive(task), "the task outlives its worker's kill -9"

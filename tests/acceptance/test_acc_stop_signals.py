@@ -24,7 +24,7 @@ import pytest
 
 from jobcontrol import procs
 from tests.acceptance.harness import JobControl, wait_until
-from tests.acceptance.test_acc_remote_worker import ended, worker_pid
+from tests.acceptance.test_acc_remote_worker import ended, sleeper_on, worker_pid
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,11 +74,7 @@ def test_a_sigint_during_a_warm_stop_kills_the_runs_in_hand_whichever_thread_get
 ) -> None:
     jc = jcpg
     jc.ok("daemon", "start", "--slots", "0")
-    jc.ok("worker", "start", "--name", "w2", "--slots", "1")
-    jc.ok("run", "sleeper")
-    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
-    pid = worker_pid(jc, "w2")
-    assert pid is not None
+    pid = sleeper_on(jc, "w2")
     # A warm stop: no new claims, and it waits for the sleeper (its main thread joins
     # the slot's thread).
     os.kill(pid, signal.SIGTERM)
