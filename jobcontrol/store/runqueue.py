@@ -457,8 +457,8 @@ class RunQueue:
         clock: Callable[[], datetime] | None = None,
     ) -> list[RunRecord]:
         """Pick in claim order, skipping drained and stopped lanes; for a capped lane, lock
-        its row (PostgreSQL; SQLite's write transaction is already the only one), count its
-        running runs, and take no more than it has room for. A run of a lane found full is
+        its row first (PostgreSQL; SQLite's write transaction is already the only one),
+        count its running runs, and take no more than it has room for. A run of a lane found full is
         turned down and the pick goes on without that lane, until ``limit`` runs are taken.
         After a count, the runs are stamped from ``clock`` (see ``claim``)."""
         if known is None:
@@ -467,6 +467,19 @@ class RunQueue:
         room: dict[str, int] = {}  # capped lanes counted (and locked) so far: runs they may start
         skip: list[int] = []
         claimed: list[RunRecord] = []
+        if only_id is None and not self.store.is_sqlite:
+            # Lock the capped lanes this claim can take from before picking, so claimers of
+            # one capped lane pick in turn: a claimer that picked past runs another had
+            # locked (SKIP LOCKED) could otherwise win the lane's last slot for a less urgent
+            # run. (SQLite's write transaction already makes each claim the only one.)
+            served = {lane_.name for lane_ in known.served(_preference(queues)[0])}
+            ahead = (known.capped() & served) - excluded
+            if ahead:
+                self._count(conn, known, ahead, room, excluded)
+                excluded.update(name for name, left in room.items() if left <= 0)
+                if clock is not None:
+                    stamp = max(clock(), params["v_started"])
+                    params.update(v_started=stamp, **self._times(stamp))
         while len(claimed) < limit:
             picked = self._pick(conn, known, queues, excluded, skip, limit - len(claimed), only_id)
             if not picked:

@@ -395,3 +395,45 @@ def test_a_lane_row_is_locked_while_a_capped_claim_counts(postgres_url: str) -> 
     finally:
         other.dispose()
         store.dispose()
+
+
+def test_a_one_slot_lane_starts_its_most_urgent_run_whoever_counts_first(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: claimer A is held just before it locks the lane's row; claimer B then
+    claims. B must get the most urgent run: A holds no run yet, since a claim locks its
+    capped lanes before it picks (it used to pick first, so B skipped A's locked pick and
+    won the only slot for a less urgent run; seen as a one-slot lane starting a priority
+    2 run before the priority 9 one)."""
+    store = Store(postgres_url)
+    store.upgrade()
+    add_lane(store, "one", max_slots=1)
+    (mid,) = queue_runs(store, 1, queue="one", priority=2)
+    (top,) = queue_runs(store, 1, queue="one", priority=9)
+    at_lock, go = threading.Event(), threading.Event()
+    real_lock = lanes.lock
+
+    def held_lock(conn: Any, names: Any) -> Any:
+        if threading.current_thread().name == "claimer-a":
+            at_lock.set()
+            assert go.wait(20), "claimer A was never let go"
+        return real_lock(conn, names)
+
+    monkeypatch.setattr(lanes, "lock", held_lock)
+    got_a: list[Any] = []
+    a = threading.Thread(
+        target=lambda: got_a.append(RunQueue(store).claim("a", "h", NOW)), name="claimer-a"
+    )
+    try:
+        a.start()
+        assert at_lock.wait(20), "claimer A never reached the lane lock"
+        got_b = RunQueue(store).claim("b", "h", NOW)
+        go.set()
+        a.join(20)
+        assert not a.is_alive()
+        assert ids(got_b) == [top], "the one slot went to the most urgent run"
+        assert got_a == [[]], "the lane was full when A counted"
+        assert state_of(store, mid) is RunState.QUEUED
+    finally:
+        go.set()
+        store.dispose()
