@@ -121,17 +121,27 @@ class Relay:
             if payload is None:
                 break
             while not self._stop.is_set():
+                fresh = conn is None or conn.closed
                 try:
                     if conn is None or conn.closed:
                         conn = self._connect()
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
                     self.sent += 1
                     delay = RETRY_FIRST
+                    if self._listening.is_set():
+                        # Both ways work again (the listener may have come back first
+                        # and found this side still failing).
+                        self.outage.recovered()
                     break
                 except Exception as exc:  # psycopg.Error, OSError: the database is away
-                    self.outage.failed(exc)
                     _close(conn)
                     conn = None
+                    if not fresh:
+                        # A connection opened before a server restart: the server ended
+                        # it. Whether the database is away, a new one says, at once.
+                        log.info("the notification connection was closed (%s); reopening", exc)
+                        continue
+                    self.outage.failed(exc)
                     # A hint that cannot be sent now is stale by the time it could be:
                     # drop it (counted, in health) and let the back-up polls find the work.
                     self.dropped += 1
@@ -144,15 +154,17 @@ class Relay:
 
     def _listen_loop(self) -> None:
         delay = RETRY_FIRST
+        missed = False  # whether notifications may have been sent while not listening
         while not self._stop.is_set():
             conn: psycopg.Connection[Any] | None = None
             try:
                 conn = self._connect()
                 conn.execute(f"LISTEN {CHANNEL}")
                 self._listening.set()
-                if self.outage.down:
+                if missed:
                     # Whatever was sent while it was away is lost: wake every receiver once.
                     self._deliver_all_wake()
+                    missed = False
                 self.outage.recovered()
                 delay = RETRY_FIRST
                 while not self._stop.is_set():
@@ -160,6 +172,7 @@ class Relay:
                         self._deliver(note.payload)
             except Exception as exc:  # psycopg.Error, OSError: the database is away
                 self._listening.clear()
+                missed = True
                 if self._stop.is_set():
                     break
                 self.outage.failed(exc)

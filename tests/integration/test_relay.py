@@ -1,0 +1,107 @@
+"""The relay (``store/relay.py``) across a PostgreSQL restart, on a server of its own.
+
+Two relays stand for two processes on one database. A restart ends both of a
+relay's connections; the listener reconnects on its own, but the sender only
+finds out when it next sends. That send must go through on a new connection
+at once, and the relay must not report the notifications down once both ways
+work (in CI a daemon's /healthz stayed 503 after an outage: its sender's first
+send after the restart failed on the old connection, after the listener had
+already come back, and nothing ever cleared it).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobcontrol import events
+from jobcontrol.store import Store
+from jobcontrol.store.relay import Relay
+from tests.acceptance.harness import wait_until
+from tests.pgserver import PostgresServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[PostgresServer]:
+    bindir = PostgresServer.available()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries")
+    with PostgresServer(bindir) as server:
+        yield server
+
+
+def test_the_first_send_after_a_server_restart_reopens_and_reports_no_outage(
+    own_server: PostgresServer,
+) -> None:
+    own_server.create_database("relay")
+    sending, hearing = Store(own_server.url("relay")), Store(own_server.url("relay"))
+    a, b = Relay(sending, name="a"), Relay(hearing, name="b")
+    heard: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+
+    def hear(_sender: object, *, run_ids: list[int], **_: Any) -> None:
+        if run_ids:  # not the wake-everyone after a gap in listening
+            heard.put(list(run_ids))
+
+    events.runs_queued.connect(hear, sender=hearing, weak=False)
+    try:
+        a.start()
+        b.start()
+        assert a.listening, a.health()
+        assert b.listening, b.health()
+        events.runs_queued.send(sending, run_ids=[1])
+        assert heard.get(timeout=10) == [1]
+
+        own_server.halt()
+        own_server.resume()
+        # Both listeners come back on their own; a's sender still holds its old connection.
+        assert wait_until(lambda: a.listening and b.listening, 30), (a.health(), b.health())
+        assert wait_until(lambda: not a.outage.down, 10), a.health()
+
+        events.runs_queued.send(sending, run_ids=[2])
+        assert heard.get(timeout=10) == [2], "the hint was sent on a new connection"
+        assert wait_until(lambda: a.sent == 2, 10), a.health()
+        health = a.health()
+        assert (health["down"], health["dropped"]) == (False, 0), health
+    finally:
+        events.runs_queued.disconnect(hear, sender=hearing)
+        a.stop()
+        b.stop()
+        sending.dispose()
+        hearing.dispose()
+        if not own_server.running:
+            own_server.resume()
+        own_server.drop_database("relay")
+
+
+def test_a_send_while_the_server_is_down_is_dropped_and_reported_until_it_is_back(
+    own_server: PostgresServer,
+) -> None:
+    own_server.create_database("relay_down")
+    store = Store(own_server.url("relay_down"))
+    relay = Relay(store, name="down")
+    try:
+        relay.start()
+        events.runs_queued.send(store, run_ids=[1])
+        assert wait_until(lambda: relay.sent == 1, 10), relay.health()
+        own_server.halt()
+        try:
+            events.runs_queued.send(store, run_ids=[2])
+            assert wait_until(lambda: relay.dropped == 1, 10), relay.health()
+            assert relay.outage.down, relay.health()
+        finally:
+            own_server.resume()
+        assert wait_until(lambda: relay.listening and not relay.outage.down, 30), relay.health()
+        events.runs_queued.send(store, run_ids=[3])
+        assert wait_until(lambda: relay.sent == 2, 10), relay.health()
+        assert not relay.outage.down, relay.health()
+    finally:
+        relay.stop()
+        store.dispose()
+        if not own_server.running:
+            own_server.resume()
+        own_server.drop_database("relay_down")
