@@ -293,6 +293,14 @@ class JobControl:
 
     # ------------------------------------------------------------ cleanup
 
+    def daemon_log(self, lines: int = 80) -> str:
+        """The last ``lines`` of this test's daemon logs: what a failed wait reports."""
+        text = []
+        for path in sorted(self.state_dir.glob("daemon-*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            text.append(f"--- {path.name}\n" + "\n".join(tail))
+        return "\n".join(text) or "(no daemon log)"
+
     def cleanup(self) -> list[str]:
         """Stop everything this test started; return what was found still running."""
         problems: list[str] = []

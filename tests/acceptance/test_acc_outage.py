@@ -125,7 +125,8 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     finally:
         own_server.resume()
 
-    assert wait_until(lambda: _health(base)[0] == 200, 30), _health(base)
+    back = wait_until(lambda: _health(base)[0] == 200, 30)
+    assert back, f"{_health(base)}\n{jc.run('status', '--json').stdout}\n{jc.daemon_log()}"
     done = wait_until(lambda: [r["state"] for r in jc.history("after")] == ["succeeded"], 30)
     through = jc.history("through")
     assert done, (through, jc.history("after"))
