@@ -166,8 +166,8 @@ class RemoteWorker:
         self.containment = Containment.setup(f"{instance}:{self.opts.name}", self.opts.cgroups)
         log.info("task runs are contained by %s", self.containment.describe())
         self._recover(instance, marker, previous)
-        self.relay = Relay(self.store, name=f"worker {self.opts.name}")
-        self.relay.start()
+        self.relay = relay = Relay(self.store, name=f"worker {self.opts.name}")
+        relay.start()
         self.worker = Worker(
             self.runqueue,
             clock=self.clock,
@@ -184,6 +184,8 @@ class RemoteWorker:
             log_access=self.opts.log_access,
             containment=self.containment,
             marker=marker,
+            # While its listener is cut, a lost push costs at most one poll interval.
+            pushes=lambda: relay.listening,
         )
         self.worker.start()
         self.worker.wake()  # runs queued before it listened

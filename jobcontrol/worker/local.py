@@ -11,7 +11,8 @@ Its slots are split into slot groups (``slotgroups``; no groups: one group
 ``*`` of all its slots). Each group has a workloop of its own: it claims with
 the group's queue list and never more runs than the group has free slots, hands
 them to the group's slot threads, and, when a claim finds nothing, backs off on
-its own (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``). A run stays with the
+its own (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``; while pushes cannot
+reach it, it polls at its lanes' poll interval instead). A run stays with the
 group that claimed it; its end resumes that group alone.
 
 Wake-ups are hints, never the only way work is found: ``runs_queued`` and
@@ -65,8 +66,10 @@ log = logging.getLogger(__name__)
 PID_RECORD_DELAY = 0.05
 # A group's back-off on empty claims (the slot-group design): from BACKOFF_MIN doubling
 # to BACKOFF_MAX seconds; the poll interval of the lanes it serves, when larger, is the
-# least. A worker given a fixed poll_interval (tests, benchmarks) backs off from that,
-# doubling up to POLL_BACKOFF of them (at most BACKOFF_MAX).
+# least. While work-available pushes cannot reach the worker (its relay does not listen),
+# it polls at its lanes' poll interval (the smallest) without backing off: a push lost
+# then costs at most one poll interval. A worker given a fixed poll_interval (tests,
+# benchmarks) backs off from that, doubling up to POLL_BACKOFF of them (at most BACKOFF_MAX).
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 10.0
 POLL_BACKOFF = 5
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
@@ -101,6 +104,8 @@ class _Group:
     high: float = BACKOFF_MAX
     delay: float = BACKOFF_MIN  # the wait after the next empty claim
     next_poll: float = 0.0  # when the back-off lets it look again (the worker's monotonic)
+    poll: float = BACKOFF_MIN  # its lanes' poll interval: its wait while pushes are cut
+    looked: float = 0.0  # when it last looked (the worker's monotonic)
     looks: int = 0  # claims and polls so far (what the tests watch)
     empty: int = 0  # of which found nothing
 
@@ -170,13 +175,17 @@ class Worker:
         marker: dict[str, str] | None = None,
         log_store: str = "file",
         spool_dir: Path | None = None,
+        pushes: Callable[[], bool] | None = None,
     ) -> None:
         """``marker``: variables each task gets besides the database's instance marker,
         so that what one worker left is told from another's on the same host (a remote
         worker's ``JOBCONTROL_WORKER``).
         ``log_store``: ``file`` (a log file per run under ``log_root``) or ``database``
         (streamed into ``run_log`` by way of a private spool file per run in ``spool_dir``,
-        default ``log_root/spool``, kept only until it is stored)."""
+        default ``log_root/spool``, kept only until it is stored).
+        ``pushes``: whether work-available pushes from other processes reach it now (its
+        relay listens); while they do not, its groups poll without backing off. None: no
+        relay (SQLite: every push is in-process)."""
         if log_store not in LOG_STORES:
             raise ValueError(f"log_store {log_store!r}: not one of {', '.join(LOG_STORES)}")
         self.log_store = log_store
@@ -208,6 +217,7 @@ class Worker:
             else list(dict.fromkeys(q for g in groups for q in g.queues))
         )
         self._mono = monotonic
+        self._pushes = pushes
         self.default_max_log_files = default_max_log_files
         self.kill_grace = kill_grace
         # None: the lanes it serves decide (their smallest poll_interval_s, their leases'
@@ -314,7 +324,7 @@ class Worker:
         with self._cond:
             for g in self._groups:
                 if self._fixed_poll is not None:
-                    low = self._fixed_poll
+                    low = poll = self._fixed_poll
                     high = max(low, min(BACKOFF_MAX, low * POLL_BACKOFF))
                 else:
                     served = (
@@ -325,7 +335,7 @@ class Worker:
                     poll = min((x.poll_interval_s for x in served), default=DEFAULT_POLL_S)
                     low = max(BACKOFF_MIN, poll)
                     high = max(BACKOFF_MAX, low)
-                g.low, g.high, g.delay = low, high, low
+                g.low, g.high, g.delay, g.poll = low, high, low, poll
                 g.next_poll = self._mono()
             self._cond.notify_all()
 
@@ -578,10 +588,15 @@ class Worker:
                     g.kicked = False
                     g.reserved += free
                     return ("claim", None, free)
-                wait = g.next_poll - self._mono()
+                now = self._mono()
+                due = g.next_poll
+                if self._pushes is not None and not self._pushes():
+                    due = min(due, g.looked + g.poll)  # no push can come: no back-off
+                wait = due - now
                 if wait <= 0:
                     return ("poll", None, 0)
-                self._cond.wait(wait)
+                # While pushes may stop (a relay), look at them once a poll interval.
+                self._cond.wait(wait if self._pushes is None else min(wait, g.poll))
             else:
                 self._cond.wait()  # at capacity: the end of one of its runs resumes it
         return None
@@ -653,6 +668,7 @@ class Worker:
         """After a look: an empty one doubles the group's wait, up to its most; one that
         found work sets it back to the least. Called with the lock held."""
         now = self._mono()
+        g.looked = now
         if empty:
             g.empty += 1
             g.next_poll = now + g.delay

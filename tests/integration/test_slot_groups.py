@@ -146,8 +146,11 @@ def start_worker(
     slots: int = 8,
     mono: ManualMonotonic | None = None,
     name: str = "w1",
+    pushes: Callable[[], bool] | None = None,
 ) -> Worker:
     extra: dict[str, Any] = {"monotonic": mono} if mono is not None else {}
+    if pushes is not None:
+        extra["pushes"] = pushes
     w = Worker(
         rq,
         clock=SystemClock(),
@@ -329,6 +332,47 @@ def test_an_idle_pinned_lane_backs_off_alone_while_the_default_group_stays_busy(
     w.poke()
     w.wait_for("the look 1 s on", lambda: w.groups()[0].empty == 9)
     assert rq.of(0)[-1] == ("look", ["fast"], 0, when + 1)
+
+
+def test_while_pushes_are_cut_a_group_polls_at_its_lanes_interval_without_backing_off(
+    store: Store, workers: list[Worker], tmp_path: Path
+) -> None:
+    """A remote worker whose relay does not listen hears of no new work: a lost push must
+    cost at most the lane's poll interval, not the back-off's up to 10 s."""
+    with store.write() as conn:
+        lanes.insert(conn, "fast", {"poll_interval_s": 0.5}, NOW, "tester")
+    mono = ManualMonotonic()
+    rq = SpyQueue(store, mono)
+    listening = threading.Event()
+    listening.set()
+    w = start_worker(workers, rq, tmp_path, spec="fast:1", mono=mono, pushes=listening.is_set)
+    w.wait_for("the first look", lambda: w.groups()[0].empty == 1)
+    assert w.groups()[0].next_poll == 1.0, "pushes reach it: the seed's back-off"
+
+    listening.clear()  # the listener's connection is cut
+    for when in (0.5, 1.0, 1.5, 2.0):
+        empty = w.groups()[0].empty
+        mono.t = when
+        w.poke()
+        w.wait_for(f"the look at {when}", lambda n=empty: w.groups()[0].empty > n)
+        assert rq.of(0)[-1] == ("look", ["fast"], 0, when), rq.of(0)
+    # Work queued meanwhile, its push lost: found at the next poll, half a second on.
+    empty = w.groups()[0].empty
+    run_id = queue_run(store, "f", "true", queue="fast")
+    mono.t = 2.5
+    w.poke()
+    poll_until("the run found by the poll", lambda: state_of(store, run_id) is RunState.SUCCEEDED)
+
+    listening.set()  # back: the group keeps to its back-off again
+    # (the claim its run's end made found nothing at 2.5: the next look is 1 s on)
+    w.wait_for("the claim after the run", lambda: w.groups()[0].empty == empty + 1)
+    assert (used(w), w.groups()[0].next_poll) == ([0], 3.5)
+    looks = len(rq.of(0))
+    mono.t = 3.0  # a poll interval on: cut, it would look now
+    w.poke()
+    with pytest.raises(TimeoutError):
+        w.wait_for("a look at 3.0", lambda: len(rq.of(0)) > looks, timeout=1.0)
+    assert rq.of(0)[-1][3] == 2.5, rq.of(0)
 
 
 @pytest.mark.parametrize("spec", [None, "manual,*:5"], ids=["old-pool-of-5", "manual,*:5"])
