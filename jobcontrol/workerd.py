@@ -112,9 +112,18 @@ def refuse_unusable(store: Store) -> None:
             "file belongs to one host, where the daemon's embedded worker runs its tasks "
             "(jobcontrol daemon run --slots N)"
         )
+    from sqlalchemy.exc import SQLAlchemyError
+
     from jobcontrol.service.dbcopy import head_revision
 
-    revision, head = store.current_revision(), head_revision()
+    try:
+        revision = store.current_revision()
+    except SQLAlchemyError as exc:
+        # One line, as the daemon says it (a service manager restarts the worker).
+        cause = getattr(exc, "orig", None) or exc
+        text = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+        raise JobControlError(f"cannot reach the database {redact(store.url)}: {text}") from None
+    head = head_revision()
     if revision is None:
         raise JobControlError(
             f"{redact(store.url)} has no Job Control schema: start the daemon on it first "
@@ -145,13 +154,16 @@ class RemoteWorker:
         self.containment: Containment | None = None
         self.stop_requested = threading.Event()
         self.kill_requested = threading.Event()
+        self._serving = threading.Event()  # set once start() is through
 
     def start(self) -> Worker:
         refuse_unusable(self.store)
         self.opts.make_state_dir()
         self.pid_file.acquire()
         try:
-            return self._start()
+            worker = self._start()
+            self._serving.set()
+            return worker
         except BaseException:
             self.stop()
             raise
@@ -274,6 +286,10 @@ class RemoteWorker:
             self.kill_requested.set()
             if self.worker is not None:
                 self.worker.kill_all("killed: its worker was stopped")
+        if not self._serving.is_set() and self.worker is not None:
+            # Still starting, waiting out a database outage to join the registry: a stop
+            # ends that wait (nothing claimed yet), instead of waiting for the database.
+            self.worker.give_up_retrying()
         self.stop_requested.set()
 
     def run_forever(self) -> None:

@@ -353,10 +353,9 @@ class Worker:
         if self.log_store == "database":
             filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
         self._reread_lanes()
-        self._retry(
-            "join the worker registry",
-            lambda: self.runqueue.register(self.info(), self.clock.now()),
-        )
+        joined = self._retry("join the worker registry", self._join)
+        if joined is None:
+            return  # stopped while it waited for the database: nothing claimed, nothing to run
         if self.log_store == "database":
             self._store_leftovers()
         for signal, receiver in (
@@ -371,6 +370,10 @@ class Worker:
             for i in range(g.spec.slots):
                 self._spawn_thread(lambda g=g: self._slot_loop(g), f"jc-slot-{g.index}-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
+
+    def _join(self) -> bool:
+        self.runqueue.register(self.info(), self.clock.now())
+        return True
 
     def _store_leftovers(self) -> None:
         """Output an earlier life of this worker spooled but could not store (it stopped
@@ -418,6 +421,10 @@ class Worker:
             self.runqueue.deregister(self.name, self.clock.now())
         except StoreUnavailable as exc:
             log.warning("worker %s could not record that it stopped: %s", self.name, exc)
+
+    def give_up_retrying(self) -> None:
+        """Stop waiting for the database in ``start`` (a stop came while it waited)."""
+        self._give_up_at = time.monotonic()
 
     def kill_all(self, reason: str) -> None:
         """Kill every run in hand (daemon shutdown with --kill)."""

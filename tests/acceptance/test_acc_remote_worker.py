@@ -204,6 +204,46 @@ def test_a_worker_is_refused_on_sqlite_or_a_bad_spec_and_nothing_changes(
     jcpg.ok("worker", "stop", "--name", "dup")
 
 
+def test_a_worker_without_its_database_says_so_in_one_line_and_a_stop_ends_its_wait(
+    jcpg: JobControl, make_jc: Any, postgres_server: PostgresServer
+) -> None:
+    # No server at all: refused at once, in one line, as the daemon says it.
+    nowhere = make_jc("postgresql+psycopg://postgres@127.0.0.1:1/nothing")
+    down = nowhere.fails("worker", "--name", "w", "--slots", "1")
+    assert "cannot reach the database postgresql+psycopg://postgres@127.0.0.1:1/nothing" in (
+        down.stderr
+    ), describe(down)
+    assert "Traceback" not in down.stderr, describe(down)
+    assert not list(nowhere.state_dir.glob("worker-*.pid")), "no pid file left behind"
+
+    # The database answers reads but not the registry's write (its table held by another
+    # transaction; each try fails on lock_timeout, as in an outage): the worker waits for
+    # it, and SIGTERM ends that wait instead of being ignored until the database is back.
+    dbname = jcpg.url.rsplit("/", 1)[1]
+    with postgres_server.connect(dbname, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE \"{dbname}\" SET lock_timeout = '200ms'")
+    holder = postgres_server.connect(dbname)
+    try:
+        holder.execute("LOCK TABLE worker IN EXCLUSIVE MODE")  # reads pass, writes wait
+        out = jcpg.base / "waiting.out"
+        child = jcpg.popen("worker", "--name", "w", "--slots", "1", output=out)
+        assert wait_until(
+            lambda: "the database does not answer" in out.read_text(errors="replace"), 60
+        ), out.read_text(errors="replace")
+        child.send_signal(signal.SIGTERM)
+        try:
+            rc = child.wait(timeout=30)
+        except Exception:
+            child.kill()
+            raise AssertionError("SIGTERM did not end the wait: " + out.read_text()) from None
+        assert rc == 0, out.read_text()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert jcpg.json("workers") == [], "it never joined"
+    assert not list(jcpg.state_dir.glob("worker-*.pid")), "its pid file is gone"
+
+
 def _scram_for_workers(server: PostgresServer, group: str) -> None:
     """Make the server check this group's passwords (the test server trusts everyone)."""
     hba = server.datadir / "pg_hba.conf"
