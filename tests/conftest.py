@@ -50,6 +50,19 @@ def postgres_server() -> Iterator[PostgresServer]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the module's own, which its tests may stop (``halt``) and
+    start again without harming other tests."""
+    bindir = PostgresServer.available()
+    if bindir is None:
+        if _in_ci():
+            pytest.fail("CI=true but no PostgreSQL server binaries: CI must test PostgreSQL")
+        pytest.skip("PostgreSQL server binaries not found")
+    with PostgresServer(bindir) as server:
+        yield server
+
+
 @pytest.fixture
 def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """URL of a new database, unique to this test, dropped after it."""

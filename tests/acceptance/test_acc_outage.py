@@ -41,15 +41,6 @@ jobs:
 """
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PostgresServer]:
-    bindir = PostgresServer.available()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries")
-    with PostgresServer(bindir) as server:
-        yield server
-
-
 @pytest.fixture
 def outage_jc(
     own_server: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest

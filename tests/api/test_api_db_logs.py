@@ -420,16 +420,6 @@ def test_unknown_log_store_is_refused(api_db: Api, tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this module's own, to stop without harming other tests."""
-    bindir = PostgresServer.available()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries not found")
-    with PostgresServer(bindir) as server:
-        yield server
-
-
 @pytest.mark.postgres
 def test_a_postgresql_outage_mid_task_loses_no_output(
     own_server: PostgresServer, make_jc: MakeJC, tmp_path: Path

@@ -12,7 +12,6 @@ already come back, and nothing ever cleared it).
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,15 +23,6 @@ from tests.acceptance.harness import wait_until
 from tests.pgserver import PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PostgresServer]:
-    bindir = PostgresServer.available()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries")
-    with PostgresServer(bindir) as server:
-        yield server
 
 
 def test_the_first_send_after_a_server_restart_reopens_and_reports_no_outage(
