@@ -46,7 +46,7 @@ from jobcontrol.errors import JobControlError
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import KILLED_STATUS, RunState
 from jobcontrol.slotgroups import SlotGroup
-from jobcontrol.store import Store, queries, redact
+from jobcontrol.store import Store, driver_message, queries, redact
 from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue, get_worker
 from jobcontrol.taskenv import PassEnv
@@ -120,9 +120,9 @@ def refuse_unusable(store: Store) -> None:
         revision = store.current_revision()
     except SQLAlchemyError as exc:
         # One line, as the daemon says it (a service manager restarts the worker).
-        cause = getattr(exc, "orig", None) or exc
-        text = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
-        raise JobControlError(f"cannot reach the database {redact(store.url)}: {text}") from None
+        raise JobControlError(
+            f"cannot reach the database {redact(store.url)}: {driver_message(exc)}"
+        ) from None
     head = head_revision()
     if revision is None:
         raise JobControlError(

@@ -31,7 +31,7 @@ from jobcontrol.places import (
     state_dir_default,
     token_file,
 )
-from jobcontrol.store import Store, redact
+from jobcontrol.store import Store, driver_message, redact
 from jobcontrol.views import jsonable, run_json
 
 log = logging.getLogger(__name__)
@@ -433,8 +433,7 @@ def open_store(db: str, *, create: bool) -> Store:
 
 def database_problem(db: str, path: Path | None, exc: Exception) -> str:
     """What went wrong opening the database, in one line (drivers' messages have several)."""
-    cause = getattr(exc, "orig", None) or exc
-    text = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+    text = driver_message(exc)
     if path is not None:
         if "not a database" in text:
             return f"{path} is not a Job Control database ({text})"

@@ -61,6 +61,12 @@ def wrap_error(exc: Exception) -> StoreError:
     return StoreError(message)
 
 
+def driver_message(exc: Exception) -> str:
+    """A driver's error in one line (its messages have several)."""
+    cause = getattr(exc, "orig", None) or exc
+    return "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+
+
 def redact(url: str) -> str:
     """The URL with any password hidden, for logs and messages."""
     from sqlalchemy.engine import make_url

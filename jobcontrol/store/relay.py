@@ -123,7 +123,7 @@ class Relay:
             while not self._stop.is_set():
                 fresh = conn is None or conn.closed
                 try:
-                    if conn is None or conn.closed:
+                    if conn is None or fresh:
                         conn = self._connect()
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
                     self.sent += 1

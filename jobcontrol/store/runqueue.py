@@ -458,8 +458,9 @@ class RunQueue:
     ) -> list[RunRecord]:
         """Pick in claim order, skipping drained and stopped lanes; for a capped lane, lock
         its row first (PostgreSQL; SQLite's write transaction is already the only one),
-        count its running runs, and take no more than it has room for. A run of a lane found full is
-        turned down and the pick goes on without that lane, until ``limit`` runs are taken.
+        count its running runs, and take no more than it has room for. A run of a lane
+        found full is turned down and the pick goes on without that lane, until ``limit``
+        runs are taken.
         After a count, the runs are stamped from ``clock`` (see ``claim``)."""
         if known is None:
             known = lanes.load(conn)
@@ -475,21 +476,15 @@ class RunQueue:
             served = {lane_.name for lane_ in known.served(_preference(queues)[0])}
             ahead = (known.capped() & served) - excluded
             if ahead:
-                self._count(conn, known, ahead, room, excluded)
+                self._count(conn, known, ahead, room, excluded, params, clock)
                 excluded.update(name for name, left in room.items() if left <= 0)
-                if clock is not None:
-                    stamp = max(clock(), params["v_started"])
-                    params.update(v_started=stamp, **self._times(stamp))
         while len(claimed) < limit:
             picked = self._pick(conn, known, queues, excluded, skip, limit - len(claimed), only_id)
             if not picked:
                 break
             uncounted = {known.name_of(q) for _, q in picked} & (known.capped() - room.keys())
             if uncounted:
-                self._count(conn, known, uncounted, room, excluded)
-                if clock is not None:
-                    stamp = max(clock(), params["v_started"])
-                    params.update(v_started=stamp, **self._times(stamp))
+                self._count(conn, known, uncounted, room, excluded, params, clock)
             turned_down = False
             for run_id, queue in picked:
                 name = known.name_of(queue)
@@ -545,9 +540,12 @@ class RunQueue:
         names: set[str],
         room: dict[str, int],
         excluded: set[str],
+        params: dict[str, Any],
+        clock: Callable[[], datetime] | None,
     ) -> None:
         """How many runs each capped lane of ``names`` may still start, counted after its
-        row is locked (PostgreSQL), so two claimers never both see the last free slot."""
+        row is locked (PostgreSQL), so two claimers never both see the last free slot.
+        Then the claim's times are read again from ``clock`` (see ``claim``)."""
         if not self.store.is_sqlite:
             for fresh in lanes.lock(conn, names):
                 known.by_name[fresh.name] = fresh  # as it is now, not as first read
@@ -561,6 +559,9 @@ class RunQueue:
                 room.pop(name, None)
             else:
                 room[name] = current.max_slots - running[name]
+        if clock is not None:
+            stamp = max(clock(), params["v_started"])
+            params.update(v_started=stamp, **self._times(stamp))
 
     def any_queued(self, queues: Sequence[str] | None = None) -> bool:
         """Whether a claim could find work (a read: no write lock is taken). It agrees with
