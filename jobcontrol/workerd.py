@@ -21,8 +21,11 @@ Rules, and why:
   once instead of after the lease.
 * ``SIGTERM`` (``worker stop``) stops claiming and lets the runs in hand end and be
   recorded (a warm stop); a second ``SIGTERM`` or ``SIGINT``, or ``worker stop
-  --kill``, kills them (recorded killed, 255) and exits. A ``kill -9`` leaves its
-  runs to their leases: the dispatcher settles them when the leases expire.
+  --kill``, kills them (recorded killed, 255) and exits. With ``--drain-timeout``
+  the runs still in hand that long after the SIGTERM are killed the same way, so a
+  stop (systemd's ``TimeoutStopSec``, a host's shutdown) never ends in a SIGKILL
+  that leaves their outcomes to the leases. A ``kill -9`` leaves its runs to their
+  leases: the dispatcher settles them when the leases expire.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class WorkerOptions:
     log_access: LogAccess = field(default_factory=LogAccess)
     cgroups: str = "auto"
     kill_grace: float = 5.0
+    drain_timeout: float | None = None  # after SIGTERM, then the runs in hand are killed
 
     @property
     def file_tag(self) -> str:
@@ -104,14 +108,23 @@ class WorkerOptions:
         filemodes.make_dir(self.state_dir, filemodes.PRIVATE_DIR)
 
 
-def refuse_unusable(store: Store) -> None:
-    """A worker needs PostgreSQL, and a schema of its own version (the daemon migrates)."""
-    if store.is_sqlite:
+def needs_postgres(url: str) -> None:
+    """A worker's database is PostgreSQL: refused here, by its URL alone, otherwise."""
+    from sqlalchemy.engine import make_url
+
+    url = places.normalise_url(url)
+    if make_url(url).get_backend_name() != "postgresql":
         raise JobControlError(
-            f"a worker process needs a PostgreSQL database, not {redact(store.url)}: a SQLite "
+            f"a worker process needs a PostgreSQL database, not {redact(url)}: a SQLite "
             "file belongs to one host, where the daemon's embedded worker runs its tasks "
             "(jobcontrol daemon run --slots N)"
         )
+
+
+def refuse_unusable(store: Store) -> None:
+    """A worker needs PostgreSQL, and a schema of its own version (the daemon migrates)."""
+    if store.is_sqlite:
+        needs_postgres(store.url)
     from sqlalchemy.exc import SQLAlchemyError
 
     from jobcontrol.service.dbcopy import head_revision
@@ -155,6 +168,7 @@ class RemoteWorker:
         self.stop_requested = threading.Event()
         self.kill_requested = threading.Event()
         self._serving = threading.Event()  # set once start() is through
+        self._drain: threading.Timer | None = None
 
     def start(self) -> Worker:
         refuse_unusable(self.store)
@@ -276,6 +290,8 @@ class RemoteWorker:
             if self.containment is not None:
                 self.containment.close()
         finally:
+            if self._drain is not None:
+                self._drain.cancel()
             self.pid_file.release()
             self.store.dispose()
 
@@ -286,11 +302,25 @@ class RemoteWorker:
             self.kill_requested.set()
             if self.worker is not None:
                 self.worker.kill_all("killed: its worker was stopped")
+        elif self.opts.drain_timeout is not None and self._drain is None:
+            self._drain = threading.Timer(self.opts.drain_timeout, self._drain_over)
+            self._drain.name, self._drain.daemon = "jc-drain", True
+            self._drain.start()
         if not self._serving.is_set() and self.worker is not None:
             # Still starting, waiting out a database outage to join the registry: a stop
             # ends that wait (nothing claimed yet), instead of waiting for the database.
             self.worker.give_up_retrying()
         self.stop_requested.set()
+
+    def _drain_over(self) -> None:
+        """The drain timeout ran out: the runs still in hand are killed and recorded."""
+        self.kill_requested.set()
+        if self.worker is None:
+            return
+        why = f"killed: its worker's stop outlasted --drain-timeout {self.opts.drain_timeout:g}s"
+        killed = self.worker.kill_all(why)
+        if killed:
+            log.warning("worker %s: %s run(s) still in hand: %s", self.opts.name, killed, why)
 
     def run_forever(self) -> None:
         """Foreground: start, tell systemd (or ``worker start``), serve until SIGTERM."""

@@ -1,11 +1,13 @@
-"""``jobcontrol daemon unit``: a systemd unit that runs the daemon of one database.
+"""``jobcontrol daemon unit`` and ``jobcontrol worker unit``: systemd units that run
+the daemon of one database, or a worker process of it.
 
-``contrib/systemd/jobcontrol.service`` is this module's output with the defaults
+``contrib/systemd/jobcontrol.service`` is the daemon's with the defaults
 (``--command /usr/local/bin/jobcontrol``); a test keeps the two the same.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from dataclasses import dataclass
@@ -16,6 +18,9 @@ from jobcontrol.store import redact
 DEFAULT_USER = "jobcontrol"
 DEFAULT_STATE_DIR = Path("/var/lib/jobcontrol")
 ENV_FILE = "/etc/jobcontrol/jobcontrol.env"
+WORKER_ENV_FILE = "/etc/jobcontrol/worker.env"
+# A worker's unit: runs still in hand this long after `systemctl stop` are killed (255).
+DEFAULT_DRAIN_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -47,42 +52,24 @@ def _assignment(name: str, value: str) -> str:
     return text
 
 
-def service_unit(
-    db_url: str | None,
-    state_dir: Path | None,
-    *,
-    user: str = DEFAULT_USER,
-    command: str | None = None,
-) -> Unit:
-    """The unit for ``db_url`` (None: a SQLite file in the state directory) and
-    ``state_dir`` (None: /var/lib/jobcontrol, made by systemd for ``user``)."""
+def _database(db_url: str | None, env_file: str, notes: list[str]) -> bool:
+    """Whether ``db_url`` may go on the command line: not with a password, which goes in
+    ``env_file`` instead (unit files and `systemctl show` are readable by everyone)."""
     from sqlalchemy.engine import make_url
 
-    notes = []
-    state = state_dir or DEFAULT_STATE_DIR
-    words = [*shlex.split(command or this_command()), "--state-dir", str(state)]
-    url = make_url(db_url) if db_url else None
-    postgres = url is not None and url.get_backend_name() == "postgresql"
+    url = make_url(db_url) if db_url and "://" in db_url else None
     if url is not None and url.password:
-        # Never in the unit: unit files and `systemctl show` are readable by everyone.
         notes.append(
             f"the database URL holds a password: put JOBCONTROL_DB={redact(db_url or '')} "
-            f"(with the real password) in {ENV_FILE}, owned by root, mode 0600"
+            f"(with the real password) in {env_file}, owned by root, mode 0600"
         )
-    else:
-        words += ["--db", db_url or str(state / "jobcontrol.db")]
-    words += ["daemon", "run"]
-    lines = [
-        "# Job Control's dispatcher daemon (made by `jobcontrol daemon unit`; see the README,",
-        '# "Running it as a service").',
-        "[Unit]",
-        "Description=Job Control workload scheduler",
-        "Wants=network-online.target",
-        "After=network-online.target" + (" postgresql.service" if postgres else ""),
-        "",
-        "[Service]",
-        "# READY=1 once the schema is up to date, crash recovery done and the timers armed;",
-        "# STOPPING=1 when it stops.",
+        return False
+    return True
+
+
+def _process(user: str, words: list[str], env_file: str) -> list[str]:
+    """The [Service] lines of a Type=notify process running as ``user``."""
+    return [
         "Type=notify",
         "NotifyAccess=main",
         "# A user of its own: tasks run as this user, and can read what it can.",
@@ -90,17 +77,17 @@ def service_unit(
         f"Group={user}",
         f"ExecStart={' '.join(_quote(w) for w in words)}",
         "# Secrets (JOBCONTROL_DB with a password, JOBCONTROL_PASS_ENV, ...) go here, mode 0600;",
-        "# the daemon never passes a JOBCONTROL_* variable to its tasks.",
-        f"EnvironmentFile=-{ENV_FILE}",
-        "# The admin token file: <state directory>/jobcontrol/token-<id>, private to the user.",
-        f"Environment={_assignment('XDG_CONFIG_HOME', str(state))}",
-        "# SIGTERM to the daemon alone: it kills its running tasks itself and records them",
-        "# (exit status 255); whatever is left after it exits is killed by systemd.",
-        "KillMode=mixed",
-        "TimeoutStopSec=60",
+        "# a JOBCONTROL_* variable never reaches a task.",
+        f"EnvironmentFile=-{env_file}",
+    ]
+
+
+def _contained(state_dir: Path | None) -> list[str]:
+    """The [Service] lines every unit ends with: restart, cgroup, state directory, hardening."""
+    lines = [
         "Restart=on-failure",
         "RestartSec=5s",
-        "# The service's cgroup is the daemon's to divide: each task run gets a cgroup of its",
+        "# The service's cgroup is its to divide: each task run gets a cgroup of its",
         "# own, killed whole (cgroup.kill), its CPU time recorded (see the README for memory).",
         "Delegate=yes",
     ]
@@ -117,6 +104,102 @@ def service_unit(
         "# there with other programs, or keep between runs, stay where those expect them.",
         "NoNewPrivileges=yes",
         "ProtectSystem=full",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
     ]
-    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
+    return lines
+
+
+def service_unit(
+    db_url: str | None,
+    state_dir: Path | None,
+    *,
+    user: str = DEFAULT_USER,
+    command: str | None = None,
+) -> Unit:
+    """The unit for ``db_url`` (None: a SQLite file in the state directory) and
+    ``state_dir`` (None: /var/lib/jobcontrol, made by systemd for ``user``)."""
+    from sqlalchemy.engine import make_url
+
+    notes: list[str] = []
+    state = state_dir or DEFAULT_STATE_DIR
+    words = [*shlex.split(command or this_command()), "--state-dir", str(state)]
+    url = make_url(db_url) if db_url else None
+    postgres = url is not None and url.get_backend_name() == "postgresql"
+    if _database(db_url, ENV_FILE, notes):
+        words += ["--db", db_url or str(state / "jobcontrol.db")]
+    words += ["daemon", "run"]
+    lines = [
+        "# Job Control's dispatcher daemon (made by `jobcontrol daemon unit`; see the README,",
+        '# "Running it as a service").',
+        "[Unit]",
+        "Description=Job Control workload scheduler",
+        "Wants=network-online.target",
+        "After=network-online.target" + (" postgresql.service" if postgres else ""),
+        "",
+        "[Service]",
+        "# READY=1 once the schema is up to date, crash recovery done and the timers armed;",
+        "# STOPPING=1 when it stops.",
+        *_process(user, words, ENV_FILE),
+        "# The admin token file: <state directory>/jobcontrol/token-<id>, private to the user.",
+        f"Environment={_assignment('XDG_CONFIG_HOME', str(state))}",
+        "# SIGTERM to the daemon alone: it kills its running tasks itself and records them",
+        "# (exit status 255); whatever is left after it exits is killed by systemd.",
+        "KillMode=mixed",
+        "TimeoutStopSec=60",
+        *_contained(state_dir),
+    ]
+    return Unit("\n".join(lines), notes)
+
+
+def worker_unit(
+    db_url: str,
+    state_dir: Path | None,
+    *,
+    name: str,
+    groups: str,
+    drain_timeout: float | None = None,
+    log_root: Path | None = None,
+    pass_env: list[str] | None = None,
+    log_group: str | None = None,
+    user: str = DEFAULT_USER,
+    command: str | None = None,
+) -> Unit:
+    """The unit of worker ``name`` serving ``groups`` (a ``--queues`` spec) on the
+    PostgreSQL database ``db_url``; ``state_dir`` as for the daemon's unit."""
+    notes: list[str] = []
+    state = state_dir or DEFAULT_STATE_DIR
+    drain = drain_timeout or DEFAULT_DRAIN_S
+    words = [*shlex.split(command or this_command()), "--state-dir", str(state)]
+    if _database(db_url, WORKER_ENV_FILE, notes):
+        words += ["--db", db_url]
+    words += ["worker", "run", "--name", name, "--queues", groups, "--drain-timeout", f"{drain:g}"]
+    words += ["--log-root", str(log_root)] if log_root is not None else []
+    for text in pass_env or []:
+        words += ["--pass-env", text]
+    words += ["--log-group", log_group] if log_group else []
+    # The drain, the kill's grace and the recording of the outcomes, before systemd's SIGKILL.
+    stop_s = math.ceil(drain) + 60
+    lines = [
+        f"# Job Control worker {name} (made by `jobcontrol worker unit`; see the README,",
+        '# "Workers as services").',
+        "[Unit]",
+        f"Description=Job Control worker {name}",
+        "Wants=network-online.target",
+        "After=network-online.target",
+        "",
+        "[Service]",
+        "# READY=1 once it has joined the worker registry (what an earlier life of it left",
+        "# running killed and recorded); STOPPING=1 when it stops.",
+        *_process(user, words, WORKER_ENV_FILE),
+        "# It waits for the database to join: starting lasts as long as an outage does.",
+        "TimeoutStartSec=infinity",
+        "# SIGTERM to the worker alone: it claims nothing more and lets the runs in hand end;",
+        f"# those still running {drain:g}s on (--drain-timeout) it kills and records (255).",
+        "KillMode=mixed",
+        f"TimeoutStopSec={stop_s}",
+        *_contained(state_dir),
+    ]
     return Unit("\n".join(lines), notes)

@@ -36,7 +36,9 @@ def add_parsers(sub: Any) -> None:
         "action it runs in the foreground (Type=notify under systemd); start/stop/status "
         "work like the daemon's.",
     )
-    w.add_argument("action", nargs="?", default="run", choices=("run", "start", "stop", "status"))
+    w.add_argument(
+        "action", nargs="?", default="run", choices=("run", "start", "stop", "status", "unit")
+    )
     w.add_argument(
         "--name", default=None, help="the worker's name, unique in the database (default: host)"
     )
@@ -59,6 +61,23 @@ def add_parsers(sub: Any) -> None:
         f"{','.join(taskenv.DEFAULT_PASS_ENV)}); JOBCONTROL_* never",
     )
     w.add_argument("--log-group", default=None, metavar="GROUP", help="may read task logs")
+    w.add_argument(
+        "--drain-timeout",
+        default=None,
+        metavar="DURATION",
+        help="after a stop (SIGTERM), kill the runs still in hand this long after it "
+        "(255, e.g. 10m; default: wait for them)",
+    )
+    w.add_argument(
+        "--user", default=None, help="unit: the user it and its tasks run as (default jobcontrol)"
+    )
+    w.add_argument(
+        "--command",
+        dest="unit_command",  # not `command`: that is which jobcontrol command this is
+        default=None,
+        metavar="PATH",
+        help="unit: the jobcontrol command the unit runs (default: this one)",
+    )
     w.add_argument("--kill", action="store_true", help="stop: kill the runs in hand (255)")
     w.add_argument("--timeout", type=float, default=60.0, help="stop: how long to wait")
     w.add_argument("--json", action="store_true", help="status: one JSON object")
@@ -93,11 +112,24 @@ def groups_from(args: argparse.Namespace) -> list[slotgroups.SlotGroup]:
     return slotgroups.every_queue(slots)
 
 
+def drain_timeout_from(args: argparse.Namespace) -> float | None:
+    if args.drain_timeout is None:
+        return None
+    from jobcontrol.definitions.durations import parse_duration
+
+    try:
+        return parse_duration(args.drain_timeout)
+    except ValueError as exc:
+        raise OptionError(f"--drain-timeout {args.drain_timeout!r}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "worker-credentials":
         return _credentials(args)
     from jobcontrol.workerd import WorkerOptions, check_name
 
+    if args.action != "unit" and (args.user is not None or args.unit_command is not None):
+        raise OptionError("--user and --command are options of `worker unit`")
     name = check_name(args.name or socket.gethostname())
     opts = WorkerOptions(db_url=args.db, name=name, state_dir=args.state_dir or state_dir_default())
     if args.action == "stop":
@@ -105,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "status":
         return _status(opts, args)
     opts.groups = groups_from(args)
+    opts.drain_timeout = drain_timeout_from(args)
+    if args.action == "unit":
+        return _unit(opts, args)
     opts.log_root = args.log_root
     opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
     opts.log_access = LogAccess.for_group(args.log_group)
@@ -128,8 +163,33 @@ def run(args: argparse.Namespace) -> int:
     argv += ["--log-root", str(opts.log_root)] if opts.log_root else []
     argv += ["--pass-env", opts.pass_env.text]
     argv += ["--log-group", opts.log_access.group] if opts.log_access.group else []
+    argv += ["--drain-timeout", f"{opts.drain_timeout!r}"] if opts.drain_timeout else []
     pid = start_detached(opts, argv, what="worker")
     print(f"worker {name} started: pid {pid}, log {opts.log_file}")
+    return 0
+
+
+def _unit(opts: Any, args: argparse.Namespace) -> int:
+    """``worker unit``: print a systemd unit running this worker (nothing is started)."""
+    from jobcontrol.cli.unit import DEFAULT_USER, worker_unit
+    from jobcontrol.workerd import needs_postgres
+
+    needs_postgres(opts.db_url)
+    unit = worker_unit(
+        opts.db_url,
+        args.state_dir.resolve() if args.state_dir else None,
+        name=opts.name,
+        groups=slotgroups.format_groups(opts.groups),
+        drain_timeout=opts.drain_timeout,
+        log_root=opts.log_root,
+        pass_env=args.pass_env,
+        log_group=args.log_group,
+        user=args.user or DEFAULT_USER,
+        command=args.unit_command,
+    )
+    sys.stdout.write(unit.text)
+    for note in unit.notes:
+        print(f"jobcontrol: {note}", file=sys.stderr)
     return 0
 
 

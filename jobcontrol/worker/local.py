@@ -426,12 +426,13 @@ class Worker:
         """Stop waiting for the database in ``start`` (a stop came while it waited)."""
         self._give_up_at = time.monotonic()
 
-    def kill_all(self, reason: str) -> None:
-        """Kill every run in hand (daemon shutdown with --kill)."""
+    def kill_all(self, reason: str) -> int:
+        """Kill every run in hand (daemon shutdown with --kill); how many there were."""
         with self._cond:
             run_ids = list(self._active)
         for run_id in run_ids:
             self.kill(run_id, reason)
+        return len(run_ids)
 
     # ---------------------------------------------------------- wake-ups
 

@@ -173,6 +173,42 @@ def test_a_worker_restarted_at_once_settles_what_its_killed_process_held(
     jc.assert_no_task_processes()
 
 
+def test_a_stopped_worker_kills_what_outlasts_its_drain_timeout_and_records_it(
+    jcpg: JobControl,
+) -> None:
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "wd", "--slots", "1", "--drain-timeout", "1s")
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
+    # SIGTERM: no new claims, the run in hand may end; a second later it is killed, its
+    # end recorded by the worker itself (not left to its lease), and the worker exits.
+    stopped = jc.ok("worker", "stop", "--name", "wd", "--timeout", "30")
+    assert "worker wd stopped" in stopped.stdout, describe(stopped)
+    run = ended(jc, "sleeper")
+    assert run is not None, "recorded before the worker exited"
+    assert (run["state"], run["exit_status"], run["worker"]) == ("killed", 255, "wd"), run
+    assert "its worker's stop outlasted --drain-timeout 1s" in run["reason"], run
+    jc.assert_no_task_processes()
+    log = next(jc.state_dir.glob("worker-wd-*.log")).read_text()
+    assert "worker wd: 1 run(s) still in hand: killed" in log, log
+
+    # Without a drain timeout a stop waits for the run (here: until the stop's own timeout).
+    jc.ok("worker", "start", "--name", "wd", "--slots", "1")
+    jc.ok("run", "sleeper")
+    assert wait_until(
+        lambda: (r := last_run(jc, "sleeper")) is not None
+        and r["id"] != run["id"]
+        and jc.marked(JOBCONTROL_JOB="sleeper"),
+        WAIT,
+    ), "sleeper never started again"
+    waited = jc.fails("worker", "stop", "--name", "wd", "--timeout", "2")
+    assert "did not stop within 2s" in waited.stderr, describe(waited)
+    assert jc.marked(JOBCONTROL_JOB="sleeper"), "the run in hand goes on"
+    jc.ok("worker", "stop", "--name", "wd", "--kill")
+    jc.assert_no_task_processes()
+
+
 def test_a_worker_is_refused_on_sqlite_or_a_bad_spec_and_nothing_changes(
     jc_sqlite: JobControl, jcpg: JobControl
 ) -> None:

@@ -211,3 +211,108 @@ def test_the_shipped_unit_is_what_daemon_unit_prints(jc_sqlite: JobControl) -> N
         "contrib/systemd/jobcontrol.service is out of date: regenerate it with "
         "`jobcontrol daemon unit --command /usr/local/bin/jobcontrol`"
     )
+
+
+@pytest.mark.timeout(60)
+def test_worker_unit_prints_a_unit_that_drains_then_kills_and_keeps_the_password_out(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    jc = jc_sqlite
+    env = {**jc.env, "JOBCONTROL_DB": "postgresql+psycopg://w_b1:s3cret@db.example:5432/jobs"}
+    made = jc.bare(
+        "worker",
+        "unit",
+        "--name",
+        "build-1",
+        "--queues",
+        "fast_lane:1 manual,*:4",
+        "--drain-timeout",
+        "10m",
+        "--pass-env",
+        "PATH,LC_*",
+        env=env,
+    )
+    assert made.returncode == 0, describe(made)
+    assert "s3cret" not in made.stdout + made.stderr, describe(made)
+    assert "JOBCONTROL_DB=postgresql+psycopg://w_b1:***@db.example:5432/jobs" in made.stderr
+    assert "/etc/jobcontrol/worker.env" in made.stderr, describe(made)
+    unit = tmp_path / "jobcontrol-worker.service"
+    unit.write_text(made.stdout)
+    verify_unit(unit)
+
+    settings = unit_settings(made.stdout)
+    for key, value in {
+        "Type": "notify",
+        "NotifyAccess": "main",
+        "KillMode": "mixed",
+        "Delegate": "yes",
+        "User": "jobcontrol",
+        "EnvironmentFile": "-/etc/jobcontrol/worker.env",
+        "StateDirectory": "jobcontrol",
+        "TimeoutStartSec": "infinity",
+        # The drain, then the kill's grace and the recording, before systemd's SIGKILL.
+        "TimeoutStopSec": "660",
+        "Restart": "on-failure",
+    }.items():
+        assert settings.get(key) == [value], (key, made.stdout)
+    (exec_start,) = settings["ExecStart"]
+    words = shlex.split(exec_start)
+    assert Path(words[0]).resolve() == (Path(sys.executable).parent / "jobcontrol").resolve()
+    assert words[1:] == [
+        "--state-dir",
+        "/var/lib/jobcontrol",
+        "worker",
+        "run",
+        "--name",
+        "build-1",
+        "--queues",
+        "fast_lane:1 manual,*:4",
+        "--drain-timeout",
+        "600",
+        "--pass-env",
+        "PATH,LC_*",
+    ], words
+
+    # Without a password the URL may go in the unit; the default drain is five minutes.
+    plain = jc.bare(
+        "--db", "postgresql+psycopg://w_b2@db.example/jobs", "worker", "unit", "--name", "b2"
+    )
+    assert (plain.returncode, plain.stderr) == (0, ""), describe(plain)
+    (exec_start,) = unit_settings(plain.stdout)["ExecStart"]
+    assert shlex.split(exec_start)[1:] == [
+        "--state-dir",
+        "/var/lib/jobcontrol",
+        "--db",
+        "postgresql+psycopg://w_b2@db.example/jobs",
+        "worker",
+        "run",
+        "--name",
+        "b2",
+        "--queues",
+        "*:8",
+        "--drain-timeout",
+        "300",
+    ]
+    assert unit_settings(plain.stdout)["TimeoutStopSec"] == ["360"]
+
+
+def test_worker_unit_refuses_what_a_worker_would_refuse_and_makes_nothing(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    jc = jc_sqlite
+    state = tmp_path / "state"
+    pg = {**jc.env, "JOBCONTROL_DB": "postgresql+psycopg://w@db.example/jobs"}
+    for args, env, why in (
+        ((), jc.env, "a worker process needs a PostgreSQL database, not sqlite:///"),
+        (("--queues", "fast"), pg, "has no slot count"),
+        (("--drain-timeout", "0s"), pg, "--drain-timeout '0s': a duration must be a positive"),
+        (("--drain-timeout", "soon"), pg, "cannot read 'soon' as a duration"),
+        (("--name", "a b"), pg, "worker name 'a b'"),
+    ):
+        refused = jc.bare("--state-dir", state, "worker", "unit", *args, env=env)
+        assert refused.returncode != 0, describe(refused)
+        assert why in refused.stderr, describe(refused)
+        assert (refused.stdout, "Traceback" in refused.stderr) == ("", False), describe(refused)
+    misplaced = jc.bare("worker", "run", "--user", "batch", env=pg)
+    assert "--user and --command are options of `worker unit`" in misplaced.stderr
+    assert not state.exists(), "a refused unit makes nothing"
