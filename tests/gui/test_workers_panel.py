@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from jobcontrol_admin.workers import (
     lane_state_text,
     seconds_text,
 )
-from tests.acceptance.harness import describe
+from tests.acceptance.harness import JobControl, describe
 from tests.gui.conftest import WAIT_MS, AdminDaemon
 from tests.gui.test_window import error_texts, open_window
 
@@ -380,3 +381,89 @@ def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
     assert "gone" in rows()
     stopped = panel.worker_table.item(rows()["gone"], WORKER_COLUMNS.index("Heartbeat"))
     assert stopped.text().startswith("stopped")
+
+
+@pytest.fixture
+def pg_daemon(postgres_url: str, tmp_path: Path) -> Iterator[AdminDaemon]:
+    """A daemon on PostgreSQL that runs no tasks itself, and worker build-1 (a process of
+    its own, as on another host) with two slot groups."""
+    jc = JobControl(postgres_url, tmp_path / "user")
+    try:
+        jc.upgraded()
+        jc.ok("daemon", "start", "--slots", "0")
+        status = jc.ok("daemon", "status")
+        match = re.search(r"admin API: (\S+)/api/v1", status.stdout)
+        assert match, describe(status)
+        jc.ok("worker", "start", "--name", "build-1", "--queues", "fast:1 manual,*:2")
+        yield AdminDaemon(jc, match.group(1), jc.token_file.read_text().strip())
+    finally:
+        problems = jc.cleanup()
+    assert not problems, "\n".join(problems)
+
+
+def worker_row(panel: WorkersPanel, name: str) -> int:
+    table = panel.worker_table
+    for row in range(table.rowCount()):
+        item = table.item(row, 0)
+        if item is not None and item.text() == name:
+            return row
+    raise AssertionError(f"worker {name} is not in the panel: {list(panel.workers)}")
+
+
+@pytest.mark.postgres
+def test_on_postgresql_the_panel_shows_a_remote_worker_and_steers_its_lane(
+    qtbot: Any, pg_daemon: AdminDaemon
+) -> None:
+    window = open_window(qtbot, pg_daemon.url, pg_daemon.token)
+    try:
+        panel = panel_of(qtbot, window)
+        with Client(pg_daemon.url, pg_daemon.token) as client:
+            qtbot.waitUntil(lambda: panel.worker_table.rowCount() == 1, timeout=WAIT_MS)
+            row = worker_row(panel, "build-1")  # the daemon's own worker: none (--slots 0)
+            cell = panel.worker_table.item
+            assert cell(row, WORKER_COLUMNS.index("Groups")).text() == "fast:1  manual,*:2"
+            assert cell(row, WORKER_COLUMNS.index("Slots")).data(SlotsRole) == (0, 3)
+
+            # A run on the remote worker: its slot and the run it holds, in the panel.
+            client.create_job("sleeper", "task", active=True, command="sleep 60")
+            first = client.run_now("sleeper")
+            qtbot.waitUntil(
+                lambda: cell(worker_row(panel, "build-1"), WORKER_COLUMNS.index("Slots")).data(
+                    SlotsRole
+                )
+                == (1, 3),
+                timeout=WAIT_MS,
+            )
+            held = cell(worker_row(panel, "build-1"), WORKER_COLUMNS.index("Runs held")).text()
+            assert f"sleeper #{first}" in held, held
+
+            # Drained from the panel: the remote worker claims nothing more in the lane.
+            client.add_lane("nightly")
+            client.create_job("report", "task", active=True, command="true", queue="nightly")
+            qtbot.waitUntil(lambda: "nightly" in panel.lanes, timeout=WAIT_MS)
+            panel.select_lane("nightly")
+            panel.drain_button.click()
+            qtbot.waitUntil(lambda: panel.lanes["nightly"]["state"] == "draining", timeout=WAIT_MS)
+            waiting = client.run_now("report")
+            qtbot.waitUntil(
+                lambda: any(r["run_id"] == waiting for r in panel.queue), timeout=WAIT_MS
+            )
+            assert lane_cell(panel, "nightly", "Queued") == "1"
+            # Resumed from the panel: the worker claims it (a NOTIFY, not a poll) and it ends.
+            panel.select_lane("nightly")
+            panel.resume_button.click()
+            qtbot.waitUntil(lambda: not panel.queue, timeout=WAIT_MS)
+            qtbot.waitUntil(
+                lambda: client.runs("report")["runs"][0]["state"] == "succeeded", timeout=WAIT_MS
+            )
+            assert client.runs("report")["runs"][0]["worker"] == "build-1"
+            client.kill("sleeper")
+            qtbot.waitUntil(
+                lambda: cell(worker_row(panel, "build-1"), WORKER_COLUMNS.index("Slots")).data(
+                    SlotsRole
+                )
+                == (0, 3),
+                timeout=WAIT_MS,
+            )
+    finally:
+        window.close()
