@@ -167,14 +167,26 @@ class Dispatcher:
 
     def _build(self) -> None:
         with self.store.write() as conn:
-            self._tx = Tx(conn)
+            self._tx = tx = Tx(conn)
             try:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
                 log.info("Job tree created")
+                # Recovery left the task runs of live workers active: each is its tree's
+                # run in flight still (run again only after it, its end reacted to). One
+                # that ended while no dispatcher ran is reacted to now.
+                steps = self.runs.resume_tree_runs()
+                steps += self.runs.resume_unreacted()
                 self._arm_idle_trees()
+                for step in steps:
+                    step()
                 log.info("Root timers started")
             finally:
                 self._tx = None
+        self.runs.reacted.clear()  # committed
+        if tx.offers:
+            events.runs_queued.send(self.store, run_ids=tx.offers)
+        for after in tx.after_commit:
+            after()
 
     def _arm_idle_trees(self) -> None:
         """Evaluate every tree and arm the timer of each active one not running on a timer."""

@@ -760,6 +760,45 @@ class TreeRuns:
             self._resume_frame(row, node, None, tr, {}, steps)
         return steps
 
+    def resume_unreacted(self) -> list[Callable[[], None]]:
+        """Tree runs rooted at a task that ended while no dispatcher ran (at start-up).
+
+        Its worker recorded the end, but no dispatcher was there to react: no job result,
+        no retry, no outcome announced. The job's result is the mark of a reaction: its
+        ``last_ran`` is the start of the run last reacted to as the dispatcher saw it
+        (when it queued the run, or the run's own start when it took the run up after an
+        outage), never before that run was created. A newest root run created after it
+        has not been reacted to: it is brought back and its end reacted to now.
+        """
+        steps: list[Callable[[], None]] = []
+        for row in queries.newest_ended_task_roots(self.d.tx.conn):
+            node = self.d.tree.get(row.job_id) if row.job_id is not None else None
+            if node is None or node.job.kind is not Kind.TASK:
+                continue  # its job is gone, or is a box now
+            if any(tr.top is node.top() for tr in self.tree_runs.values()):
+                continue  # its tree is in flight again (a newer run, resumed)
+            last = node.job.last_ran
+            if last is not None and (row.created is None or row.created <= last):
+                continue  # reacted to
+            tr = TreeRun(
+                root=node,
+                top=node.top(),
+                trigger=row.trigger,
+                immediate=row.trigger is Trigger.MANUAL,
+                requested_by=row.requested_by or DISPATCHER_USER,
+                root_run_id=row.id,
+                fired_at=row.created,
+                killed=row.kill_requested,
+            )
+            self.tree_runs[node.id] = tr
+            log.warning(
+                "task run %s (%s) ended while no dispatcher ran: reacting to its end now",
+                row.id,
+                row.job_name,
+            )
+            self._resume_frame(row, node, None, tr, {}, steps)
+        return steps
+
     @staticmethod
     def _fold(frame: Frame, ended: list[RunRecord]) -> None:
         """A box's status so far: the first non-zero status of the children that ended."""

@@ -411,6 +411,25 @@ def unfinished_tree_runs(conn: Connection) -> list[RunRecord]:
     return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
 
 
+def newest_ended_task_roots(conn: Connection) -> list[RunRecord]:
+    """Of each job, its newest tree run rooted at the job itself when that root is a task
+    run that has ended (what start-up checks was reacted to). A run skipped (a timer that
+    found the tree busy) never ran: nothing to react to."""
+    newest = (
+        select(func.max(run.c.id))
+        .where(
+            run.c.parent_run_id.is_(None),
+            run.c.job_id.is_not(None),
+            run.c.kind == str(Kind.TASK),
+            run.c.state.not_in([str(RunState.PENDING), str(RunState.SKIPPED)]),
+        )
+        .group_by(run.c.job_id)
+    )
+    active = [str(s) for s in ACTIVE_RUN_STATES]
+    stmt = select(run).where(run.c.id.in_(newest), run.c.state.not_in(active))
+    return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
+
+
 def active_runs(conn: Connection) -> list[RunRecord]:
     rows = conn.execute(
         select(run).where(run.c.state.in_([str(s) for s in ACTIVE_RUN_STATES])).order_by(run.c.id)

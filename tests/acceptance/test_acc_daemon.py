@@ -286,3 +286,45 @@ def test_daemon_stop_and_status_without_a_daemon(jc_sqlite: JobControl) -> None:
     assert "no daemon is running" in status.stdout
     refused = jc.fails("daemon", "stop")
     assert "no daemon is running" in refused.stderr, describe(refused)
+
+
+ENDED = """\
+jobs:
+  - name: solo
+    command: "exit 5"
+  - name: flaky
+    retries: 1
+    command: "if [ -f second ]; then exit 0; fi; touch second; exit 3"
+  - name: Box
+    children:
+      - name: inner
+        active: true
+        command: "true"
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_restart_reacts_to_no_end_twice(jc: JobControl) -> None:
+    """Ends the dispatcher reacted to (a plain one, a retried one, one inside a box) are
+    the jobs' results still after a restart: nothing is retried, re-recorded or re-run."""
+    jc.upgraded().load(write(jc.base / "ended.yaml", ENDED))
+    jc.ok("daemon", "start")
+    for name in ("solo", "flaky", "Box"):
+        jc.ok("run", name)
+
+    def settled() -> bool:
+        listed = {j["name"]: j for j in jc.json("ls")}
+        return all(listed[n]["state"] == "idle" and listed[n]["last_ran"] for n in listed)
+
+    assert wait_until(settled, START_WAIT), jc.ok("ls").stdout
+    assert wait_until(lambda: len(runs(jc.run("history", "flaky", "--json"))) == 2, START_WAIT)
+    before = jc.json("ls")
+    counts = {n: len(runs(jc.run("history", n, "--json"))) for n in ("solo", "flaky", "inner")}
+    assert counts == {"solo": 1, "flaky": 2, "inner": 1}, counts
+    jc.ok("daemon", "stop")
+    jc.ok("daemon", "start")
+    assert jc.json("ls") == before
+    again = {n: len(runs(jc.run("history", n, "--json"))) for n in ("solo", "flaky", "inner")}
+    assert again == counts
+    assert "ended while no dispatcher ran" not in jc.daemon_log(400)
+    jc.ok("daemon", "stop")

@@ -24,7 +24,7 @@ from jobcontrol import procs
 from jobcontrol.places import live_pid
 from jobcontrol.store import Store
 from jobcontrol.store.schema import run
-from tests.acceptance.harness import JobControl, describe, wait_until
+from tests.acceptance.harness import JobControl, describe, wait_until, write
 from tests.acceptance.test_acc_full_disk import health
 from tests.pgserver import PostgresServer
 
@@ -171,6 +171,79 @@ def test_a_worker_restarted_at_once_settles_what_its_killed_process_held(
     assert (run["state"], run["exit_status"]) == ("lost", 255)
     assert "its worker w3 restarted" in run["reason"], run
     jc.assert_no_task_processes()
+
+
+def test_a_task_that_outlives_its_dispatcher_keeps_its_tree_busy_and_its_end_counts(
+    jcpg: JobControl,
+) -> None:
+    """The dispatcher is killed while top-level tasks run on a live remote worker. Started
+    again, it takes up the one still running (its tree is busy, its end is the job's
+    result) and reacts to the one that ended while it was gone (retried, as allowed)."""
+    jc = jcpg
+    gates = {name: jc.base / f"{name}.gate" for name in ("long", "flaky")}
+    second = jc.base / "second-try"
+    jc.load(
+        write(
+            jc.base / "outlive.yaml",
+            f"""\
+jobs:
+  - name: long
+    command: "while [ ! -f {gates['long']} ]; do sleep 0.05; done; exit 6"
+  - name: flaky
+    retries: 1
+    command: >-
+      while [ ! -f {gates['flaky']} ]; do sleep 0.05; done;
+      if [ -f {second} ]; then exit 0; fi; touch {second}; exit 4
+""",
+        )
+    )
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w5", "--slots", "2")
+    jc.ok("run", "long")
+    jc.ok("run", "flaky")
+    assert wait_until(
+        lambda: jc.marked(JOBCONTROL_JOB="long") and jc.marked(JOBCONTROL_JOB="flaky"), WAIT
+    ), "the tasks never started"
+    (daemon,) = jc.live_daemons()
+    os.kill(daemon, signal.SIGKILL)
+    assert wait_until(lambda: not jc.live_daemons(), WAIT)
+    gates["flaky"].touch()  # it fails while no dispatcher runs
+    assert wait_until(lambda: ended(jc, "flaky"), WAIT), "the worker never recorded its end"
+    assert (ended(jc, "flaky") or {}).get("exit_status") == 4
+
+    jc.ok("daemon", "start", "--slots", "0")
+    # Its retry was due: the dispatcher reacts to the end it missed.
+    assert wait_until(lambda: len(runs_of(jc, "flaky")) == 2 and ended(jc, "flaky"), WAIT), runs_of(
+        jc, "flaky"
+    )
+    retried = ended(jc, "flaky")
+    assert retried is not None
+    assert (retried["state"], retried["exit_status"], retried["attempt"]) == ("succeeded", 0, 2)
+    # The task still running is its tree's run in flight: not started twice.
+    listed = {j["name"]: j for j in jc.json("ls")}
+    assert listed["long"]["state"] == "running", listed["long"]
+    busy = jc.fails("run", "long")
+    assert "tree busy" in busy.stderr, describe(busy)
+    gates["long"].touch()
+    assert wait_until(lambda: jc.json("ls") and ended(jc, "long"), WAIT)
+    (first,) = runs_of(jc, "long")
+    assert wait_until(
+        lambda: {j["name"]: j for j in jc.json("ls")}["long"]["exit_status"] == 6, WAIT
+    ), "its end is the job's result"
+    assert {j["name"]: j for j in jc.json("ls")}["long"]["state"] == "idle"
+    assert first["exit_status"] == 6
+
+    # Ends reacted to once are not reacted to again at the next start.
+    before = {j["name"]: j for j in jc.json("ls")}
+    jc.ok("daemon", "stop")
+    jc.ok("daemon", "start", "--slots", "0")
+    after = {j["name"]: j for j in jc.json("ls")}
+    for name in ("long", "flaky"):
+        assert (after[name]["last_ran"], after[name]["exit_status"]) == (
+            before[name]["last_ran"],
+            before[name]["exit_status"],
+        ), name
+    assert (len(runs_of(jc, "long")), len(runs_of(jc, "flaky"))) == (1, 2)
 
 
 def test_a_stopped_worker_kills_what_outlasts_its_drain_timeout_and_records_it(
