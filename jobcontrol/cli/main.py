@@ -18,6 +18,7 @@ from jobcontrol import cgroups, diskspace, slotgroups, taskenv
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
+from jobcontrol.cli import unit as cli_unit
 from jobcontrol.cli import worker as cli_worker
 from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError, OptionError
@@ -233,16 +234,7 @@ def _commands(sub: Any) -> None:
         help="print a systemd unit running the daemon of this --db and --state-dir "
         "(default: /var/lib/jobcontrol)",
     )
-    unit.add_argument(
-        "--user", default="jobcontrol", help="the user the daemon and its tasks run as"
-    )
-    unit.add_argument(
-        "--command",
-        dest="unit_command",  # not `command`: that is which jobcontrol command this is
-        default=None,
-        metavar="PATH",
-        help="the jobcontrol command the unit runs (default: this one)",
-    )
+    cli_unit.add_options(unit, user_default=cli_unit.DEFAULT_USER)
     stop = dsub.add_parser("stop", help="stop the daemon (refused while jobs run unless --kill)")
     stop.add_argument("--kill", action="store_true", help="kill running jobs (they record 255)")
     stop.add_argument("--timeout", type=float, default=60.0)

@@ -12,6 +12,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from jobcontrol.store import redact
 
@@ -50,6 +51,22 @@ def _assignment(name: str, value: str) -> str:
     if any(c in text for c in " \t\"'\\"):
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return text
+
+
+def add_options(parser: Any, *, user_default: str | None) -> None:
+    """``--user`` and ``--command`` of ``daemon unit`` and ``worker unit``."""
+    parser.add_argument(
+        "--user",
+        default=user_default,
+        help=f"unit: the user it and its tasks run as (default {DEFAULT_USER})",
+    )
+    parser.add_argument(
+        "--command",
+        dest="unit_command",  # not `command`: that is which jobcontrol command this is
+        default=None,
+        metavar="PATH",
+        help="unit: the jobcontrol command the unit runs (default: this one)",
+    )
 
 
 def _database(db_url: str | None, env_file: str, notes: list[str]) -> bool:

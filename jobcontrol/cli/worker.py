@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jobcontrol import cgroups, slotgroups, taskenv
+from jobcontrol.cli import unit
 from jobcontrol.errors import JobControlError, OptionError
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.places import live_pid, state_dir_default
@@ -68,16 +69,7 @@ def add_parsers(sub: Any) -> None:
         help="after a stop (SIGTERM), kill the runs still in hand this long after it "
         "(255, e.g. 10m; default: wait for them)",
     )
-    w.add_argument(
-        "--user", default=None, help="unit: the user it and its tasks run as (default jobcontrol)"
-    )
-    w.add_argument(
-        "--command",
-        dest="unit_command",  # not `command`: that is which jobcontrol command this is
-        default=None,
-        metavar="PATH",
-        help="unit: the jobcontrol command the unit runs (default: this one)",
-    )
+    unit.add_options(w, user_default=None)  # None: refused outside `worker unit`
     w.add_argument("--kill", action="store_true", help="stop: kill the runs in hand (255)")
     w.add_argument("--timeout", type=float, default=60.0, help="stop: how long to wait")
     w.add_argument("--json", action="store_true", help="status: one JSON object")
@@ -171,11 +163,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _unit(opts: Any, args: argparse.Namespace) -> int:
     """``worker unit``: print a systemd unit running this worker (nothing is started)."""
-    from jobcontrol.cli.unit import DEFAULT_USER, worker_unit
     from jobcontrol.workerd import needs_postgres
 
     needs_postgres(opts.db_url)
-    unit = worker_unit(
+    made = unit.worker_unit(
         opts.db_url,
         args.state_dir.resolve() if args.state_dir else None,
         name=opts.name,
@@ -184,11 +175,11 @@ def _unit(opts: Any, args: argparse.Namespace) -> int:
         log_root=opts.log_root,
         pass_env=args.pass_env,
         log_group=args.log_group,
-        user=args.user or DEFAULT_USER,
+        user=args.user or unit.DEFAULT_USER,
         command=args.unit_command,
     )
-    sys.stdout.write(unit.text)
-    for note in unit.notes:
+    sys.stdout.write(made.text)
+    for note in made.notes:
         print(f"jobcontrol: {note}", file=sys.stderr)
     return 0
 

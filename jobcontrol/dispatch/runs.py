@@ -636,17 +636,8 @@ class TreeRuns:
             if node is None:
                 self._settle_lost(root, "lost: its job no longer exists", self.d.clock.now())
                 continue
-            tr = TreeRun(
-                root=node,
-                top=node.top(),
-                trigger=root.trigger,
-                immediate=root.trigger is Trigger.MANUAL,
-                requested_by=root.requested_by or DISPATCHER_USER,
-                root_run_id=root.id,
-                fired_at=root.created,
-                killed=any(r.kill_requested for r in rows if r.root_run_id == root.id),
-            )
-            self.tree_runs[node.id] = tr
+            killed = any(r.kill_requested for r in rows if r.root_run_id == root.id)
+            tr = self.tree_runs[node.id] = _tree_run_of(root, node, killed)
             self._resume_frame(root, node, None, tr, kids, steps)
         return steps
 
@@ -780,17 +771,7 @@ class TreeRuns:
             last = node.job.last_ran
             if last is not None and (row.created is None or row.created <= last):
                 continue  # reacted to
-            tr = TreeRun(
-                root=node,
-                top=node.top(),
-                trigger=row.trigger,
-                immediate=row.trigger is Trigger.MANUAL,
-                requested_by=row.requested_by or DISPATCHER_USER,
-                root_run_id=row.id,
-                fired_at=row.created,
-                killed=row.kill_requested,
-            )
-            self.tree_runs[node.id] = tr
+            tr = self.tree_runs[node.id] = _tree_run_of(row, node, row.kill_requested)
             log.warning(
                 "task run %s (%s) ended while no dispatcher ran: reacting to its end now",
                 row.id,
@@ -837,3 +818,17 @@ def _child_index(frame: Frame, job_id: int | None) -> int | None:
         if child.id == job_id:
             return i
     return None
+
+
+def _tree_run_of(root: RunRecord, node: Node, killed: bool) -> TreeRun:
+    """The tree run rooted at run row ``root`` of job ``node``, as its rows tell it."""
+    return TreeRun(
+        root=node,
+        top=node.top(),
+        trigger=root.trigger,
+        immediate=root.trigger is Trigger.MANUAL,
+        requested_by=root.requested_by or DISPATCHER_USER,
+        root_run_id=root.id,
+        fired_at=root.created,
+        killed=killed,
+    )
