@@ -123,8 +123,7 @@ def needs_postgres(url: str) -> None:
 
 def refuse_unusable(store: Store) -> None:
     """A worker needs PostgreSQL, and a schema of its own version (the daemon migrates)."""
-    if store.is_sqlite:
-        needs_postgres(store.url)
+    needs_postgres(store.url)
     from sqlalchemy.exc import SQLAlchemyError
 
     from jobcontrol.service.dbcopy import head_revision

@@ -183,6 +183,10 @@ class Dispatcher:
             finally:
                 self._tx = None
         self.runs.reacted.clear()  # committed
+        self._announce(tx)
+
+    def _announce(self, tx: Tx) -> None:
+        """What a committed rebuild did: its runs queued, then its after-commit actions."""
         if tx.offers:
             events.runs_queued.send(self.store, run_ids=tx.offers)
         for after in tx.after_commit:
@@ -383,10 +387,7 @@ class Dispatcher:
                     step()
             finally:
                 self._tx = None
-        if tx.offers:
-            events.runs_queued.send(self.store, run_ids=tx.offers)
-        for after in tx.after_commit:
-            after()
+        self._announce(tx)
         jobs = [n.job for n in self.tree.nodes.values()]
         events.jobs_evaluated.send(self, jobs=jobs)
         for node in self.tree.nodes.values():

@@ -123,6 +123,19 @@ def verify_unit(path: Path) -> None:
     assert (checked.returncode, checked.stderr) == (0, ""), path.read_text() + checked.stderr
 
 
+def verified_settings(text: str, path: Path) -> dict[str, list[str]]:
+    """The unit ``text``, written to ``path`` and verified: its settings."""
+    path.write_text(text)
+    verify_unit(path)
+    return unit_settings(text)
+
+
+def assert_settings(settings: dict[str, list[str]], expected: dict[str, str], text: str) -> None:
+    """Each of ``expected`` is set once, to its value."""
+    for key, value in expected.items():
+        assert settings.get(key) == [value], (key, text)
+
+
 def unit_settings(text: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -138,25 +151,24 @@ def test_daemon_unit_prints_a_unit_systemd_accepts(jc_sqlite: JobControl, tmp_pa
     made = jc.bare("daemon", "unit")
     assert made.returncode == 0, describe(made)
     assert made.stderr == "", describe(made)
-    unit = tmp_path / "jobcontrol-test.service"
-    unit.write_text(made.stdout)
-    verify_unit(unit)
-
-    settings = unit_settings(made.stdout)
-    for key, value in {
-        "Type": "notify",
-        "NotifyAccess": "main",
-        "KillMode": "mixed",
-        "Delegate": "yes",
-        "User": "jobcontrol",
-        "Group": "jobcontrol",
-        "StateDirectory": "jobcontrol",
-        "StateDirectoryMode": "0700",
-        "NoNewPrivileges": "yes",
-        "ProtectSystem": "full",
-        "Restart": "on-failure",
-    }.items():
-        assert settings.get(key) == [value], (key, made.stdout)
+    settings = verified_settings(made.stdout, tmp_path / "jobcontrol-test.service")
+    assert_settings(
+        settings,
+        {
+            "Type": "notify",
+            "NotifyAccess": "main",
+            "KillMode": "mixed",
+            "Delegate": "yes",
+            "User": "jobcontrol",
+            "Group": "jobcontrol",
+            "StateDirectory": "jobcontrol",
+            "StateDirectoryMode": "0700",
+            "NoNewPrivileges": "yes",
+            "ProtectSystem": "full",
+            "Restart": "on-failure",
+        },
+        made.stdout,
+    )
     # Nothing that would break tasks: /tmp is the machine's, the cgroup tree is writable.
     for key in ("PrivateTmp", "ProtectControlGroups", "DynamicUser", "PrivateDevices"):
         assert key not in settings, (key, made.stdout)
@@ -186,11 +198,7 @@ def test_daemon_unit_keeps_the_database_password_out_of_the_unit(
     assert "s3cret" not in made.stdout + made.stderr, describe(made)
     assert "JOBCONTROL_DB=postgresql+psycopg://jc:***@db.example:5432/jobs" in made.stderr
     assert "/etc/jobcontrol/jobcontrol.env" in made.stderr, describe(made)
-    unit = tmp_path / "jobcontrol-pg.service"
-    unit.write_text(made.stdout)
-    verify_unit(unit)
-
-    settings = unit_settings(made.stdout)
+    settings = verified_settings(made.stdout, tmp_path / "jobcontrol-pg.service")
     assert settings["User"] == ["batch"]
     assert settings["EnvironmentFile"] == ["-/etc/jobcontrol/jobcontrol.env"]
     assert "postgresql.service" in settings["After"][0]
@@ -236,25 +244,24 @@ def test_worker_unit_prints_a_unit_that_drains_then_kills_and_keeps_the_password
     assert "s3cret" not in made.stdout + made.stderr, describe(made)
     assert "JOBCONTROL_DB=postgresql+psycopg://w_b1:***@db.example:5432/jobs" in made.stderr
     assert "/etc/jobcontrol/worker.env" in made.stderr, describe(made)
-    unit = tmp_path / "jobcontrol-worker.service"
-    unit.write_text(made.stdout)
-    verify_unit(unit)
-
-    settings = unit_settings(made.stdout)
-    for key, value in {
-        "Type": "notify",
-        "NotifyAccess": "main",
-        "KillMode": "mixed",
-        "Delegate": "yes",
-        "User": "jobcontrol",
-        "EnvironmentFile": "-/etc/jobcontrol/worker.env",
-        "StateDirectory": "jobcontrol",
-        "TimeoutStartSec": "infinity",
-        # The drain, then the kill's grace and the recording, before systemd's SIGKILL.
-        "TimeoutStopSec": "660",
-        "Restart": "on-failure",
-    }.items():
-        assert settings.get(key) == [value], (key, made.stdout)
+    settings = verified_settings(made.stdout, tmp_path / "jobcontrol-worker.service")
+    assert_settings(
+        settings,
+        {
+            "Type": "notify",
+            "NotifyAccess": "main",
+            "KillMode": "mixed",
+            "Delegate": "yes",
+            "User": "jobcontrol",
+            "EnvironmentFile": "-/etc/jobcontrol/worker.env",
+            "StateDirectory": "jobcontrol",
+            "TimeoutStartSec": "infinity",
+            # The drain, then the kill's grace and the recording, before systemd's SIGKILL.
+            "TimeoutStopSec": "660",
+            "Restart": "on-failure",
+        },
+        made.stdout,
+    )
     (exec_start,) = settings["ExecStart"]
     words = shlex.split(exec_start)
     assert Path(words[0]).resolve() == (Path(sys.executable).parent / "jobcontrol").resolve()
