@@ -2,8 +2,11 @@
 
 The rule is the lease rule: a task run held by a worker that provably still
 lives (its process, by pid and start time, on this host; or a lease still
-running for another host) is left to it. Every other active run is lost (255),
-and a previous dispatcher's box runs end with it (they lived in its memory).
+running for another host) is left to it, and so are the box runs above it: its
+tree run goes on (the dispatcher rebuilds it from its rows). A box run whose
+newest child is a task run that ended with nothing after it (its worker
+recorded the end, no dispatcher reacted) goes on too, from that end. Every
+other active run is lost (255): the box runs above it end with it.
 
 The dispatcher only settles rows. What a lost run left running on a host is the
 business of that host's worker: the embedded one kills it before it takes any
@@ -72,7 +75,8 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
             or (r.host != host and r.lease_until is not None and r.lease_until > now)
         )
     }
-    stale = [r for r in active if r.id not in keep]
+    boxes = _boxes_that_go_on(store, active, keep)
+    stale = [r for r in active if r.id not in keep and r.id not in boxes]
     if not stale:
         return Recovery(kept=keep)
     with store.write() as conn:
@@ -91,6 +95,35 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
     if keep:
         log.warning("left %d task run(s) to the live workers holding them", len(keep))
     return Recovery(lost=stale, kept=keep)
+
+
+def _boxes_that_go_on(store: Store, active: list[RunRecord], keep: set[int]) -> set[int]:
+    """The box runs whose tree run goes on: those above a task run left to its live
+    worker, and those whose newest child is a task run that ended and was not reacted
+    to (a reaction goes on past it in the same transaction: to the next child, a wait
+    or the box's end)."""
+    by_id = {r.id: r for r in active}
+    with_active_child = {r.parent_run_id for r in active if r.parent_run_id is not None}
+    idle = [
+        r.id
+        for r in active
+        if r.kind is Kind.BOX and r.state is RunState.RUNNING and r.id not in with_active_child
+    ]
+    with store.read() as conn:
+        newest = queries.newest_children(conn, idle)
+    ended = [
+        kid.parent_run_id
+        for kid in newest.values()
+        if kid.kind is Kind.TASK
+        and kid.state not in ACTIVE_RUN_STATES
+        and kid.state is not RunState.SKIPPED
+    ]
+    going_on: set[int] = set()
+    for parent in [by_id[k].parent_run_id for k in keep] + ended:
+        while parent is not None and parent in by_id and parent not in going_on:
+            going_on.add(parent)
+            parent = by_id[parent].parent_run_id
+    return going_on
 
 
 def _settle(conn: Any, run: RunRecord, now: datetime) -> None:

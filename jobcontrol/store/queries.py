@@ -430,6 +430,19 @@ def newest_ended_task_roots(conn: Connection) -> list[RunRecord]:
     return [run_from_row(r) for r in conn.execute(stmt.order_by(run.c.id))]
 
 
+def newest_children(conn: Connection, parent_ids: list[int]) -> dict[int, RunRecord]:
+    """Of each of the box runs ``parent_ids``, its newest child run (by parent run id)."""
+    if not parent_ids:
+        return {}
+    newest = (
+        select(func.max(run.c.id))
+        .where(run.c.parent_run_id.in_(parent_ids), run.c.state != str(RunState.PENDING))
+        .group_by(run.c.parent_run_id)
+    )
+    rows = [run_from_row(r) for r in conn.execute(select(run).where(run.c.id.in_(newest)))]
+    return {r.parent_run_id: r for r in rows if r.parent_run_id is not None}
+
+
 def active_runs(conn: Connection) -> list[RunRecord]:
     rows = conn.execute(
         select(run).where(run.c.state.in_([str(s) for s in ACTIVE_RUN_STATES])).order_by(run.c.id)
