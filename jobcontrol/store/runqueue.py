@@ -84,6 +84,7 @@ class Heartbeat:
 
     kill: list[int] = field(default_factory=list)
     settled: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # every run running under the worker
 
 
 @dataclass(frozen=True)
@@ -346,12 +347,37 @@ class RunQueue:
                 beat["log_problems"], beat["log_problem"] = log_problems
             conn.execute(_BEAT.values(beat), {"w_worker": name})
             conn.execute(_RENEW[self.lease is not None], {"w_worker": name, **self._times(now)})
-            rows = conn.execute(
-                select(run.c.id).where(_HELD, run.c.kill_requested.is_(True)), {"w_worker": name}
+            rows = list(
+                conn.execute(
+                    select(run.c.id, run.c.kill_requested).where(_HELD), {"w_worker": name}
+                )
             )
-            kill = [r.id for r in rows]
-            held = set(_held(conn, name, mine))
-            return Heartbeat(kill=kill, settled=[r for r in mine if r not in held])
+            kill = [r.id for r in rows if r.kill_requested]
+            held = {r.id for r in rows}
+            return Heartbeat(
+                kill=kill, settled=[r for r in mine if r not in held], held=sorted(held)
+            )
+
+    def release_strays(self, name: str, run_ids: Sequence[int]) -> list[int]:
+        """Put back in the queue runs held by worker ``name`` that it never started.
+
+        A claim (or a sequence's next task taken with an end) whose COMMIT reached the
+        database while its answer was lost with the connection: the run is the worker's
+        in the database, but the worker never heard so and runs nothing for it. Only a
+        run with no process recorded (``pid``) goes back, compare-and-set, as it was
+        before the claim."""
+        if not run_ids:
+            return []
+        stmt = (
+            update(run)
+            .where(run.c.id.in_(list(run_ids)), _HELD, run.c.pid.is_(None))
+            .values(
+                state=str(RunState.QUEUED), started=None, worker=None, host=None, lease_until=None
+            )
+            .returning(run.c.id)
+        )
+        with self.store.write() as conn:
+            return sorted(r.id for r in conn.execute(stmt, {"w_worker": name}))
 
     def holds(self, name: str, run_ids: Sequence[int]) -> list[int]:
         """Which of ``run_ids`` are still running under this worker (the others were settled)."""

@@ -53,6 +53,7 @@ from jobcontrol.model import (
 )
 from jobcontrol.outage import Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
+from jobcontrol.store import queries
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
 from jobcontrol.taskenv import PassEnv
@@ -237,6 +238,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
+        self._strays: set[int] = set()  # runs held in the database, unknown here (a beat)
         self._log_dirs: set[Path] = set()
         # Read once: os.environ decodes every variable on each read. Only the pass-through
         # list reaches a task, never the daemon's own secrets (taskenv).
@@ -566,6 +568,7 @@ class Worker:
             self.outage.failed(exc)
             return
         self.outage.recovered()
+        self._release_strays(beat.held)
         for run_id in beat.kill:
             self.kill(run_id, "killed")
         for run_id in beat.settled:
@@ -579,6 +582,33 @@ class Worker:
                 self.name,
             )
             self.kill(run_id, "settled while its worker was away")
+
+    def _release_strays(self, held: list[int]) -> None:
+        """Runs the database says this worker holds that it does not know of: claimed in
+        a transaction whose answer the connection lost (the COMMIT went through). Left
+        alone they would hold their trees forever, their leases renewed by every beat.
+        One seen at two beats in a row (a claim just made is known within moments) goes
+        back to the queue."""
+        with self._cond:
+            known = set(self._active).union(*(g.runs for g in self._groups))
+        strays = set(held) - known
+        again, self._strays = strays & self._strays, strays
+        if not again:
+            return
+        try:
+            released = self.runqueue.release_strays(self.name, sorted(again))
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return
+        self._strays -= set(released)
+        if released:
+            log.warning(
+                "worker %s: task run(s) %s were claimed for it by a transaction whose answer "
+                "was lost with its connection: put back in the queue",
+                self.name,
+                ", ".join(map(str, released)),
+            )
+            events.runs_queued.send(self.store, run_ids=released)
 
     # ---------------------------------------------------------- slot groups
 
@@ -953,7 +983,12 @@ class Worker:
                     self._cond.notify_all()
         if result is None:
             return None
-        if not result.recorded:
+        if not result.recorded and self._recorded_already(run_id, values):
+            log.info(
+                "task run %s: its end was recorded by an earlier try whose answer was lost",
+                run_id,
+            )
+        elif not result.recorded:
             log.warning(
                 "task run %s ended (%s %s) after it had been settled: its end is not recorded",
                 run_id,
@@ -964,6 +999,21 @@ class Worker:
         events.task_finished.send(self.store, run_id=run_id)
         following: RunRecord | None = result.next
         return following
+
+    def _recorded_already(self, run_id: int, values: dict[str, Any]) -> bool:
+        """Whether the run's row holds this very end (the same ``ended`` instant, from this
+        worker): a try whose COMMIT went through while its answer was lost recorded it."""
+        try:
+            with self.store.read() as conn:
+                row = queries.get_run(conn, run_id)
+        except StoreUnavailable:
+            return False
+        return (
+            row is not None
+            and row.worker == self.name
+            and row.ended == values["ended"]
+            and row.exit_status == values["exit_status"]
+        )
 
     def _retry(self, what: str, fn: Any) -> Any:
         """``fn()`` until the database answers; None if the worker is stopping past hope."""

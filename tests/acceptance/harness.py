@@ -250,7 +250,7 @@ class JobControl:
                     pids.append(pid)
         return pids
 
-    def _stop_worker(self, pid: int) -> list[str]:
+    def stop_worker(self, pid: int) -> list[str]:
         """SIGTERM, then SIGINT (kill its runs); SIGKILL and a problem if it ignores both."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -315,7 +315,7 @@ class JobControl:
                     problems.append(f"foreground command {child.args} ignored SIGTERM")
         for pid in self.live_workers():
             # Workers first (warm stop: the daemon's kill reaches their runs meanwhile).
-            problems += self._stop_worker(pid)
+            problems += self.stop_worker(pid)
         for state in sorted(self.state_dirs):
             if self.live_daemons(state):
                 self.run("daemon", "stop", "--kill", "--timeout", "30", state_dir=state)

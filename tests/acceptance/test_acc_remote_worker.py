@@ -12,6 +12,10 @@ import os
 import re
 import signal
 import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,12 +23,14 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import select
+from sqlalchemy.engine import make_url
 
 from jobcontrol import procs
 from jobcontrol.places import live_pid
 from jobcontrol.store import Store
 from jobcontrol.store.schema import run
 from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.acceptance.hosts import TcpRelay
 from tests.acceptance.test_acc_full_disk import health
 from tests.pgserver import PostgresServer
 
@@ -244,6 +250,178 @@ jobs:
             before[name]["exit_status"],
         ), name
     assert (len(runs_of(jc, "long")), len(runs_of(jc, "flaky"))) == (1, 2)
+
+
+def test_boxes_whose_tasks_outlive_their_dispatcher_go_on_from_where_they_were(
+    jcpg: JobControl,
+) -> None:
+    """The dispatcher is killed while two boxes each run a task on a live remote worker.
+    Started again, it does not end the boxes with it: the box whose task still runs is
+    its tree's run in flight (busy, and it goes on to its next child when the task ends);
+    the box whose task ended while no dispatcher ran goes on from that end at once."""
+    jc = jcpg
+    gates = {name: jc.base / f"{name}.gate" for name in ("held", "done")}
+    jc.load(
+        write(
+            jc.base / "boxes.yaml",
+            f"""\
+jobs:
+  - name: Pipe
+    children:
+      - name: held
+        active: true
+        command: "while [ ! -f {gates['held']} ]; do sleep 0.05; done"
+      - name: held-next
+        active: true
+        command: "true"
+  - name: Seq
+    children:
+      - name: done
+        active: true
+        command: "while [ ! -f {gates['done']} ]; do sleep 0.05; done; exit 3"
+      - name: done-next
+        active: true
+        command: "true"
+""",
+        )
+    )
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w6", "--slots", "2")
+    jc.ok("run", "Pipe")
+    jc.ok("run", "Seq")
+    assert wait_until(
+        lambda: jc.marked(JOBCONTROL_JOB="held") and jc.marked(JOBCONTROL_JOB="done"), WAIT
+    ), "the tasks never started"
+    (daemon,) = jc.live_daemons()
+    os.kill(daemon, signal.SIGKILL)
+    assert wait_until(lambda: not jc.live_daemons(), WAIT)
+    gates["done"].touch()  # it ends while no dispatcher runs
+    assert wait_until(lambda: ended(jc, "done"), WAIT), "the worker never recorded its end"
+
+    jc.ok("daemon", "start", "--slots", "0")
+    # Seq goes on from the end it missed: its next child runs, the box ends with the
+    # first non-zero status of its children, as if no dispatcher had been away.
+    assert wait_until(lambda: ended(jc, "Seq"), WAIT), runs_of(jc, "Seq")
+    (seq,) = runs_of(jc, "Seq")
+    assert (seq["state"], seq["exit_status"]) == ("failed", 3), seq
+    assert [r["state"] for r in runs_of(jc, "done-next")] == ["succeeded"]
+    # Pipe is in flight still: busy, not started twice, and not lost.
+    listed = {j["name"]: j for j in jc.json("ls")}
+    assert (listed["Pipe"]["state"], listed["held"]["state"]) == ("running", "running"), listed
+    busy = jc.fails("run", "Pipe")
+    assert "tree busy" in busy.stderr, describe(busy)
+    assert runs_of(jc, "held-next") == []
+    gates["held"].touch()
+    assert wait_until(lambda: ended(jc, "Pipe"), WAIT), runs_of(jc, "Pipe")
+    (pipe,) = runs_of(jc, "Pipe")
+    assert (pipe["state"], pipe["exit_status"]) == ("succeeded", 0), pipe
+    assert [r["state"] for r in runs_of(jc, "held")] == ["succeeded"]
+    assert [r["state"] for r in runs_of(jc, "held-next")] == ["succeeded"]
+    assert wait_until(
+        lambda: {j["name"]: j["state"] for j in jc.json("ls")}["Pipe"] == "idle", WAIT
+    )
+
+
+@contextmanager
+def worker_through(jc: JobControl, name: str, cut_on: tuple[bytes, ...]) -> Iterator[TcpRelay]:
+    """Worker ``name`` (one slot) reaching PostgreSQL through a relay that cuts the
+    connection instead of passing on the answer ``cut_on`` says (``TcpRelay``). A lane
+    of a 3 s lease: a beat each second."""
+    jc.ok("lane", "add", "lossy", "stale=3s", "poll=0.5s")
+    relay = TcpRelay("127.0.0.1", int(make_url(jc.url).port or 5432), cut_on=cut_on)
+    argv = [sys.executable, "-m", "jobcontrol", "--state-dir", str(jc.state_dir), "worker"]
+    argv += ["start", "--name", name, "--slots", "1"]
+    started = subprocess.run(
+        argv,
+        env=dict(jc.env, JOBCONTROL_DB=relay.url(jc.url)),
+        cwd=jc.base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    try:
+        assert started.returncode == 0, describe(started)
+        yield relay
+    finally:
+        for pid in jc.live_workers():  # before the relay goes: cut off, it would wait
+            jc.stop_worker(pid)
+        relay.close()
+
+
+def worker_said(jc: JobControl, name: str) -> str:
+    return "".join(p.read_text() for p in jc.state_dir.glob(f"worker-{name}-*.log"))
+
+
+def test_a_claim_whose_answer_is_lost_with_its_connection_goes_back_to_the_queue(
+    jcpg: JobControl,
+) -> None:
+    """The worker's claim commits, then its connection is cut before the answer arrives
+    (a relay between worker and PostgreSQL drops the answer to the COMMIT of the claim).
+    The database says the worker holds the run; the worker never heard of it and runs
+    nothing. Its heartbeats find the stranger and put it back in the queue, where it is
+    claimed again and runs: the tree does not hang as running forever."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    yaml = "jobs:\n  - name: answer-lost\n    command: exit 5\n    queue: lossy\n"
+    jc.load(write(jc.base / "lossy.yaml", yaml))
+    with worker_through(jc, "w7", (b"answer-lost", b"COMMIT")) as relay:
+        jc.ok("run", "answer-lost")
+        assert relay.cut.wait(WAIT), "the claim's answer never passed the relay"
+        assert wait_until(lambda: ended(jc, "answer-lost"), WAIT), runs_of(jc, "answer-lost")
+        (done,) = runs_of(jc, "answer-lost")  # the same run, claimed again: not a retry
+        assert (done["state"], done["exit_status"], done["attempt"], done["worker"]) == (
+            "failed",
+            5,
+            1,
+            "w7",
+        ), done
+        said = worker_said(jc, "w7")
+        assert f"task run(s) {done['id']} were claimed for it by a transaction" in said, said
+        assert {j["name"]: j for j in jc.json("ls")}["answer-lost"]["state"] == "idle"
+
+
+def test_an_end_whose_answer_is_lost_is_recorded_once_and_its_sequence_goes_on(
+    jcpg: JobControl,
+) -> None:
+    """A task of a sequence ends; the statement that records its end and takes the next
+    task commits, but its answer is cut on the way back. The worker records the end
+    again (it cannot know): the row has it already, once. The next task it took without
+    hearing so goes back to the queue, runs, and the sequence ends."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    yaml = """\
+jobs:
+  - name: Steps
+    box_type: sequence
+    queue: lossy
+    children:
+      - name: first-step
+        command: "exit 0"
+        queue: lossy
+        active: true
+      - name: next-step
+        command: "exit 0"
+        queue: lossy
+        active: true
+"""
+    jc.load(write(jc.base / "steps.yaml", yaml))
+    # The end's answer carries the row of the task it took next (``n_job_name``).
+    with worker_through(jc, "w8", (b"next-step",)) as relay:
+        jc.ok("run", "Steps")
+        assert relay.cut.wait(WAIT), "the end's answer never passed the relay"
+        assert wait_until(lambda: ended(jc, "Steps"), WAIT), runs_of(jc, "next-step")
+        (box,) = runs_of(jc, "Steps")
+        assert (box["state"], box["exit_status"]) == ("succeeded", 0), box
+        for step in ("first-step", "next-step"):
+            (done,) = runs_of(jc, step)
+            assert (done["state"], done["attempt"], done["worker"]) == ("succeeded", 1, "w8")
+        said = worker_said(jc, "w8")
+        (first,) = runs_of(jc, "first-step")
+        assert f"task run {first['id']}: its end was recorded by an earlier try" in said, said
+        assert "after it had been settled" not in said, said
+        (taken,) = runs_of(jc, "next-step")
+        assert f"task run(s) {taken['id']} were claimed for it by a transaction" in said, said
 
 
 def test_a_stopped_worker_kills_what_outlasts_its_drain_timeout_and_records_it(
