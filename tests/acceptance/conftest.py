@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.harness import JobControl, write
+from tests.acceptance.hosts import Hosts, need_namespaces
 
 
 @pytest.fixture
@@ -83,3 +84,15 @@ def jcpg(postgres_url: str, make_jc: Callable[[str], JobControl]) -> JobControl:
     jc = make_jc(postgres_url)
     jc.upgraded().load(write(jc.base / "tree.yaml", REMOTE_TREE))
     return jc
+
+
+@pytest.fixture(params=["here", "netns"])
+def hosts(request: pytest.FixtureRequest, jcpg: JobControl) -> Iterator[Hosts]:
+    """Workers as separate processes on this host, then each in a namespace of its own."""
+    if request.param == "netns":
+        need_namespaces()
+    placed = Hosts(jcpg, request.param)
+    try:
+        yield placed
+    finally:
+        placed.close()

@@ -27,7 +27,8 @@ from sqlalchemy import Row, func, select
 
 from jobcontrol.store import Store
 from jobcontrol.store.schema import run, worker_end
-from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.acceptance.harness import JobControl, wait_until, write
+from tests.acceptance.hosts import Hosts
 from tests.acceptance.test_acc_remote_worker import worker_pid
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.postgres]
@@ -110,13 +111,13 @@ def most_at_once(rows: Sequence[Row[Any]]) -> tuple[int, datetime | None]:
     return most, when
 
 
-def start_workers(jc: JobControl, slots: int = SLOTS) -> None:
-    """The three workers, started side by side (each CLI start costs ~0.5 s of CPU)."""
-    argvs = [jc.argv("worker", "start", "--name", n, "--slots", str(slots)) for n in WORKERS]
-    for result in jc.run_all(*argvs):
-        assert result.returncode == 0, describe(result)
+def start_workers(jc: JobControl, hosts: Hosts, slots: int = SLOTS) -> None:
+    """The three workers, started side by side where the test places them."""
+    hosts.start(*WORKERS, slots=slots)
     live = {w["name"]: w for w in jc.json("workers") if w["stopped"] is None}
-    assert {n: live[n]["slots"] for n in WORKERS} == dict.fromkeys(WORKERS, slots), live
+    assert {n: (live[n]["slots"], live[n]["host"]) for n in WORKERS} == {
+        n: (slots, hosts.host_of(n)) for n in WORKERS
+    }, live
 
 
 def lane(jc: JobControl) -> dict[str, Any]:
@@ -136,13 +137,13 @@ def queue_drained(jc: JobControl, db: Store, yaml: str, expected: int) -> list[R
 
 
 def test_a_burst_of_500_runs_never_exceeds_the_lane_cap_across_three_workers(
-    jcpg: JobControl, db: Store
+    jcpg: JobControl, db: Store, hosts: Hosts
 ) -> None:
     jc, cap, runs = jcpg, 3, 500
     jc.ok("daemon", "start", "--slots", "0")
     jc.ok("lane", "add", LANE, f"max_slots={cap}", f"poll={POLL:g}s")
     jc.ok("lane", "drain", LANE)
-    start_workers(jc)
+    start_workers(jc, hosts)
     names = [f"b{i:03}" for i in range(runs)]
     queue_drained(jc, db, trees(names, "true"), runs)
 
@@ -173,14 +174,14 @@ def test_a_burst_of_500_runs_never_exceeds_the_lane_cap_across_three_workers(
 
 
 def test_claims_follow_priority_then_age_when_a_drained_lane_resumes(
-    jcpg: JobControl, db: Store
+    jcpg: JobControl, db: Store, hosts: Hosts
 ) -> None:
     jc = jcpg
     order_file = jc.base / "order.txt"
     jc.ok("daemon", "start", "--slots", "0")
     jc.ok("lane", "add", LANE, "max_slots=1", f"poll={POLL:g}s")
     jc.ok("lane", "drain", LANE)
-    start_workers(jc)
+    start_workers(jc, hosts)
     priorities = {"low1": 0, "high1": 5, "mid": 2, "high2": 5, "low2": 0, "top": 9, "low3": 0}
     yaml = trees(
         list(priorities),
@@ -206,13 +207,13 @@ def test_claims_follow_priority_then_age_when_a_drained_lane_resumes(
 
 
 def test_a_drain_stops_new_claims_while_running_runs_finish_and_resume_restarts_them(
-    jcpg: JobControl, db: Store
+    jcpg: JobControl, db: Store, hosts: Hosts
 ) -> None:
     jc, cap = jcpg, 3
     go = jc.base / "go"
     jc.ok("daemon", "start", "--slots", "0")
     jc.ok("lane", "add", LANE, f"max_slots={cap}", f"poll={POLL:g}s")
-    start_workers(jc)
+    start_workers(jc, hosts)
     names = [f"d{i}" for i in range(2 * cap)]
     jc.load(write(jc.base / "d.yaml", trees(names, f"while [ ! -e {go} ]; do sleep 0.05; done")))
     assert wait_until(
@@ -237,13 +238,13 @@ def test_a_drain_stops_new_claims_while_running_runs_finish_and_resume_restarts_
 
 
 def test_five_kill_9s_of_workers_holding_lane_runs_stop_the_lane_until_resumed(
-    jcpg: JobControl, db: Store
+    jcpg: JobControl, db: Store, hosts: Hosts
 ) -> None:
     jc = jcpg
     jc.ok("daemon", "start", "--slots", "0")
     # A 3 s lease: a worker killed with -9 loses its run within seconds.
     jc.ok("lane", "add", LANE, "stale=3s", f"poll={POLL:g}s")
-    start_workers(jc, slots=1)
+    start_workers(jc, hosts, slots=1)
     jc.load(
         write(
             jc.base / "hang.yaml",
@@ -265,10 +266,12 @@ def test_five_kill_9s_of_workers_holding_lane_runs_stop_the_lane_until_resumed(
         assert wait_until(lambda r=held.id: _state(db, r) == "lost", WAIT), lane_runs(db)
         [lost] = [r for r in lane_runs(db) if r.id == held.id]
         assert f"worker {held.worker} stopped renewing its lease" in lost.reason, lost
-        jc.assert_no_task_processes()  # on this host: what it left is killed with the run
         if kill < 5:
             assert lane(jc)["state"] == "open", f"stopped after {kill} worker ends"
-        jc.ok("worker", "start", "--name", held.worker, "--slots", "1")
+        hosts.start(held.worker, slots=1)
+        # What it left is killed with the run: by the dispatcher on its own host, by
+        # the restarted worker on another.
+        jc.assert_no_task_processes()
 
     now = lane(jc)
     assert now["state"] == "stopped", now
@@ -299,7 +302,7 @@ def _state(db: Store, run_id: int) -> str | None:
 
 
 def test_five_workers_restarted_at_once_after_kill_9_stop_the_lane_too(
-    jcpg: JobControl, db: Store
+    jcpg: JobControl, db: Store, hosts: Hosts
 ) -> None:
     """A supervisor (systemd ``Restart=``) restarts a crashed worker at once, long before
     its lease would run out: the new process settles what the killed one held. Those
@@ -308,7 +311,7 @@ def test_five_workers_restarted_at_once_after_kill_9_stop_the_lane_too(
     jc = jcpg
     jc.ok("daemon", "start", "--slots", "0")
     jc.ok("lane", "add", LANE, "stale=30m", f"poll={POLL:g}s")  # no lease runs out here
-    jc.ok("worker", "start", "--name", "w1", "--slots", "2")
+    hosts.start("w1", slots=2)
     # Two runs held per death: each death still counts once.
     jc.load(
         write(
@@ -330,7 +333,7 @@ def test_five_workers_restarted_at_once_after_kill_9_stop_the_lane_too(
         pid = worker_pid(jc, "w1")
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        jc.ok("worker", "start", "--name", "w1", "--slots", "2")
+        hosts.start("w1", slots=2)
         assert wait_until(
             lambda b=before: [r.state for r in lane_runs(db) if r.id not in b] == ["lost"] * 2,
             WAIT,
