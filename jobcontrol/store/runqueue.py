@@ -752,8 +752,8 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
         # statement stays under psycopg's 4 KiB limit for caching its parsed form (each
         # finish parsed it again: half a millisecond of CPU per run).
         lease = bindparam("v_lease", type_=UTCDateTime()) if fixed else lanes.run_lease("v_started")
-        rule = select(run.c.id, lanes.fast_lane().label("go"), lease.label("lease"))
-        rule = rule.where(follows).cte("rule")
+        picked = select(run.c.id, lanes.fast_lane().label("go"), lease.label("lease"))
+        rule = picked.where(follows).cte("rule")
 
         def when(value: Any) -> Any:
             return case((rule.c.go, value), else_=null())
