@@ -179,6 +179,27 @@ def test_a_worker_restarted_at_once_settles_what_its_killed_process_held(
     jc.assert_no_task_processes()
 
 
+def outlive_the_dispatcher(
+    jc: JobControl, worker: str, held: tuple[str, str], ends: tuple[str, str], gate: Path
+) -> None:
+    """A daemon with no slots and ``worker`` (two slots) run the jobs ``held[0]`` and
+    ``ends[0]`` until their tasks ``held[1]`` and ``ends[1]`` run; the daemon is killed
+    with -9; then ``gate`` lets ``ends[1]`` end, and its worker records that end while
+    no dispatcher runs."""
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", worker, "--slots", "2")
+    jc.ok("run", held[0])
+    jc.ok("run", ends[0])
+    assert wait_until(
+        lambda: jc.marked(JOBCONTROL_JOB=held[1]) and jc.marked(JOBCONTROL_JOB=ends[1]), WAIT
+    ), "the tasks never started"
+    (daemon,) = jc.live_daemons()
+    os.kill(daemon, signal.SIGKILL)
+    assert wait_until(lambda: not jc.live_daemons(), WAIT)
+    gate.touch()
+    assert wait_until(lambda: ended(jc, ends[1]), WAIT), "the worker never recorded its end"
+
+
 def test_a_task_that_outlives_its_dispatcher_keeps_its_tree_busy_and_its_end_counts(
     jcpg: JobControl,
 ) -> None:
@@ -203,18 +224,7 @@ jobs:
 """,
         )
     )
-    jc.ok("daemon", "start", "--slots", "0")
-    jc.ok("worker", "start", "--name", "w5", "--slots", "2")
-    jc.ok("run", "long")
-    jc.ok("run", "flaky")
-    assert wait_until(
-        lambda: jc.marked(JOBCONTROL_JOB="long") and jc.marked(JOBCONTROL_JOB="flaky"), WAIT
-    ), "the tasks never started"
-    (daemon,) = jc.live_daemons()
-    os.kill(daemon, signal.SIGKILL)
-    assert wait_until(lambda: not jc.live_daemons(), WAIT)
-    gates["flaky"].touch()  # it fails while no dispatcher runs
-    assert wait_until(lambda: ended(jc, "flaky"), WAIT), "the worker never recorded its end"
+    outlive_the_dispatcher(jc, "w5", ("long", "long"), ("flaky", "flaky"), gates["flaky"])
     assert (ended(jc, "flaky") or {}).get("exit_status") == 4
 
     jc.ok("daemon", "start", "--slots", "0")
@@ -285,18 +295,7 @@ jobs:
 """,
         )
     )
-    jc.ok("daemon", "start", "--slots", "0")
-    jc.ok("worker", "start", "--name", "w6", "--slots", "2")
-    jc.ok("run", "Pipe")
-    jc.ok("run", "Seq")
-    assert wait_until(
-        lambda: jc.marked(JOBCONTROL_JOB="held") and jc.marked(JOBCONTROL_JOB="done"), WAIT
-    ), "the tasks never started"
-    (daemon,) = jc.live_daemons()
-    os.kill(daemon, signal.SIGKILL)
-    assert wait_until(lambda: not jc.live_daemons(), WAIT)
-    gates["done"].touch()  # it ends while no dispatcher runs
-    assert wait_until(lambda: ended(jc, "done"), WAIT), "the worker never recorded its end"
+    outlive_the_dispatcher(jc, "w6", ("Pipe", "held"), ("Seq", "done"), gates["done"])
 
     jc.ok("daemon", "start", "--slots", "0")
     # Seq goes on from the end it missed: its next child runs, the box ends with the
