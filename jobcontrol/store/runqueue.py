@@ -228,23 +228,29 @@ def _successor(ok: bool, after: Any = None) -> Any:
     return cond if ok else and_(cond, run.c.after_ok_only.is_(False))
 
 
-def _take_or_release(fixed: bool) -> dict[str, Any]:
+def _lease(fixed: bool) -> Any:
+    """The lease a claim gives: the run queue's own, or the run's lane's."""
+    return bindparam("v_lease", type_=UTCDateTime()) if fixed else lanes.run_lease("v_started")
+
+
+def _take_or_release(fixed: bool, go: Any = None, lease: Any = None) -> dict[str, Any]:
     """Claimed at once when its lane needs no count; else released to the queue, where a
-    claim that counts (or a resume) takes it: one statement either way."""
-    go = lanes.fast_lane()
+    claim that counts (or a resume) takes it: one statement either way.
+
+    ``go`` and ``lease``: the lane's rule and the lease, when the statement read them
+    already (default: read here, in the UPDATE of ``run``)."""
+    go = lanes.fast_lane() if go is None else go
+    lease = _lease(fixed) if lease is None else lease
 
     def when(value: Any) -> Any:
         return case((go, value), else_=null())
 
-    claimed = _claimed(fixed)
     return {
         "state": case((go, str(RunState.RUNNING)), else_=str(RunState.QUEUED)),
         "started": when(bindparam("v_started", type_=UTCDateTime())),
         "worker": when(bindparam("v_worker", type_=String())),
         "host": when(bindparam("v_host", type_=String())),
-        "lease_until": when(
-            bindparam("v_lease", type_=UTCDateTime()) if fixed else claimed["lease_until"]
-        ),
+        "lease_until": when(lease),
     }
 
 
@@ -751,20 +757,9 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
         # The lane's rule read once per run, in a CTE, not once per column set: the
         # statement stays under psycopg's 4 KiB limit for caching its parsed form (each
         # finish parsed it again: half a millisecond of CPU per run).
-        lease = bindparam("v_lease", type_=UTCDateTime()) if fixed else lanes.run_lease("v_started")
-        picked = select(run.c.id, lanes.fast_lane().label("go"), lease.label("lease"))
+        picked = select(run.c.id, lanes.fast_lane().label("go"), _lease(fixed).label("lease"))
         rule = picked.where(follows).cte("rule")
-
-        def when(value: Any) -> Any:
-            return case((rule.c.go, value), else_=null())
-
-        values = {
-            "state": case((rule.c.go, str(RunState.RUNNING)), else_=str(RunState.QUEUED)),
-            "started": when(bindparam("v_started", type_=UTCDateTime())),
-            "worker": when(bindparam("v_worker", type_=String())),
-            "host": when(bindparam("v_host", type_=String())),
-            "lease_until": when(rule.c.lease),
-        }
+        values = _take_or_release(fixed, rule.c.go, rule.c.lease)
         taking = run.c.id == rule.c.id, run.c.state == str(RunState.PENDING)
         nxt = update(run).where(*taking).values(values).returning(*run.c).cte("nxt")
     else:
