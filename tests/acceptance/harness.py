@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,25 +186,42 @@ class JobControl:
         self.children.append(child)
         return child
 
-    def run_all(self, *argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    def argv_env(
+        self, url: str, *args: str, state_dir: Path | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """``jobcontrol ARGS`` on the database ``url`` given in its environment
+        (``JOBCONTROL_DB``), never on its command line: as a worker on a host that reaches
+        the database at an address of its own."""
+        state = state_dir or self.state_dir
+        self.state_dirs.add(state)
+        argv = [sys.executable, "-m", "jobcontrol", "--state-dir", str(state)]
+        return argv + [str(a) for a in args], dict(self.env, JOBCONTROL_DB=url)
+
+    def run_all(
+        self,
+        *argvs: list[str],
+        envs: Sequence[dict[str, str]] = (),
+        timeout: float = COMMAND_TIMEOUT,
+    ) -> list[subprocess.CompletedProcess[str]]:
         """Run independent commands (from ``argv``) at the same time: each ``jobcontrol``
-        start costs ~0.5 s of CPU."""
+        start costs ~0.5 s of CPU. ``envs``: each command's environment (default: the
+        test's)."""
         children = [
             subprocess.Popen(
                 argv,
                 cwd=self.base,
-                env=self.env,
+                env=envs[i] if envs else self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for argv in argvs
+            for i, argv in enumerate(argvs)
         ]
         results = []
         try:
             for argv, child in zip(argvs, children, strict=True):
-                out, err = child.communicate(timeout=COMMAND_TIMEOUT)
+                out, err = child.communicate(timeout=timeout)
                 results.append(subprocess.CompletedProcess(argv, child.returncode, out, err))
         finally:
             for child in children:

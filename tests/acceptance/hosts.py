@@ -16,7 +16,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -180,34 +179,15 @@ class Hosts:
             ns = self._stack.enter_context(namespace())
             self.placed[name] = (ns, self._stack.enter_context(relayed(jc, ns)))
         ns, url = self.placed[name]
-        jc.state_dirs.add(jc.state_dir)
-        argv = [sys.executable, "-m", "jobcontrol", "--state-dir", str(jc.state_dir)]
-        argv += ["worker", "start", "--name", name, *extra]
-        return ns.argv(self.host_of(name), *argv), dict(jc.env, JOBCONTROL_DB=url)
+        argv, env = jc.argv_env(url, "worker", "start", "--name", name, *extra)
+        return ns.argv(self.host_of(name), *argv), env
 
     def start(self, *names: str, slots: int) -> None:
         """Start the workers side by side (each start costs ~0.5 s of CPU) and wait
         until each is up."""
         started = [self.start_argv(n, "--slots", str(slots)) for n in names]
-        children = [
-            subprocess.Popen(
-                argv,
-                cwd=self.jc.base,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for argv, env in started
-        ]
-        for (argv, _), child in zip(started, children, strict=True):
-            try:
-                out, err = child.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                out, err = child.communicate()
-            result = subprocess.CompletedProcess(argv, child.returncode, out, err)
+        argvs, envs = [a for a, _ in started], [e for _, e in started]
+        for result in self.jc.run_all(*argvs, envs=envs, timeout=120):
             assert result.returncode == 0, describe(result)
 
     def close(self) -> None:

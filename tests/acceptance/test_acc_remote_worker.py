@@ -12,8 +12,6 @@ import os
 import re
 import signal
 import stat
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -328,17 +326,8 @@ def worker_through(jc: JobControl, name: str, cut_on: tuple[bytes, ...]) -> Iter
     of a 3 s lease: a beat each second."""
     jc.ok("lane", "add", "lossy", "stale=3s", "poll=0.5s")
     relay = TcpRelay("127.0.0.1", int(make_url(jc.url).port or 5432), cut_on=cut_on)
-    argv = [sys.executable, "-m", "jobcontrol", "--state-dir", str(jc.state_dir), "worker"]
-    argv += ["start", "--name", name, "--slots", "1"]
-    started = subprocess.run(
-        argv,
-        env=dict(jc.env, JOBCONTROL_DB=relay.url(jc.url)),
-        cwd=jc.base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    argv, env = jc.argv_env(relay.url(jc.url), "worker", "start", "--name", name, "--slots", "1")
+    (started,) = jc.run_all(argv, envs=[env], timeout=120)
     try:
         assert started.returncode == 0, describe(started)
         yield relay

@@ -123,6 +123,18 @@ def verify_unit(path: Path) -> None:
     assert (checked.returncode, checked.stderr) == (0, ""), path.read_text() + checked.stderr
 
 
+# What the daemon's and a worker's units both set (each adds its own).
+SERVICE = {
+    "Type": "notify",
+    "NotifyAccess": "main",
+    "KillMode": "mixed",
+    "Delegate": "yes",
+    "User": "jobcontrol",
+    "StateDirectory": "jobcontrol",
+    "Restart": "on-failure",
+}
+
+
 def verified_settings(text: str, path: Path) -> dict[str, list[str]]:
     """The unit ``text``, written to ``path`` and verified: its settings."""
     path.write_text(text)
@@ -155,17 +167,11 @@ def test_daemon_unit_prints_a_unit_systemd_accepts(jc_sqlite: JobControl, tmp_pa
     assert_settings(
         settings,
         {
-            "Type": "notify",
-            "NotifyAccess": "main",
-            "KillMode": "mixed",
-            "Delegate": "yes",
-            "User": "jobcontrol",
+            **SERVICE,
             "Group": "jobcontrol",
-            "StateDirectory": "jobcontrol",
             "StateDirectoryMode": "0700",
             "NoNewPrivileges": "yes",
             "ProtectSystem": "full",
-            "Restart": "on-failure",
         },
         made.stdout,
     )
@@ -248,17 +254,11 @@ def test_worker_unit_prints_a_unit_that_drains_then_kills_and_keeps_the_password
     assert_settings(
         settings,
         {
-            "Type": "notify",
-            "NotifyAccess": "main",
-            "KillMode": "mixed",
-            "Delegate": "yes",
-            "User": "jobcontrol",
+            **SERVICE,
             "EnvironmentFile": "-/etc/jobcontrol/worker.env",
-            "StateDirectory": "jobcontrol",
             "TimeoutStartSec": "infinity",
             # The drain, then the kill's grace and the recording, before systemd's SIGKILL.
             "TimeoutStopSec": "660",
-            "Restart": "on-failure",
         },
         made.stdout,
     )

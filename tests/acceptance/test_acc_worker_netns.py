@@ -9,7 +9,6 @@ lost network is a real one (the link is taken down). The lane tests
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,11 +38,11 @@ def remote(jcpg: JobControl, netns: Namespace) -> Iterator[Any]:
 
         def start(name: str, *extra: str) -> subprocess.Popen[bytes]:
             state = jcpg.base / f"remote-{name}"
-            argv = [sys.executable, "-m", "jobcontrol", "--state-dir", str(state), "worker"]
+            argv, env = jcpg.argv_env(remote_url, "worker", "--name", name, *extra, state_dir=state)
             out = open(jcpg.base / f"remote-{name}.log", "wb")  # noqa: SIM115 - the child's
             child = subprocess.Popen(
-                netns.argv(HOSTNAME, *argv, "--name", name, *extra),
-                env=dict(jcpg.env, JOBCONTROL_DB=remote_url),
+                netns.argv(HOSTNAME, *argv),
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
