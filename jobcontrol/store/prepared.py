@@ -106,9 +106,15 @@ class Prepared:
             row = conn.execute(self.stmt, dict(params)).first()
             return dict(row._mapping) if row is not None else None
         fetched = self.execute(conn, params).fetchall()
-        if not fetched:
-            return None
-        raw = fetched[0]
+        return self._row(conn, fetched[0]) if fetched else None
+
+    def all(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Every row the statement returns, each as {column: value}."""
+        if conn.dialect.name != "sqlite":
+            return [dict(row._mapping) for row in conn.execute(self.stmt, dict(params))]
+        return [self._row(conn, raw) for raw in self.execute(conn, params).fetchall()]
+
+    def _row(self, conn: Connection, raw: Sequence[Any]) -> dict[str, Any]:
         results = self._for_sqlite(conn).results
         return {
             key: value if process is None else process(value)
