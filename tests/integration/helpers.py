@@ -420,7 +420,23 @@ class JC:
             )
             return busy == 0
 
-        poll_until("every run to end", idle)
+        try:
+            poll_until("every run to end", idle)
+        except WaitTimeout as exc:
+            raise WaitTimeout(
+                f"{exc}; still under way at {self.clock.now():%H:%M:%S}: "
+                f"{self.dispatcher.call(self._in_flight).result(WAIT)}"
+            ) from None
+
+    def _in_flight(self) -> list[str]:
+        """The tree runs under way, each with what it is at (dispatcher thread)."""
+        said = []
+        for tr in self.dispatcher.runs.tree_runs.values():
+            at = tr.current_task or tr.waiting_frame
+            what = "nothing" if at is None else f"{at.node.job.name!r} (run {at.run_id})"
+            waiting = " waiting for its time" if tr.waiting_frame is not None else ""
+            said.append(f"{tr.root.job.name!r} at {what}{waiting}")
+        return said
 
 
 def _parent_id(node: Node) -> int | None:
