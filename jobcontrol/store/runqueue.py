@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     Connection,
     Select,
     String,
@@ -233,14 +234,10 @@ def _lease(fixed: bool) -> Any:
     return bindparam("v_lease", type_=UTCDateTime()) if fixed else lanes.run_lease("v_started")
 
 
-def _take_or_release(fixed: bool, go: Any = None, lease: Any = None) -> dict[str, Any]:
-    """Claimed at once when its lane needs no count; else released to the queue, where a
-    claim that counts (or a resume) takes it: one statement either way.
-
-    ``go`` and ``lease``: the lane's rule and the lease, when the statement read them
-    already (default: read here, in the UPDATE of ``run``)."""
-    go = lanes.fast_lane() if go is None else go
-    lease = _lease(fixed) if lease is None else lease
+def _take_or_release(go: Any, lease: Any) -> dict[str, Any]:
+    """Claimed at once when its lane needs no count (``go``, the lane's rule, with the
+    ``lease`` it gives); else released to the queue, where a claim that counts (or a
+    resume) takes it: one statement either way."""
 
     def when(value: Any) -> Any:
         return case((go, value), else_=null())
@@ -254,26 +251,31 @@ def _take_or_release(fixed: bool, go: Any = None, lease: Any = None) -> dict[str
     }
 
 
-# SQLite's take-next, in two statements of the finish's transaction: the lane rule of
-# the run queued after ``w_id`` read once, then that run taken (or released) by id. As
-# one UPDATE whose every column re-read the rule (twelve subqueries, sixty parameters)
-# it cost SQLite 0.4 ms of CPU per task, most of the finish.
-def _next_rule(ok: bool, fixed: bool) -> Prepared:
-    lease = () if fixed else (lanes.run_lease("v_started").label("lease"),)
-    stmt = select(run.c.id, lanes.fast_lane().label("go"), *lease).where(_successor(ok))
-    return Prepared(stmt.order_by(run.c.id), list(stmt.selected_columns))
+def _next_rule(ok: bool, fixed: bool, after: Any = None) -> Select[Any]:
+    """The run(s) queued after ``w_id`` (or the runs ``after`` names) that the end just
+    recorded releases, with their lane's rule (``go``) and the lease a claim gives."""
+    go = lanes.fast_lane().label("go")
+    return select(run.c.id, go, _lease(fixed).label("lease")).where(_successor(ok, after))
 
 
-_NEXT_RULE = {(ok, fixed): _next_rule(ok, fixed) for ok in (True, False) for fixed in (True, False)}
+# SQLite's take-next, in two statements of the finish's transaction: the lane rule read
+# once, then each run taken (or released) by id. As one UPDATE whose every column re-read
+# the rule (twelve subqueries, sixty parameters) it cost SQLite 0.4 ms of CPU per task.
+def _prepared_rule(ok: bool, fixed: bool) -> Prepared:
+    rule = _next_rule(ok, fixed)
+    return Prepared(rule.order_by(run.c.id), list(rule.selected_columns))
+
+
+_NEXT_RULE = {
+    (ok, fixed): _prepared_rule(ok, fixed) for ok in (True, False) for fixed in (True, False)
+}
 _TAKE_BY_ID = Prepared(
     update(run)
     .where(run.c.id == bindparam("w_next"), run.c.state == str(RunState.PENDING))
     .values(
-        state=bindparam("v_state", type_=String()),
-        started=bindparam("v_started", type_=UTCDateTime()),
-        worker=bindparam("v_worker", type_=String()),
-        host=bindparam("v_host", type_=String()),
-        lease_until=bindparam("v_lease_until", type_=UTCDateTime()),
+        _take_or_release(
+            bindparam("v_go", type_=Boolean()), bindparam("v_lease_until", type_=UTCDateTime())
+        )
     )
     .returning(*run.c),
     list(run.c),
@@ -666,21 +668,13 @@ class RunQueue:
     ) -> RunRecord | None:
         """SQLite: the run queued after ``run_id`` claimed by ``name`` if its lane needs no
         count, else released to the queue; the run claimed, if one was."""
-        fixed = self.lease is not None
+        params = {"w_id": run_id, "v_started": now, "v_worker": name, "v_host": host}
+        params.update(self._times(now))
         taken = None
-        for rule in _NEXT_RULE[ok, fixed].all(conn, {"w_id": run_id, "v_started": now}):
-            go = bool(rule["go"])
-            lease = (now + self.lease if self.lease is not None else rule["lease"]) if go else None
-            params = {
-                "w_next": rule["id"],
-                "v_state": str(RunState.RUNNING if go else RunState.QUEUED),
-                "v_started": now if go else None,
-                "v_worker": name if go else None,
-                "v_host": host if go else None,
-                "v_lease_until": lease,
-            }
-            row = _TAKE_BY_ID.first(conn, params)
-            if taken is None and row is not None and go:
+        for rule in _NEXT_RULE[ok, self.lease is not None].all(conn, params):
+            values = {"w_next": rule["id"], "v_go": rule["go"], "v_lease_until": rule["lease"]}
+            row = _TAKE_BY_ID.first(conn, {**params, **values})
+            if taken is None and row is not None and row["state"] == str(RunState.RUNNING):
                 taken = queries.run_from_row(row)
         return taken  # none, or released for a claim that counts
 
@@ -786,14 +780,14 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
     none when the run was settled meanwhile."""
     record: Any = _finish_stmt(columns).stmt
     fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files).cte("fin")
-    follows = _successor(ok, run.c.after_run_id.in_(select(fin.c.id)))
+    after = run.c.after_run_id.in_(select(fin.c.id))
+    follows = _successor(ok, after)
     if take:
         # The lane's rule read once per run, in a CTE, not once per column set: the
         # statement stays under psycopg's 4 KiB limit for caching its parsed form (each
         # finish parsed it again: half a millisecond of CPU per run).
-        picked = select(run.c.id, lanes.fast_lane().label("go"), _lease(fixed).label("lease"))
-        rule = picked.where(follows).cte("rule")
-        values = _take_or_release(fixed, rule.c.go, rule.c.lease)
+        rule = _next_rule(ok, fixed, after).cte("rule")
+        values = _take_or_release(rule.c.go, rule.c.lease)
         taking = run.c.id == rule.c.id, run.c.state == str(RunState.PENDING)
         nxt = update(run).where(*taking).values(values).returning(*run.c).cte("nxt")
     else:
