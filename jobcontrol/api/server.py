@@ -8,6 +8,7 @@ import json
 import logging
 import resource
 import socket
+import ssl
 import threading
 import time
 from email.utils import formatdate
@@ -62,11 +63,15 @@ def open_files_limit() -> int:
 
 
 class _Guard:
-    """What every connection of one server shares: its bounds and their counts."""
+    """What every connection of one server shares: its bounds, their counts, and the
+    TLS context when it serves HTTPS."""
 
-    def __init__(self, stats: ConnectionStats, header_timeout: float) -> None:
+    def __init__(
+        self, stats: ConnectionStats, header_timeout: float, tls: ssl.SSLContext | None
+    ) -> None:
         self.stats = stats
         self.header_timeout = header_timeout
+        self.tls = tls
         self._logged = {"refused": -LOG_EVERY, "timeout": -LOG_EVERY}
         message = f"the admin API is at its limit of {stats.limit} connections; try again shortly"
         body = json.dumps({"error": "ServiceUnavailable", "message": message}).encode()
@@ -117,6 +122,13 @@ class _GuardedH11(H11Protocol):
       next request) is answered 408 and closed; one that sent nothing is closed.
       Once a request's headers are in, the timeout no longer applies (a body or
       an event stream takes as long as it takes).
+
+    With TLS the server listens on plain TCP and this protocol starts TLS itself
+    (``loop.start_tls``), so both bounds hold from the moment a connection opens:
+    asyncio's own TLS server would hand a connection over only once its handshake
+    is done, and hold it uncounted for up to 60 s until then. A TLS connection over
+    the limit is closed before its handshake (it cannot be answered in HTTP), and
+    the header timeout covers the handshake and the headers together.
     """
 
     guard: _Guard  # set on the subclass each server makes
@@ -126,18 +138,50 @@ class _GuardedH11(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
         self._sent_bytes = False
+        self._handshake: asyncio.Task[None] | None = None  # kept: the loop holds tasks weakly
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
         guard = self.guard
+        if guard.tls is not None:
+            transport.pause_reading()  # the bytes are the handshake's: start_tls reads them
+        super().connection_made(transport)
         if len(self.connections) > guard.stats.limit:
             self._refused = True
             guard.refused()
-            transport.write(guard.full)
+            if guard.tls is None:
+                transport.write(guard.full)
             transport.close()
             return
         guard.stats.open = len(self.connections)
         self._arm()
+        if guard.tls is not None:
+            self._handshake = self.loop.create_task(self._start_tls(transport, guard.tls))
+
+    async def _start_tls(self, plain: asyncio.Transport, context: ssl.SSLContext) -> None:
+        early = _Early()
+        try:
+            secure = await self.loop.start_tls(
+                plain,
+                early,
+                context,
+                server_side=True,
+                # the header timer closes it first; this only bounds start_tls itself
+                ssl_handshake_timeout=2 * self.guard.header_timeout,
+            )
+        except (OSError, asyncio.CancelledError):  # ssl.SSLError and resets are OSErrors
+            secure = None
+        if secure is None or secure.is_closing():
+            # Not made (a failed, abandoned or timed-out handshake): start_tls closed
+            # the socket, and no connection_lost will come for a connection never made.
+            plain.close()
+            self._disarm()
+            self.connections.discard(self)
+            self.guard.stats.open = len(self.connections)
+            return
+        secure.set_protocol(self)
+        H11Protocol.connection_made(self, secure)  # now it speaks HTTP, over TLS
+        for data in early.data:
+            self.data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -175,6 +219,17 @@ class _GuardedH11(H11Protocol):
         if self._sent_bytes:
             self.transport.write(_TIMEOUT_ANSWER)
         self.transport.close()
+
+
+class _Early(asyncio.Protocol):
+    """The TLS connection's protocol until ``start_tls`` returns its transport: what
+    the client sent right behind its handshake arrives before then, and waits here."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.data.append(data)
 
 
 def _guarded_protocol(guard: _Guard) -> type[_GuardedH11]:
@@ -254,7 +309,8 @@ class ApiServer:
             raise JobControlError(
                 f"--api-header-timeout must be a positive number of seconds, not {header_timeout:g}"
             )
-        self.host, self.tls = host, certfile is not None
+        tls = _tls_context(certfile, keyfile) if certfile and keyfile else None
+        self.host, self.tls = host, tls is not None
         stats = ctx.connections
         stats.limit = max_connections or connection_limit(open_files_limit(), 8)
         self.header_timeout = header_timeout
@@ -262,14 +318,12 @@ class ApiServer:
             _DateHeader(create_app(ctx)),
             host=host,
             port=port,
-            ssl_certfile=str(certfile) if certfile else None,
-            ssl_keyfile=str(keyfile) if keyfile else None,
             log_level="warning",
             log_config=None,  # uvicorn logs through the daemon's handler, in its format
             lifespan="off",
             access_log=False,
             date_header=False,  # _DateHeader dates each response instead
-            http=_guarded_protocol(_Guard(stats, header_timeout)),
+            http=_guarded_protocol(_Guard(stats, header_timeout, tls)),
             backlog=ACCEPT_BATCH,
         )
         self.max_connections = stats.limit
@@ -316,6 +370,26 @@ class ApiServer:
         self._server.request_exit()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+
+def _tls_context(certfile: Path, keyfile: Path) -> ssl.SSLContext:
+    """The server's TLS settings (Python's defaults for a server: TLS 1.2 or newer),
+    with the certificate and key loaded now, so a bad pair is refused before the
+    daemon starts rather than in the server's thread."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as exc:
+        raise JobControlError(
+            f"TLS certificate {certfile} and key {keyfile}: not a PEM certificate and its "
+            f"private key ({exc.reason or exc})"
+        ) from None
+    except OSError as exc:  # missing or unreadable
+        raise JobControlError(
+            f"TLS certificate {certfile} and key {keyfile} could not be read: "
+            f"{exc.strerror or exc}"
+        ) from None
+    return context
 
 
 def _loopback(host: str) -> bool:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
-import subprocess
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -18,23 +16,9 @@ from jobcontrol.api.server import ApiServer, connection_limit, fd_reserve
 from jobcontrol.errors import JobControlError
 from tests.api.conftest import Api
 from tests.integration.helpers import poll_until
+from tests.tlscert import self_signed
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return cert, key
 
 
 def test_plain_http_on_loopback_with_a_free_port(api: Api) -> None:
@@ -64,7 +48,7 @@ def test_responses_are_dated_and_the_idle_server_stops_when_asked(api: Api) -> N
 
 
 def test_tls_when_given_a_certificate_and_key(api: Api, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     server = ApiServer(api.ctx, port=0, certfile=cert, keyfile=key)
     url = server.start()
     try:
@@ -187,3 +171,92 @@ def test_the_default_limit_keeps_files_back_for_task_runs() -> None:
     assert connection_limit(1024, 8) == 1024 - fd_reserve(8)
     assert connection_limit(1 << 20, 8) == 1000
     assert connection_limit(100, 8) == 8  # the least it serves (the daemon warns)
+
+
+# ------------------------------------------------- the bounds over TLS (issue 9, item 2)
+
+
+def _tls_get(url: str, cert: Path) -> int:
+    trusted = ssl.create_default_context(cafile=str(cert))
+    return httpx.get(f"{url}/healthz", verify=trusted, timeout=10).status_code
+
+
+def test_tls_connections_count_and_time_out_from_before_their_handshake(
+    api: Api, tmp_path: Path
+) -> None:
+    """A flood of TCP connections that never begin their handshake is bounded as plain
+    HTTP's is: counted from the moment each opens, refused over the limit, closed after
+    the header timeout (asyncio's own TLS server held them uncounted for 60 s)."""
+    cert, key = self_signed(tmp_path)
+    server = ApiServer(
+        api.ctx, port=0, certfile=cert, keyfile=key, max_connections=3, header_timeout=0.5
+    )
+    url = server.start()
+    plain = url.replace("https://", "http://")
+    try:
+        assert _tls_get(url, cert) == 200
+        held = [_connect(plain) for _ in range(3)]
+        poll_until(
+            "the server to count the silent connections", lambda: api.ctx.connections.open == 3
+        )
+        over = _connect(plain)
+        assert _read_until_closed(over, 10) == b""  # no HTTP before TLS: just closed
+        assert api.ctx.connections.refused == 1
+        opened = time.monotonic()
+        for sock in held:
+            assert _read_until_closed(sock, 10) == b""
+        assert time.monotonic() - opened < 5  # the header timeout, not asyncio's 60 s
+        assert api.ctx.connections.header_timeouts == 3
+        poll_until("the server to see them gone", lambda: api.ctx.connections.open == 0)
+        assert _tls_get(url, cert) == 200  # room again
+    finally:
+        server.stop()
+
+
+def test_a_failed_handshake_frees_its_place_and_a_kept_alive_tls_connection_is_timed(
+    api: Api, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path)
+    server = ApiServer(
+        api.ctx, port=0, certfile=cert, keyfile=key, max_connections=2, header_timeout=0.5
+    )
+    url = server.start()
+    plain = url.replace("https://", "http://")
+    try:
+        for _ in range(3):  # not TLS at all: the handshake fails, the place is given back
+            sock = _connect(plain)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            _read_until_closed(sock, 10)
+            sock.close()
+        poll_until("the failed handshakes to be let go", lambda: api.ctx.connections.open == 0)
+        assert api.ctx.connections.refused == 0
+
+        trusted = ssl.create_default_context(cafile=str(cert))
+        host, port = plain.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            with trusted.wrap_socket(raw, server_hostname=host) as tls:
+                tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b'"ok"}'):
+                    answer += tls.recv(4096)
+                assert answer.startswith(b"HTTP/1.1 200 ")
+                assert api.ctx.connections.open == 1
+                tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+                tls.settimeout(10)
+                rest = b""
+                while chunk := tls.recv(4096):
+                    rest += chunk
+                assert rest.startswith(b"HTTP/1.1 408 ")  # answered over TLS
+        poll_until("the server to see it closed", lambda: api.ctx.connections.open == 0)
+    finally:
+        server.stop()
+
+
+def test_a_certificate_that_cannot_be_loaded_is_refused_before_serving(
+    api: Api, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path)
+    with pytest.raises(JobControlError, match=r"key .*missing\.pem could not be read"):
+        ApiServer(api.ctx, port=0, certfile=cert, keyfile=tmp_path / "missing.pem")
+    with pytest.raises(JobControlError, match="not a PEM certificate and its private key"):
+        ApiServer(api.ctx, port=0, certfile=key, keyfile=key)
