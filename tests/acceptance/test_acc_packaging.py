@@ -147,6 +147,9 @@ def test_sdist_and_wheel_build_without_warnings_and_render_on_their_own(tmp_path
         metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert metadata["License-Expression"] == "MIT", metadata.items()
+    urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL") or [])
+    assert urls["Inq Job Control (the original)"].endswith("/examples/jobcontrol/index.html")
+    assert all(re.fullmatch(r"https?://[^ ]+", u) for u in urls.values()), urls
     classifiers = metadata.get_all("Classifier") or []
     assert "Operating System :: POSIX :: Linux" in classifiers, classifiers
     extras = metadata.get_all("Provides-Extra") or []
