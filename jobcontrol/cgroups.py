@@ -9,7 +9,9 @@ starts is in it, whatever it does to its session or environment. Kill ends with
 ``cgroup.kill``, which no process escapes. At the run's end its CPU time (``cpu.stat``)
 and peak memory (``memory.peak``) are read and the cgroup is removed.
 
-Memory is a controller: when the cgroup v2 hierarchy does not have it (a hybrid layout
+Memory is a controller, which a cgroup passes down only while it holds no process of its
+own: a daemon alone in its cgroup (a systemd unit with ``Delegate=yes``) moves itself into
+the leaf ``supervisor`` first. When the cgroup v2 hierarchy does not have it (a hybrid layout
 keeps the controllers on cgroup v1), the run also joins a cgroup of its own in the v1
 ``memory`` hierarchy, read from ``memory.max_usage_in_bytes``. Without either, the peak is
 not recorded.
@@ -377,20 +379,69 @@ def _probe(base: Path) -> None:
 
 def _enable_memory(own: Path, base: Path) -> str:
     """Turn on the memory controller for the runs' cgroups; "" when on, else why not."""
+    return enable_for_runs(own, base, "memory")
+
+
+# The leaf the daemon moves itself into, inside a cgroup it has to itself, so that the
+# cgroup may pass controllers down (cgroup v2 lets a cgroup with processes of its own
+# enable none for its children: "no internal processes").
+SUPERVISOR = "supervisor"
+
+
+def enable_for_runs(own: Path, base: Path, controller: str) -> str:
+    """Turn on ``controller`` in ``own`` and ``base`` (the runs' parent) for the runs'
+    cgroups; "" when on, else why not.
+
+    Under a systemd unit with ``Delegate=yes`` the daemon starts alone in the service's
+    cgroup, which therefore cannot pass controllers down. When the daemon is the only
+    process there, it moves itself into ``own/supervisor`` (as systemd's delegation
+    rules ask) and enables the controller; a cgroup it shares with other processes (a
+    login shell's, say) is left as it is, with the reason.
+    """
     try:
         available = (own / "cgroup.controllers").read_text().split()
     except OSError as exc:
         return f"cannot read {own / 'cgroup.controllers'}: {exc.strerror}"
-    if "memory" not in available:
-        return "the cgroup2 hierarchy has no memory controller"
+    if controller not in available:
+        return f"the cgroup2 hierarchy has no {controller} controller"
     for path in (own, base):
         try:
-            if "memory" not in (path / "cgroup.subtree_control").read_text().split():
-                (path / "cgroup.subtree_control").write_text("+memory")
+            _enable(path, controller)
         except OSError as exc:
-            # EBUSY: the daemon's own cgroup holds processes ("no internal processes");
-            # run the daemon in a leaf of its delegated cgroup to get memory accounting.
-            return f"cannot enable memory in {path}: {exc.strerror}"
+            if path != own or exc.errno != errno.EBUSY:
+                return f"cannot enable {controller} in {path}: {exc.strerror}"
+            moved = _into_supervisor(own)
+            if moved:
+                return f"cannot enable {controller} in {path}: {exc.strerror} ({moved})"
+            try:
+                _enable(path, controller)
+            except OSError as again:
+                return f"cannot enable {controller} in {path}: {again.strerror}"
+    return ""
+
+
+def _enable(path: Path, controller: str) -> None:
+    control = path / "cgroup.subtree_control"
+    if controller not in control.read_text().split():
+        control.write_text(f"+{controller}")
+
+
+def _into_supervisor(own: Path) -> str:
+    """Move this process from ``own`` into ``own/supervisor``; "" when moved, else why not."""
+    try:
+        members = (own / "cgroup.procs").read_text().split()
+    except OSError as exc:
+        return f"cannot read {own / 'cgroup.procs'}: {exc.strerror}"
+    if members != [str(os.getpid())]:
+        others = len([m for m in members if m != str(os.getpid())])
+        return f"the daemon shares {own} with {others} other process(es)"
+    leaf = own / SUPERVISOR
+    try:
+        leaf.mkdir(exist_ok=True)
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as exc:
+        return f"cannot move the daemon into {leaf}: {exc.strerror}"
+    log.info("moved the daemon into cgroup %s: its parent can now divide controllers", leaf)
     return ""
 
 

@@ -104,8 +104,9 @@ def _contained(state_dir: Path | None) -> list[str]:
     lines = [
         "Restart=on-failure",
         "RestartSec=5s",
-        "# The service's cgroup is its to divide: each task run gets a cgroup of its",
-        "# own, killed whole (cgroup.kill), its CPU time recorded (see the README for memory).",
+        "# The service's cgroup is its to divide: each task run gets a cgroup of its own,",
+        "# killed whole (cgroup.kill), its CPU time and peak memory recorded (the daemon",
+        "# moves itself into the leaf 'supervisor' so that memory can be passed down).",
         "Delegate=yes",
     ]
     if state_dir is None:

@@ -6,6 +6,7 @@ is none; the fallback tests run everywhere. Every wait is bounded and polls a co
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -239,3 +240,110 @@ def test_a_tree_the_daemon_may_not_write_falls_back_cleanly(tmp_path: Path) -> N
     assert described.endswith(f"/jobcontrol-{name}: Permission denied)"), described
     mount = cgroup2_mount_point()
     assert not list(mount.glob(f"**/jobcontrol-{name}")), "nothing was created"
+
+
+# A process that stands in for the daemon under a unit with Delegate=yes: it moves
+# itself alone into the cgroup ``own`` (the service's), as systemd starts it, then asks
+# for ``controller`` to be passed down to the runs' cgroups.
+_AS_THE_DAEMON = """
+import json, os, sys
+from pathlib import Path
+from jobcontrol import cgroups
+own, controller = Path(sys.argv[1]), sys.argv[2]
+(own / "cgroup.procs").write_text(str(os.getpid()))
+base = own / "jobcontrol-test"
+base.mkdir()
+reason = cgroups.enable_for_runs(own, base, controller)
+mine = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)[2]
+print(json.dumps({"reason": reason, "cgroup": mine}))
+"""
+
+
+def _own_v2_cgroup() -> Path:
+    own = next(
+        line.split(":", 2)[2]
+        for line in Path("/proc/self/cgroup").read_text().splitlines()
+        if line.startswith("0::")
+    )
+    return cgroup2_mount_point() / own.lstrip("/")
+
+
+@pytest.fixture
+def service_cgroup() -> Iterator[tuple[Path, str]]:
+    """A cgroup like a delegated service's: under this process's own, with one of the
+    controllers this hierarchy has (memory on a pure cgroup v2 host; hybrid layouts
+    keep memory on v1 but may have another, e.g. hugetlb) offered to it."""
+    parent = _own_v2_cgroup()
+    offered = (parent / "cgroup.controllers").read_text().split()
+    if not offered:
+        pytest.skip(f"the cgroup2 hierarchy offers no controller at {parent}")
+    controller = "memory" if "memory" in offered else offered[0]
+    control = parent / "cgroup.subtree_control"
+    enabled_here = controller not in control.read_text().split()
+    if enabled_here:
+        try:
+            control.write_text(f"+{controller}")
+        except OSError as exc:
+            pytest.skip(f"cannot offer {controller} below {parent}: {exc.strerror}")
+    own = parent / f"jc-service-{uuid.uuid4().hex[:8]}"
+    own.mkdir()
+    yield own, controller
+    for cg in sorted(own.rglob("*"), key=lambda p: -len(p.parts)):
+        if cg.is_dir():
+            for pid in (cg / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+    for cg in sorted([own, *own.rglob("*")], key=lambda p: -len(p.parts)):
+        if cg.is_dir():
+            assert wait_until(lambda cg=cg: not (cg / "cgroup.procs").read_text().split())
+            cg.rmdir()
+    if enabled_here:
+        control.write_text(f"-{controller}")
+
+
+@needs_cgroups
+def test_a_daemon_alone_in_its_cgroup_moves_into_a_leaf_so_the_runs_get_the_controller(
+    service_cgroup: tuple[Path, str],
+) -> None:
+    """Under a unit with Delegate=yes the daemon starts alone in the service's cgroup,
+    which may then pass no controller down (memory, for peak memory, on pure cgroup v2):
+    it moves itself into ``supervisor`` and enables it for the runs."""
+    own, controller = service_cgroup
+    done = subprocess.run(
+        [sys.executable, "-c", _AS_THE_DAEMON, str(own), controller],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 3,
+        check=True,
+    )
+    answer = json.loads(done.stdout)
+    assert answer["reason"] == "", answer
+    assert answer["cgroup"].endswith(f"/{own.name}/supervisor"), answer
+    assert controller in (own / "cgroup.subtree_control").read_text().split()
+    base = own / "jobcontrol-test"
+    assert controller in (base / "cgroup.subtree_control").read_text().split()
+    (base / "run-1").mkdir()  # a run's cgroup now has the controller's files
+    assert controller in (base / "run-1" / "cgroup.controllers").read_text().split()
+
+
+@needs_cgroups
+def test_a_daemon_sharing_its_cgroup_stays_and_says_why(
+    service_cgroup: tuple[Path, str], stray: list[int]
+) -> None:
+    own, controller = service_cgroup
+    neighbour = subprocess.Popen(["sleep", "300"])
+    stray.append(neighbour.pid)
+    (own / "cgroup.procs").write_text(str(neighbour.pid))
+    done = subprocess.run(
+        [sys.executable, "-c", _AS_THE_DAEMON, str(own), controller],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 3,
+        check=True,
+    )
+    answer = json.loads(done.stdout)
+    assert answer["reason"] == (
+        f"cannot enable {controller} in {own}: Device or resource busy "
+        f"(the daemon shares {own} with 1 other process(es))"
+    ), answer
+    assert answer["cgroup"].endswith(f"/{own.name}"), answer  # not moved
+    assert not (own / "supervisor").exists()
