@@ -176,6 +176,21 @@ def test_the_default_limit_keeps_files_back_for_task_runs() -> None:
 # ------------------------------------------------- the bounds over TLS (issue 9, item 2)
 
 
+def _tls_server(api: Api, tmp_path: Path, max_connections: int) -> tuple[ApiServer, Path, str]:
+    """A started TLS server with a 0.5 s header timeout; its certificate, and its
+    address as plain http:// (for raw TCP connections)."""
+    cert, key = self_signed(tmp_path)
+    server = ApiServer(
+        api.ctx,
+        port=0,
+        certfile=cert,
+        keyfile=key,
+        max_connections=max_connections,
+        header_timeout=0.5,
+    )
+    return server, cert, server.start().replace("https://", "http://")
+
+
 def _tls_get(url: str, cert: Path) -> int:
     trusted = ssl.create_default_context(cafile=str(cert))
     return httpx.get(f"{url}/healthz", verify=trusted, timeout=10).status_code
@@ -187,12 +202,8 @@ def test_tls_connections_count_and_time_out_from_before_their_handshake(
     """A flood of TCP connections that never begin their handshake is bounded as plain
     HTTP's is: counted from the moment each opens, refused over the limit, closed after
     the header timeout (asyncio's own TLS server held them uncounted for 60 s)."""
-    cert, key = self_signed(tmp_path)
-    server = ApiServer(
-        api.ctx, port=0, certfile=cert, keyfile=key, max_connections=3, header_timeout=0.5
-    )
-    url = server.start()
-    plain = url.replace("https://", "http://")
+    server, cert, plain = _tls_server(api, tmp_path, max_connections=3)
+    url = server.url
     try:
         assert _tls_get(url, cert) == 200
         held = [_connect(plain) for _ in range(3)]
@@ -216,12 +227,7 @@ def test_tls_connections_count_and_time_out_from_before_their_handshake(
 def test_a_failed_handshake_frees_its_place_and_a_kept_alive_tls_connection_is_timed(
     api: Api, tmp_path: Path
 ) -> None:
-    cert, key = self_signed(tmp_path)
-    server = ApiServer(
-        api.ctx, port=0, certfile=cert, keyfile=key, max_connections=2, header_timeout=0.5
-    )
-    url = server.start()
-    plain = url.replace("https://", "http://")
+    server, cert, plain = _tls_server(api, tmp_path, max_connections=2)
     try:
         for _ in range(3):  # not TLS at all: the handshake fails, the place is given back
             sock = _connect(plain)

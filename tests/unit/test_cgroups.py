@@ -259,6 +259,19 @@ print(json.dumps({"reason": reason, "cgroup": mine}))
 """
 
 
+def _as_the_daemon(own: Path, controller: str) -> dict[str, str]:
+    """Run _AS_THE_DAEMON: the reason ``enable_for_runs`` gave and the cgroup it ended in."""
+    done = subprocess.run(
+        [sys.executable, "-c", _AS_THE_DAEMON, str(own), controller],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 3,
+        check=True,
+    )
+    answer: dict[str, str] = json.loads(done.stdout)
+    return answer
+
+
 def _own_v2_cgroup() -> Path:
     own = next(
         line.split(":", 2)[2]
@@ -308,14 +321,7 @@ def test_a_daemon_alone_in_its_cgroup_moves_into_a_leaf_so_the_runs_get_the_cont
     which may then pass no controller down (memory, for peak memory, on pure cgroup v2):
     it moves itself into ``supervisor`` and enables it for the runs."""
     own, controller = service_cgroup
-    done = subprocess.run(
-        [sys.executable, "-c", _AS_THE_DAEMON, str(own), controller],
-        capture_output=True,
-        text=True,
-        timeout=WAIT * 3,
-        check=True,
-    )
-    answer = json.loads(done.stdout)
+    answer = _as_the_daemon(own, controller)
     assert answer["reason"] == "", answer
     assert answer["cgroup"].endswith(f"/{own.name}/supervisor"), answer
     assert controller in (own / "cgroup.subtree_control").read_text().split()
@@ -333,14 +339,7 @@ def test_a_daemon_sharing_its_cgroup_stays_and_says_why(
     neighbour = subprocess.Popen(["sleep", "300"])
     stray.append(neighbour.pid)
     (own / "cgroup.procs").write_text(str(neighbour.pid))
-    done = subprocess.run(
-        [sys.executable, "-c", _AS_THE_DAEMON, str(own), controller],
-        capture_output=True,
-        text=True,
-        timeout=WAIT * 3,
-        check=True,
-    )
-    answer = json.loads(done.stdout)
+    answer = _as_the_daemon(own, controller)
     assert answer["reason"] == (
         f"cannot enable {controller} in {own}: Device or resource busy "
         f"(the daemon shares {own} with 1 other process(es))"
