@@ -287,7 +287,7 @@ def _setup(name: str) -> Containment:
     except _Unavailable:
         _rmdir_quietly(base)
         raise
-    memory_reason = _enable_memory(own, base)
+    memory_reason = enable_for_runs(own, base, "memory")
     memory_base: Path | None = None
     if memory_reason:
         memory_base, v1_reason = _memory_v1(name)
@@ -377,11 +377,6 @@ def _probe(base: Path) -> None:
         raise _Unavailable(f"a task cannot join cgroup {probe.path}: {error[0] if error else ''}")
 
 
-def _enable_memory(own: Path, base: Path) -> str:
-    """Turn on the memory controller for the runs' cgroups; "" when on, else why not."""
-    return enable_for_runs(own, base, "memory")
-
-
 # The leaf the daemon moves itself into, inside a cgroup it has to itself, so that the
 # cgroup may pass controllers down (cgroup v2 lets a cgroup with processes of its own
 # enable none for its children: "no internal processes").
@@ -405,25 +400,26 @@ def enable_for_runs(own: Path, base: Path, controller: str) -> str:
     if controller not in available:
         return f"the cgroup2 hierarchy has no {controller} controller"
     for path in (own, base):
-        try:
-            _enable(path, controller)
-        except OSError as exc:
-            if path != own or exc.errno != errno.EBUSY:
-                return f"cannot enable {controller} in {path}: {exc.strerror}"
-            moved = _into_supervisor(own)
-            if moved:
-                return f"cannot enable {controller} in {path}: {exc.strerror} ({moved})"
-            try:
-                _enable(path, controller)
-            except OSError as again:
-                return f"cannot enable {controller} in {path}: {again.strerror}"
+        error = _enable(path, controller)
+        if error is not None and path == own and error.errno == errno.EBUSY:
+            why = _into_supervisor(own)
+            if why:
+                return f"cannot enable {controller} in {path}: {error.strerror} ({why})"
+            error = _enable(path, controller)
+        if error is not None:
+            return f"cannot enable {controller} in {path}: {error.strerror}"
     return ""
 
 
-def _enable(path: Path, controller: str) -> None:
+def _enable(path: Path, controller: str) -> OSError | None:
+    """Pass ``controller`` down from ``path``; the error when the kernel refuses."""
     control = path / "cgroup.subtree_control"
-    if controller not in control.read_text().split():
-        control.write_text(f"+{controller}")
+    try:
+        if controller not in control.read_text().split():
+            control.write_text(f"+{controller}")
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _into_supervisor(own: Path) -> str:
@@ -432,13 +428,14 @@ def _into_supervisor(own: Path) -> str:
         members = (own / "cgroup.procs").read_text().split()
     except OSError as exc:
         return f"cannot read {own / 'cgroup.procs'}: {exc.strerror}"
-    if members != [str(os.getpid())]:
-        others = len([m for m in members if m != str(os.getpid())])
+    me = str(os.getpid())
+    if members != [me]:
+        others = len([m for m in members if m != me])
         return f"the daemon shares {own} with {others} other process(es)"
     leaf = own / SUPERVISOR
     try:
         leaf.mkdir(exist_ok=True)
-        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        (leaf / "cgroup.procs").write_text(me)
     except OSError as exc:
         return f"cannot move the daemon into {leaf}: {exc.strerror}"
     log.info("moved the daemon into cgroup %s: its parent can now divide controllers", leaf)
