@@ -531,6 +531,11 @@ class WorkersPanel(QWidget):
         self._loading = True
         self.session.read("Workers and lanes", _fetch, self._show, self._failed)
 
+    @property
+    def reading(self) -> bool:
+        """A read is under way, or asked for behind the one under way."""
+        return self._loading or self._again
+
     def _done_loading(self) -> None:
         self._loading = False
         if self._again and not self.closed:
