@@ -54,6 +54,12 @@ def wrap_error(exc: Exception) -> StoreError:
         if any(word in text_ for word in _SQLITE_TRANSIENT):
             return StoreUnavailable(message)
         return StoreError(message)
+    if type(exc).__module__.split(".")[0] == "psycopg":  # raised on the driver (prepared.py)
+        import psycopg
+
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return StoreUnavailable(message)
+        return StoreError(message)
     if isinstance(exc, OperationalError | InterfaceError) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     ):
@@ -306,14 +312,20 @@ class Store:
         if self.is_sqlite:
             yield from _sqlite_txn(conn, begin)
         elif begin == _AUTOCOMMIT:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
+            # psycopg's own switch: SQLAlchemy's (``execution_options(isolation_level=)``)
+            # cost a fifth of a worker's CPU per claim and finish. Core statements in the
+            # block autobegin a transaction that the driver, in autocommit, never opens.
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            raw.autocommit = True
             try:
                 yield conn
-                conn.commit()  # ends SQLAlchemy's transaction; the server has none
+                conn.commit()  # ends SQLAlchemy's transaction, if a statement began one
             finally:
                 if conn.in_transaction():
                     conn.rollback()
-                conn.execution_options(isolation_level=conn.default_isolation_level)
+                if not (raw.closed or raw.broken):
+                    raw.autocommit = False
         else:
             with conn.begin():
                 yield conn

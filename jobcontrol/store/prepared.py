@@ -1,14 +1,19 @@
-"""Statements on every task's path, compiled once and run straight on SQLite's driver.
+"""Statements on every task's path, compiled once and run straight on the driver.
 
 SQLAlchemy Core spends more Python per statement (the execution context, the
 compiled-cache lookup, result wrapping) than SQLite spends running it; on the
 per-task path (a worker recording an end, the dispatcher reacting to it) that
-was most of the engine's cost per task (bench/README.md). A ``Prepared`` keeps
-the statement written in Core, compiles it once for SQLite, and applies the
-same bind processors Core would. On PostgreSQL it is plain ``conn.execute``.
+was most of the engine's cost per task (bench/README.md). On PostgreSQL the same
+wrapping, and psycopg's description of every column of a wide RETURNING that
+Core reads for each result, were most of a worker's CPU per claim and finish
+(bench/bench_claims.py). A ``Prepared`` keeps the statement written in Core,
+compiles it once per dialect, applies the same bind and result processors Core
+would, and runs it on the driver's connection inside the caller's transaction
+(psycopg prepares it server-side once it has been run a few times).
 
 Only for statements whose every parameter is given (no column defaults filled
-in at execution, no expanding ``IN``) and whose result needs no processing.
+in at execution). A statement with an expanding ``IN`` (its SQL depends on the
+list's length) runs through Core.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Rows(Protocol):
 class _Fetched(NamedTuple):
     rowcount: int
     rows: list[Any]
+    cursor: Any = None  # psycopg's: its description gives the result processors' types
 
     def fetchall(self) -> list[Any]:
         return self.rows
@@ -42,10 +48,9 @@ class _Fetched(NamedTuple):
 
 class _Compiled(NamedTuple):
     sql: str
-    order: tuple[str, ...]
+    order: tuple[str, ...]  # the parameters' order (SQLite's qmark); empty: by name (psycopg)
     bind: dict[str, Callable[[Any], Any]]
     fixed: dict[str, Any]
-    results: list[tuple[str, Callable[[Any], Any] | None]]
 
 
 class Prepared:
@@ -57,69 +62,90 @@ class Prepared:
     ) -> None:
         self.stmt = stmt
         self.returns = list(returns)
-        self._sqlite: _Compiled | None = None
+        # Per dialect: the compiled form, or None where it must go through Core.
+        self._compiled: dict[str, _Compiled | None] = {}
+        # Per dialect: each returned column's key and result processor.
+        self._results: dict[str, list[tuple[str, Callable[[Any], Any] | None]]] = {}
 
-    def _for_sqlite(self, conn: Connection) -> _Compiled:
-        if self._sqlite is None:
-            dialect = conn.dialect
-            compiled = self.stmt.compile(dialect=dialect)
-            self._sqlite = _Compiled(
+    def _for(self, conn: Connection) -> _Compiled | None:
+        dialect = conn.dialect
+        try:
+            return self._compiled[dialect.name]
+        except KeyError:
+            pass
+        compiled = self.stmt.compile(dialect=dialect)
+        c: _Compiled | None = None
+        if not (compiled.post_compile_params or compiled.escaped_bind_names):
+            c = _Compiled(
                 compiled.string,
                 tuple(compiled.positiontup or ()),
                 {k: v for k, v in compiled._bind_processors.items() if callable(v)},
                 dict(compiled.construct_params(_check=False)),
-                [
-                    (str(col.key), col.type._cached_result_processor(dialect, None))
-                    for col in self.returns
-                ],
             )
-        return self._sqlite
+        self._compiled[dialect.name] = c
+        return c
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> Rows:
-        if conn.dialect.name != "sqlite":
+        c = self._for(conn)
+        if c is None:
             result: Rows = conn.execute(self.stmt, dict(params))
             return result
-        c = self._for_sqlite(conn)
-        try:
-            cursor = _driver(conn).execute(c.sql, _values(c, params))
-            # Every row now: a statement with RETURNING is done only once stepped to its end.
-            return _Fetched(cursor.rowcount, cursor.fetchall())
-        except sqlite3.Error as exc:
-            raise wrap_error(exc) from exc
+        if c.order:
+            return _on_sqlite(conn, c.sql, _values(c, params))
+        return _on_psycopg(conn, c.sql, _named(c, params))
 
     def execute_many(self, conn: Connection, params: Sequence[Mapping[str, Any]]) -> None:
         """The statement once per parameter set (no RETURNING)."""
         if not params:
             return
-        if conn.dialect.name != "sqlite":
+        c = self._for(conn)
+        if c is None or not c.order:
+            # psycopg's executemany pipelines the sets; Core's path to it costs little
+            # per set next to that.
             conn.execute(self.stmt, [dict(p) for p in params])
             return
-        c = self._for_sqlite(conn)
         try:
-            _driver(conn).executemany(c.sql, [_values(c, p) for p in params])
+            _sqlite(conn).executemany(c.sql, [_values(c, p) for p in params])
         except sqlite3.Error as exc:
             raise wrap_error(exc) from exc
 
     def first(self, conn: Connection, params: Mapping[str, Any]) -> dict[str, Any] | None:
         """The first row the statement returns, as {column: value}, or None."""
-        if conn.dialect.name != "sqlite":
-            row = conn.execute(self.stmt, dict(params)).first()
-            return dict(row._mapping) if row is not None else None
-        fetched = self.execute(conn, params).fetchall()
-        return self._row(conn, fetched[0]) if fetched else None
+        fetched = self.all(conn, params)
+        return fetched[0] if fetched else None
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every row the statement returns, each as {column: value}."""
-        if conn.dialect.name != "sqlite":
+        c = self._for(conn)
+        if c is None:
             return [dict(row._mapping) for row in conn.execute(self.stmt, dict(params))]
-        return [self._row(conn, raw) for raw in self.execute(conn, params).fetchall()]
+        fetched = self.execute(conn, params)
+        assert isinstance(fetched, _Fetched)
+        results = self._results.get(conn.dialect.name) or self._processors(conn, fetched)
+        return [
+            {
+                key: value if process is None else process(value)
+                for (key, process), value in zip(results, raw, strict=True)
+            }
+            for raw in fetched.rows
+        ]
 
-    def _row(self, conn: Connection, raw: Sequence[Any]) -> dict[str, Any]:
-        results = self._for_sqlite(conn).results
-        return {
-            key: value if process is None else process(value)
-            for (key, process), value in zip(results, raw, strict=True)
-        }
+    def _processors(
+        self, conn: Connection, fetched: _Fetched
+    ) -> list[tuple[str, Callable[[Any], Any] | None]]:
+        """Each returned column's result processor, for the type the driver said it has
+        (psycopg's numbers need it); read once."""
+        dialect = conn.dialect
+        if fetched.cursor is not None and fetched.cursor.description is not None:
+            types = [d.type_code for d in fetched.cursor.description]
+        else:
+            types = [None] * len(self.returns)
+        results: list[tuple[str, Callable[[Any], Any] | None]] = [
+            (str(col.key), col.type._cached_result_processor(dialect, coltype))
+            for col, coltype in zip(self.returns, types, strict=True)
+        ]
+        self._results[dialect.name] = results
+        return results
 
 
 def _values(c: _Compiled, params: Mapping[str, Any]) -> list[Any]:
@@ -131,7 +157,45 @@ def _values(c: _Compiled, params: Mapping[str, Any]) -> list[Any]:
     return values
 
 
-def _driver(conn: Connection) -> sqlite3.Connection:
+def _named(c: _Compiled, params: Mapping[str, Any]) -> dict[str, Any]:
+    values = dict(c.fixed)
+    for name, value in params.items():
+        if name in values:
+            process = c.bind.get(name)
+            values[name] = value if process is None else process(value)
+    return values
+
+
+def _sqlite(conn: Connection) -> sqlite3.Connection:
     raw = conn.connection.driver_connection
     assert isinstance(raw, sqlite3.Connection)
     return raw
+
+
+def _on_sqlite(conn: Connection, sql: str, values: list[Any]) -> Rows:
+    try:
+        cursor = _sqlite(conn).execute(sql, values)
+        # Every row now: a statement with RETURNING is done only once stepped to its end.
+        return _Fetched(cursor.rowcount, cursor.fetchall())
+    except sqlite3.Error as exc:
+        raise wrap_error(exc) from exc
+
+
+def _on_psycopg(conn: Connection, sql: str, values: dict[str, Any]) -> Rows:
+    """On the connection's psycopg connection, in whatever transaction (or autocommit)
+    the caller's block opened; a connection the error broke is invalidated, so its pool
+    never hands it out again."""
+    import psycopg
+    from psycopg import pq
+
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    try:
+        cursor = raw.execute(sql, values)
+        result = cursor.pgresult
+        rows = cursor.fetchall() if result and result.status == pq.ExecStatus.TUPLES_OK else []
+        return _Fetched(cursor.rowcount, rows, cursor)
+    except psycopg.Error as exc:
+        if raw.broken or raw.closed:
+            conn.invalidate()
+        raise wrap_error(exc) from exc

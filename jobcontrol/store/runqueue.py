@@ -176,7 +176,7 @@ def _claim_stmt(
     named_only: bool,
     preferred: int,
     fixed: bool,
-) -> Any:
+) -> Prepared:
     """The claim in one statement, for when no lane needs a count: the pick (claim order,
     locked ``SKIP LOCKED``) is the subquery of the update that takes its runs. The update
     checks each run's lane again (``fast_lane``), so a lane capped, drained or stopped
@@ -190,7 +190,7 @@ def _claim_stmt(
         .cte("picked")
         .prefix_with("MATERIALIZED", dialect="postgresql")
     )
-    return (
+    claim = (
         update(run)
         .where(
             run.c.id.in_(select(picked.c.id)),
@@ -200,6 +200,7 @@ def _claim_stmt(
         .values(_claimed(fixed))
         .returning(*run.c)
     )
+    return Prepared(claim, list(run.c))
 
 
 # How long a claimer trusts its last read of the lanes to choose the one-statement
@@ -488,7 +489,7 @@ class RunQueue:
             self.lease is not None,
         )
         args = {**params, **_pick_params(known, queues, preferred, excluded, limit)}
-        runs = [queries.run_from_row(row) for row in conn.execute(stmt, args)]
+        runs = [queries.run_from_row(row) for row in stmt.all(conn, args)]
         # RETURNING keeps no order: hand them out in claim order.
         position = {q: i for i, q in enumerate(preferred)}
         runs.sort(key=lambda r: (position.get(r.queue, len(preferred)), -r.priority, r.id))
@@ -697,14 +698,13 @@ class RunQueue:
             params.update(v_started=now, v_worker=name, v_host=host, **self._times(now))
         logged = values.get("log_path") is not None
         with self.store.write() if logged else self.store.single() as conn:
-            row = conn.execute(stmt, params).first()
-            if row is None:
+            m = stmt.first(conn, params)
+            if m is None:
                 return Finished(False)
             stale: list[str] = []
-            if logged and row.job_id is not None:
-                keep = row.max_log_files or default_max_log_files
-                stale = _prune(conn, row.job_id, keep)
-        m = row._mapping
+            if logged and m["job_id"] is not None:
+                keep = m["max_log_files"] or default_max_log_files
+                stale = _prune(conn, m["job_id"], keep)
         if m["n_id"] is None or m["n_state"] != str(RunState.RUNNING):
             return Finished(True, stale)  # none, released, or released for a claim that counts
         taken = {c.name: m[f"n_{c.name}"] for c in run.c}
@@ -773,7 +773,7 @@ def _finish_stmt(columns: tuple[str, ...]) -> Prepared:
 
 
 @functools.lru_cache(maxsize=32)
-def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed: bool) -> Any:
+def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed: bool) -> Prepared:
     """PostgreSQL: the end recorded and the run queued after it released (``take``: and
     claimed by this worker), in one statement. One row when the end was recorded (the
     run's job and ``max_log_files`` for pruning; ``n_*``: the run taken next, or nulls),
@@ -793,9 +793,10 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
     else:
         release = {"state": str(RunState.QUEUED)}
         nxt = update(run).where(follows).values(release).returning(*run.c).cte("nxt")
-    return select(
+    both = select(
         fin.c.job_id, fin.c.max_log_files, *(c.label(f"n_{c.name}") for c in nxt.c)
     ).select_from(fin.outerjoin(nxt, literal(True)))
+    return Prepared(both, list(both.selected_columns))
 
 
 def prune_logs(
