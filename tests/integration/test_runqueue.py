@@ -8,12 +8,14 @@ change nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import Kind, RunState, Trigger
 from jobcontrol.store import Store, queries
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo, expired_leases, request_kill
@@ -184,3 +186,39 @@ def test_the_registry_says_who_holds_what(rq: RunQueue) -> None:
     with rq.store.read() as conn:
         again = {w["name"]: w for w in list_workers(conn, NOW)}["w1"]
     assert (again["pid"], again["stopped"], again["version"]) == (33, None, "0.2")
+
+
+@pytest.mark.postgres
+def test_a_connection_the_server_dropped_fails_one_call_as_unavailable_then_is_replaced(
+    postgres_server: Any, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claim and finish run on psycopg directly (store/prepared.py): a connection the
+    server closed under a worker is reported as the database being unavailable (which
+    callers retry), never handed out again, and the next call gets a new connection."""
+    store = Store(postgres_url)
+    store.upgrade()
+    rq = RunQueue(store, LEASE)
+    dbname = postgres_url.rsplit("/", 1)[1]
+    first, second = queue_runs(store, 2)
+    end = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": NOW, "lease_until": None}
+    try:
+        with store.pinned():  # as a worker's slot threads hold their connections
+            assert [r.id for r in rq.claim("w", "h", NOW, limit=1)] == [first]
+            postgres_server.terminate_connections(dbname)
+            with pytest.raises(StoreUnavailable):
+                rq.finish(first, "w", end, 5)
+            assert rq.finish(first, "w", end, 5).recorded, "the retry is recorded"
+            postgres_server.terminate_connections(dbname)
+            with pytest.raises(StoreUnavailable):
+                rq.claim("w", "h", NOW, limit=1)
+            assert [r.id for r in rq.claim("w", "h", NOW, limit=1)] == [second]
+        # Unpinned, each call checks a connection out of the pool, which pings it first.
+        postgres_server.terminate_connections(dbname)
+        assert rq.finish(second, "w", end, 5).recorded
+        assert run_row(store, first).state == RunState.SUCCEEDED
+        assert run_row(store, second).state == RunState.SUCCEEDED
+        # The broken connection was discarded, not handed back to the pool to fail
+        # its reset there (which the pool logs as an error with a traceback).
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        store.dispose()
