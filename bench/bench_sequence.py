@@ -15,7 +15,7 @@ in a plain Python loop, measured before and after the engine run (the mean is
 used). Also shown: CPU seconds of the daemon process per task against the
 baseline loop's (a figure a loaded machine disturbs less than wall time).
 
-Target: engine time <= 1.5 x baseline.
+Target (issue 8): engine time <= 1.5 x baseline on SQLite, <= 2.5 x on PostgreSQL.
 
     .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--cgroups auto|off] [--json]
 """
@@ -47,7 +47,7 @@ from jobcontrol import (
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import queries
 
-TARGET_RATIO = 1.5
+TARGET_RATIO = {"sqlite": 1.5, "postgresql": 2.5}  # by store (issue 8)
 BOX = "bench-sequence"
 
 
@@ -164,7 +164,13 @@ def bench(store_name: str, url: str, logs: Path, n: int, cgroups: str = "auto") 
     rep.ratios["2nd firing / baseline"] = c.ratio(second["total_s"], base)
     rep.ratios["CPU per task, engine / baseline"] = c.ratio(first["cpu_s"], base_cpu)
     rep.checks.append(
-        c.Check("engine / baseline", rep.ratios["engine / baseline"], TARGET_RATIO, "x", True)
+        c.Check(
+            "engine / baseline",
+            rep.ratios["engine / baseline"],
+            TARGET_RATIO[store_name],
+            "x",
+            True,
+        )
     )
     rep.notes.append(
         "the 1st firing is each task's first run (the executor creates one log directory per job);"
