@@ -135,7 +135,10 @@ def run_job(ctx: Context, job: str, user: Operator) -> dict[str, Any]:
 def kill_job(
     ctx: Context, job: str, user: Annotated[User, Depends(require(Action.KILL))]
 ) -> dict[str, Any]:
-    return {"run_id": ctx.engine.kill(resolve_job(ctx, job), user=user.name)}
+    run_id = ctx.engine.kill(resolve_job(ctx, job), user=user.name)
+    # A task's kill stops the run of the nearest sub-tree root above it (spec 8.1): say whose.
+    killed = ctx.engine.get_run(run_id)
+    return {"run_id": run_id, "job": killed.job_name if killed is not None else None}
 
 
 @router.post("/jobs/{job:path}/restart", summary="Re-arm a top-level job's timer")

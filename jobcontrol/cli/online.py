@@ -162,8 +162,12 @@ def _run(client: Client, args: argparse.Namespace) -> int:
 
 
 def _kill(client: Client, args: argparse.Namespace) -> int:
-    run_id = client.kill(args.job)
-    return _emit(args, {"run_id": run_id}, f"killed run {run_id} ({args.job})")
+    reply = client.kill_run(args.job)
+    run_id, whose = reply["run_id"], reply.get("job") or args.job
+    text = f"killed run {run_id} of {whose}"
+    if whose != args.job:
+        text += f" (the run {args.job} is part of)"
+    return _emit(args, reply, text)
 
 
 def _restart(client: Client, args: argparse.Namespace) -> int:

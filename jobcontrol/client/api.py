@@ -218,7 +218,13 @@ class Client:
 
     def kill(self, job: JobRef) -> int:
         """The id of the run killed."""
-        return int(self._json("POST", f"/jobs/{_job(job)}/kill")["run_id"])
+        return int(self.kill_run(job)["run_id"])
+
+    def kill_run(self, job: JobRef) -> dict[str, Any]:
+        """Kill the run the job is part of: ``run_id`` and ``job``, the name of the job
+        whose run that is (the nearest running sub-tree root at or above ``job``)."""
+        reply: dict[str, Any] = self._json("POST", f"/jobs/{_job(job)}/kill")
+        return reply
 
     def restart(self, job: JobRef) -> str | None:
         """When the re-armed timer fires next (ISO text), or None."""

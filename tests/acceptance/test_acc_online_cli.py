@@ -122,10 +122,23 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     # kill a long task: its run records 255
     jc.ok("run", "sleeper")
     assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT)
-    jc.ok("kill", "sleeper")
+    killed = jc.ok("kill", "sleeper")
+    assert re.fullmatch(r"killed run \d+ of sleeper\n", killed.stdout), describe(killed)
     assert wait_until(lambda: api.finished("sleeper"), WAIT)
     assert jc.json("history", "sleeper")[0]["exit_status"] == 255
     jc.assert_no_task_processes(JOBCONTROL_JOB="sleeper")
+    # A task of a running tree: the tree's run is the one killed, and the CLI says whose.
+    jc.ok("activate", "sleeper")  # a manual run of a tree skips its inactive jobs
+    tree_run = int(re.search(r"started run (\d+)", jc.ok("run", "Nightly").stdout).group(1))  # type: ignore[union-attr]
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT)
+    killed = jc.ok("kill", "sleeper")
+    assert killed.stdout == (
+        f"killed run {tree_run} of Nightly (the run sleeper is part of)\n"
+    ), describe(killed)
+    assert wait_until(lambda: api.finished("Nightly"), WAIT)
+    jc.assert_no_task_processes(JOBCONTROL_JOB="sleeper")
+    jc.ok("deactivate", "sleeper")
+    hello_newest = api.newest_run("hello")["id"]  # type: ignore[index]  # skipped in Nightly's run
 
     # restart, pause / resume seen in status
     assert "re-armed Nightly: next run " in jc.ok("restart", "Nightly").stdout
@@ -170,7 +183,7 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     assert unknown.returncode == 1, describe(unknown)
     assert "(HTTP 401, using the token in $JOBCONTROL_TOKEN)" in unknown.stderr, describe(unknown)
     assert "jc_not_a_token" not in unknown.stderr
-    assert api.newest_run("hello")["id"] == run_id  # type: ignore[index]
+    assert api.newest_run("hello")["id"] == hello_newest  # type: ignore[index]
 
     jc.ok("daemon", "stop")
     # Without a daemon: reading falls back to the database, the rest says what is missing.
