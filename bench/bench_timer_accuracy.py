@@ -63,7 +63,9 @@ def ns(when: datetime) -> int:
 # ---------------------------------------------------------------- the engine
 
 
-def engine_latencies(url: str, logs: Path, n: int, spacing_ms: float) -> dict[str, list[float]]:
+def engine_latencies(
+    url: str, logs: Path, n: int, spacing_ms: float, cgroups: str = "auto"
+) -> dict[str, list[float]]:
     """Per firing, in ms after its due time: run row created (the dispatcher handled the
     timer), run claimed by an executor slot, and the task's process started."""
     store = Store(url)
@@ -101,7 +103,7 @@ def engine_latencies(url: str, logs: Path, n: int, spacing_ms: float) -> dict[st
             done.set()
 
     events.run_finished.connect(on_finished, weak=False)
-    runtime = Runtime(store, DispatcherConfig(log_root=logs))
+    runtime = Runtime(store, DispatcherConfig(log_root=logs), cgroups=cgroups)
     dispatcher = runtime.dispatcher
     try:
         runtime.start()
@@ -215,7 +217,9 @@ def bare_apscheduler(outdir: Path, n: int, spacing_ms: float) -> list[float]:
 # ---------------------------------------------------------------- the report
 
 
-def bench(store_name: str, url: str, tmp: Path, n: int, spacing_ms: float) -> c.Report:
+def bench(
+    store_name: str, url: str, tmp: Path, n: int, spacing_ms: float, cgroups: str = "auto"
+) -> c.Report:
     print(
         f"[{store_name}] bare threading.Timer: {n} firings {spacing_ms:g} ms apart ...", flush=True
     )
@@ -223,9 +227,10 @@ def bench(store_name: str, url: str, tmp: Path, n: int, spacing_ms: float) -> c.
     print(f"[{store_name}] bare APScheduler: {n} firings ...", flush=True)
     aps = bare_apscheduler(tmp / f"{store_name}-aps", n, spacing_ms)
     print(f"[{store_name}] engine: {n} trees, one firing each ...", flush=True)
-    phases = engine_latencies(url, tmp / f"{store_name}-logs", n, spacing_ms)
+    phases = engine_latencies(url, tmp / f"{store_name}-logs", n, spacing_ms, cgroups)
     ours = phases["process"]
     rep = c.Report("bench_timer_accuracy", store_name)
+    rep.notes.append(f"cgroup per task run: {cgroups}")
     rep.add("firings", n, "")
     for label, values in (
         ("engine", ours),
@@ -249,13 +254,20 @@ def main() -> int:
     p = c.parser(__doc__.splitlines()[0])
     p.add_argument("--firings", type=int, default=200)
     p.add_argument("--spacing-ms", type=float, default=40.0)
+    p.add_argument(
+        "--cgroups",
+        choices=("auto", "off"),
+        default="auto",
+        help="a cgroup per task run where the machine allows (the daemon's default), or off",
+    )
     args = p.parse_args()
+    more = (args.firings, args.spacing_ms, args.cgroups)
     reports = []
     with c.temp_dir("timer") as tmp:
-        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp, args.firings, args.spacing_ms))
+        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp, *more))
         if args.pg:
             with c.postgres("bench_timer") as url:
-                reports.append(bench("postgresql", url, tmp, args.firings, args.spacing_ms))
+                reports.append(bench("postgresql", url, tmp, *more))
     for rep in reports:
         rep.print(as_json=args.json)
     return 0
