@@ -109,6 +109,9 @@ class _Group:
     looked: float = 0.0  # when it last looked (the worker's monotonic)
     looks: int = 0  # claims and polls so far (what the tests watch)
     empty: int = 0  # of which found nothing
+    # Its slot threads wait on this one, on the worker's lock: a claim wakes as many as
+    # it made ready, not every thread of the worker (``Worker._cond``).
+    work: threading.Condition = field(default_factory=threading.Condition)
 
     @property
     def free(self) -> int:
@@ -142,6 +145,9 @@ class _Active:
     pid: int | None = None
     finishing: bool = False
     cgroup: RunCgroup | None = None
+    # The run before this one in its sequence, whose end (committed with this run's
+    # claim) is announced once this run's process started: see ``_announce``.
+    announce: int | None = None
 
 
 class Worker:
@@ -205,8 +211,18 @@ class Worker:
         self.name = name or f"{self.host}:{os.getpid()}:embedded"
         if groups is None:
             groups = [SlotGroup(tuple(queues), slots)] if queues else every_queue(slots)
+        # One lock guards the worker's state. Its workloops, its heartbeat when stopping
+        # and ``wait_for`` wait on ``_cond``; each group's slot threads on the group's
+        # ``work``.
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
         self._groups = [
-            _Group(g, i, offers=deque() if g.queues == (WILDCARD,) else None)
+            _Group(
+                g,
+                i,
+                offers=deque() if g.queues == (WILDCARD,) else None,
+                work=threading.Condition(lock),
+            )
             for i, g in enumerate(groups)
         ]
         self.slot_groups = list(groups)
@@ -230,7 +246,6 @@ class Worker:
         self._follow_lanes(None)
         self.version = version
         self.outage = Outage(f"worker {self.name}")
-        self._cond = threading.Condition()
         self._follow_groups(None)
         self._reported: str | None = None
         self._stopping = False
@@ -414,6 +429,8 @@ class Worker:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            for g in self._groups:
+                g.work.notify_all()
         # An outcome is worth waiting for through an outage, but not past the stop's timeout.
         self._give_up_at = time.monotonic() + timeout
         for t in self._threads:
@@ -650,7 +667,7 @@ class Worker:
             with self._cond:
                 turn = self._turn(g)
                 if turn is None:
-                    self._cond.notify_all()  # its slot threads may stop once nothing is due
+                    g.work.notify_all()  # its slot threads may stop once nothing is due
                     return
             how, run_id, limit = turn
             if how == "poll":
@@ -674,7 +691,12 @@ class Worker:
                 if how != "offer":
                     g.looks += how == "claim"
                     self._backed_off(g, empty=not claimed)
-                self._cond.notify_all()
+                if self._stopping:
+                    g.work.notify_all()  # nothing reserved now: they may stop
+                elif claimed:
+                    g.work.notify(len(claimed))
+                if self._watching:
+                    self._cond.notify_all()
 
     def _look(self, g: _Group) -> bool:
         with self._cond:
@@ -725,13 +747,15 @@ class Worker:
         while True:
             with self._cond:
                 while not g.ready and not (self._stopping and g.reserved == 0):
-                    self._cond.wait()
+                    g.work.wait()
                 if not g.ready:
                     return
                 run: RunRecord | None = g.ready.popleft()
+            announce: int | None = None
             while run is not None:  # the next task of a sequence comes with this one's end
                 ended = run.id
-                run = self._execute(run, g)
+                run = self._execute(run, g, announce)
+                announce = ended if run is not None else None
                 with self._cond:
                     full = g.free <= 0
                     g.runs.discard(ended)
@@ -748,9 +772,13 @@ class Worker:
                     if g.kicked or self._stopping or self._watching:
                         self._cond.notify_all()
 
-    def _execute(self, run: RunRecord, g: _Group) -> RunRecord | None:
-        """Run one task run to its recorded end; the run claimed with that end, if any."""
-        active = _Active(run)
+    def _execute(self, run: RunRecord, g: _Group, announce: int | None) -> RunRecord | None:
+        """Run one task run to its recorded end; the run claimed with that end, if any.
+
+        ``announce``: the run before this one in its sequence, whose end is announced
+        once this one started (``_announce``).
+        """
+        active = _Active(run, announce=announce)
         with self._cond:
             self._active[run.id] = active
             active.kill_reason = self._kill_first.pop(run.id, None)
@@ -777,6 +805,7 @@ class Worker:
             log.exception("task run %s (%s) failed to run", run.id, run.job_name)
             outcome = TaskOutcome(1, RunState.FAILED, None, f"could not run: {exc}")
         finally:
+            self._announce(active)  # not started (killed first, no log, an error)
             # Always record the outcome, whatever happened above.
             if outcome is None:
                 outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
@@ -853,6 +882,7 @@ class Worker:
                     self.containment.release(cg)
                 out.write(f"jobcontrol: cannot start {run.command!r}: {exc}\n".encode())
                 return TaskOutcome(NOT_STARTED, RunState.FAILED, None, f"cannot start: {exc}")
+            self._announce(active)
             if sink is not None:
                 sink.started()  # the task holds the pipe now: its end is seen when it ends
             with self._cond:
@@ -1006,9 +1036,22 @@ class Worker:
                 outcome.exit_status,
             )
         _delete_logs(result.stale_logs)
-        events.task_finished.send(self.store, run_id=run_id)
         following: RunRecord | None = result.next
-        return following
+        if following is None:
+            events.task_finished.send(self.store, run_id=run_id)
+        return following  # its ``_execute`` announces this end once it started
+
+    def _announce(self, active: _Active) -> None:
+        """Wake the dispatcher for the end of the run before ``active`` in its sequence.
+
+        That end is committed already, with this run's claim; the wake-up waits until
+        this run's process started, so that the dispatcher's reaction (reading the end,
+        queueing the task after this one) runs while the task does, instead of taking
+        the interpreter from the thread about to start it.
+        """
+        if active.announce is not None:
+            run_id, active.announce = active.announce, None
+            events.task_finished.send(self.store, run_id=run_id)
 
     def _recorded_already(self, run_id: int, values: dict[str, Any]) -> bool:
         """Whether the run's row holds this very end (the same ``ended`` instant, from this
