@@ -380,11 +380,14 @@ def _run_end(values: Sequence[Any]) -> RunEnd:
 
 
 @functools.lru_cache(maxsize=256)
-def _transition_stmt(columns: tuple[str, ...]) -> Update:
-    return (
+def _transition_stmt(columns: tuple[str, ...], expected: int) -> Prepared:
+    # The expected states are bound one by one (not an expanding IN), so that the
+    # statement compiles once: a box's end is on every tree run's path.
+    return Prepared(
         update(run)
         .where(
-            run.c.id == bindparam("w_id"), run.c.state.in_(bindparam("w_expected", expanding=True))
+            run.c.id == bindparam("w_id"),
+            run.c.state.in_([bindparam(f"w_expected{i}") for i in range(expected)]),
         )
         .values({col: bindparam(f"v_{col}") for col in columns})
     )
@@ -396,8 +399,9 @@ def transition_run(
     """Compare-and-set a run's state (and other columns); False if the state was not expected."""
     params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
     params["w_id"] = run_id
-    params["w_expected"] = [str(s) for s in expected]
-    return conn.execute(_transition_stmt(tuple(sorted(values))), params).rowcount == 1
+    states = tuple(sorted({str(s) for s in expected}))
+    params.update({f"w_expected{i}": s for i, s in enumerate(states)})
+    return _transition_stmt(tuple(sorted(values)), len(states)).execute(conn, params).rowcount == 1
 
 
 def unfinished_tree_runs(conn: Connection) -> list[RunRecord]:
