@@ -296,6 +296,20 @@ LOG_FORMATS = ("text", "json")
 _RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
+class TextFormatter(logging.Formatter):
+    """The default format, its time formatted once per second, not for every record."""
+
+    _second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        whole = int(record.created)
+        second, text = self._second  # one read: another thread may replace it
+        if second != whole:
+            text = time.strftime(self.default_time_format, self.converter(whole))
+            self._second = (whole, text)
+        return f"{text},{int(record.msecs):03d}"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, the
     process and thread, a record's ``extra=`` fields, and any traceback as text."""
@@ -331,8 +345,13 @@ def configure_logging(level: str, stream: TextIO | None = None, fmt: str = "text
     handler.setFormatter(
         JsonFormatter()
         if fmt == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        else TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    # Neither format shows where a call was made from, nor a multiprocessing name: a
+    # record skips finding them (the logging HOWTO's "Optimization"). A busy daemon
+    # logs a few lines per tree run.
+    logging._srcfile = None
+    logging.logMultiprocessing = False
     root.addHandler(handler)
     root.setLevel(level.upper())
     for noisy in ("apscheduler", "alembic"):

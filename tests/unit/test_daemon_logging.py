@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 
@@ -24,9 +25,11 @@ def restore_logging() -> Iterator[None]:
     ours = logging.getLogger("jobcontrol")
     ours_level = ours.level
     ours.setLevel(logging.NOTSET)
+    srcfile, multiprocessing = logging._srcfile, logging.logMultiprocessing
     try:
         yield
     finally:
+        logging._srcfile, logging.logMultiprocessing = srcfile, multiprocessing
         ours.setLevel(ours_level)
         root.handlers[:] = handlers
         root.setLevel(level)
@@ -99,3 +102,25 @@ def test_text_stays_the_default_and_an_unknown_format_is_refused() -> None:
     assert mine.endswith(" WARNING jobcontrol.test: plain")
     with pytest.raises(JobControlError, match="--log-format 'xml' is not one of text, json"):
         configure_logging("INFO", stream, fmt="xml")
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_each_text_line_carries_its_own_time_to_the_millisecond() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", stream)
+    handler = logging.getLogger().handlers[0]
+    logger = logging.getLogger("jobcontrol.test")
+    # Records made at chosen instants: the same second twice, then the next one. The
+    # time of day is formatted once per second; the milliseconds never are.
+    instants = [(1_795_000_000, 123), (1_795_000_000, 987), (1_795_000_001, 4)]
+    for second, ms in instants:
+        record = logger.makeRecord("jobcontrol.test", logging.INFO, "f", 1, "at", (), None)
+        record.created, record.msecs = second + ms / 1000, ms
+        handler.handle(record)
+    lines_ = stream.getvalue().splitlines()
+    written = [line.split(" INFO ")[0] for line in lines_ if line.endswith("jobcontrol.test: at")]
+    expected = [
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second)) + f",{ms:03d}"
+        for second, ms in instants
+    ]
+    assert written == expected
