@@ -26,6 +26,7 @@ Target: p99 latency < 10 ms. Ratios are ours / bare for the median and p99.
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import _common as c
 from sqlalchemy import bindparam, select, update
 
 from jobcontrol import Batch, DispatcherConfig, Engine, Kind, NewJob, Store, events
+from jobcontrol.cgroups import Containment
 from jobcontrol.runtime import Runtime
 from jobcontrol.store.schema import job, run
 
@@ -231,6 +233,14 @@ def bench(
     ours = phases["process"]
     rep = c.Report("bench_timer_accuracy", store_name)
     rep.notes.append(f"cgroup per task run: {cgroups}")
+    if cgroups != "off":
+        advice = Containment.setup(f"bench-probe-{os.getpid()}")
+        advice.close()
+        rep.notes.append(
+            "cgroup joins: " + (advice.advice or "fast at any time (favordynmods, or not offered)")
+            if advice.enabled
+            else f"cgroup joins: none ({advice.describe()})"
+        )
     rep.add("firings", n, "")
     for label, values in (
         ("engine", ours),

@@ -49,6 +49,7 @@ JOIN_FAILED_LINE = "jobcontrol: not started: the task could not join its cgroup"
 FALLBACK = "process group + environment marker"
 
 _MOUNTINFO = "/proc/self/mountinfo"
+_FEATURES = "/sys/kernel/cgroup/features"
 _SELF_CGROUP = "/proc/self/cgroup"
 _EMPTY_WAIT = 5.0  # how long kill waits for a killed cgroup to empty before giving up on it
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -145,6 +146,7 @@ class Containment:
     base: Path | None
     memory_base: Path | None = None
     reason: str = ""  # why the fallback is in force, or what is missing (memory)
+    advice: str = ""  # what the host could change to start runs sooner (``join_advice``)
     _lingering: dict[int, RunCgroup] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -292,7 +294,54 @@ def _setup(name: str) -> Containment:
     if memory_reason:
         memory_base, v1_reason = _memory_v1(name)
         memory_reason = "" if memory_base is not None else f"{memory_reason}; {v1_reason}"
-    return Containment(base=base, memory_base=memory_base, reason=memory_reason)
+    return Containment(
+        base=base,
+        memory_base=memory_base,
+        reason=memory_reason,
+        advice=join_advice(mount[0], _mount_options(mount[0])),
+    )
+
+
+def join_advice(point: Path, options: list[str], features: str | None = None) -> str:
+    """Empty, or the advice to mount cgroup2 with ``favordynmods``.
+
+    A run's shell joins its cgroup by writing to ``cgroup.procs``; the kernel lets a
+    process change cgroups only once every CPU has passed a quiescent state (an RCU
+    grace period) since the last such move, unless the hierarchy favours dynamic
+    changes. Joins back to back cost about 0.3 ms; the first after a quiet spell of
+    20 ms or more waited 6 to 14 ms on the machine we measure on (bench/README.md), so
+    a timer's task started that much late. ``favordynmods`` (Linux 6.0, listed in
+    ``/sys/kernel/cgroup/features``) keeps every join at the fast cost, for slightly
+    dearer forks and exits host-wide: the host's choice, so the daemon only says so.
+    """
+    if "favordynmods" in options:
+        return ""
+    if features is None:
+        try:
+            features = Path(_FEATURES).read_text()
+        except OSError:
+            return ""
+    if "favordynmods" not in features.split():
+        return ""
+    return (
+        f"cgroup2 at {point} is mounted without favordynmods: a run that starts after a "
+        "quiet spell waits for an RCU grace period (milliseconds) to join its cgroup; "
+        f"`mount -o remount,favordynmods {point}` removes that wait"
+    )
+
+
+def _mount_options(point: Path) -> list[str]:
+    """The super options of the mount at ``point`` (mountinfo's last field)."""
+    try:
+        lines = Path(_MOUNTINFO).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        f, parts = fields.split(), rest.split()
+        if len(f) > 4 and Path(_unescape(f[4])) == point and len(parts) >= 3:
+            return parts[2].split(",")
+    return []
 
 
 def _cgroup2_mount() -> tuple[Path, str]:

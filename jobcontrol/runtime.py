@@ -72,6 +72,8 @@ class Runtime:
         if self.config.slots > 0:
             self.containment = Containment.setup(d.instance_id, self.cgroups)
             log.info("task runs are contained by %s", self.containment.describe())
+            if self.containment.advice:
+                log.warning("%s", self.containment.advice)
         # The host's half of recovery, before any work is taken (worker/recovery.py).
         local_recovery.kill_leftovers(
             d.instance_id,
@@ -119,7 +121,8 @@ class Runtime:
         """How this daemon's worker contains task runs (for status)."""
         if self.containment is None:
             return "none: this daemon runs no tasks (--slots 0)"
-        return self.containment.describe()
+        advice = self.containment.advice
+        return self.containment.describe() + (f"; {advice}" if advice else "")
 
     def database(self) -> dict[str, Any]:
         """Whether the database answers, as the dispatcher and the worker see it."""

@@ -190,6 +190,8 @@ class RemoteWorker:
         # Its own cgroup subtree, apart from the daemon's and other workers' on this host.
         self.containment = Containment.setup(f"{instance}:{self.opts.name}", self.opts.cgroups)
         log.info("task runs are contained by %s", self.containment.describe())
+        if self.containment.advice:
+            log.warning("%s", self.containment.advice)
         self._recover(instance, marker, previous)
         self.relay = relay = Relay(self.store, name=f"worker {self.opts.name}")
         relay.start()

@@ -346,3 +346,28 @@ def test_a_daemon_sharing_its_cgroup_stays_and_says_why(
     ), answer
     assert answer["cgroup"].endswith(f"/{own.name}"), answer  # not moved
     assert not (own / "supervisor").exists()
+
+
+def test_a_cgroup2_mount_without_favordynmods_gets_the_advice_where_the_kernel_has_it() -> None:
+    point = Path("/sys/fs/cgroup")
+    features = "nsdelegate\nfavordynmods\nmemory_localevents\n"
+    advice = cgroups.join_advice(point, ["rw", "nsdelegate"], features)
+    assert "without favordynmods" in advice
+    assert "mount -o remount,favordynmods /sys/fs/cgroup" in advice
+    # Mounted with it, or a kernel that does not know it (before 6.0): nothing to say.
+    assert cgroups.join_advice(point, ["rw", "favordynmods"], features) == ""
+    assert cgroups.join_advice(point, ["rw"], "nsdelegate\nmemory_localevents\n") == ""
+
+
+@needs_cgroups
+def test_the_advice_follows_this_machines_own_mount_and_kernel() -> None:
+    containment = Containment.setup(f"unit-advice-{uuid.uuid4().hex[:8]}")
+    try:
+        point = cgroups._cgroup2_mount()[0]
+        options = cgroups._mount_options(point)
+        assert options, f"no super options read for {point}"
+        features = Path("/sys/kernel/cgroup/features").read_text().split()
+        expected = "favordynmods" in features and "favordynmods" not in options
+        assert bool(containment.advice) is expected, (options, containment.advice)
+    finally:
+        containment.close()
