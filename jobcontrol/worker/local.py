@@ -203,6 +203,13 @@ class Worker:
         self.log_problems = 0
         self.runqueue = runqueue
         self.store = runqueue.store
+        # Whether a sequence's end is announced once the next task started (``_announce``).
+        # On SQLite the dispatcher's reaction is ~0.4 ms of interpreter time that then runs
+        # while the child does (1.75 -> 1.55 ms per task). On PostgreSQL it is ~2 ms of
+        # round trips that hold no interpreter lock: started late it missed queueing the
+        # task after next in time for half of the ends (485 of 1,000, against 236 when
+        # announced at once), and each miss costs a claim.
+        self._announce_late = self.store.is_sqlite
         self.clock = clock
         self.log_root = log_root
         self.instance_id = instance_id
@@ -755,7 +762,7 @@ class Worker:
             while run is not None:  # the next task of a sequence comes with this one's end
                 ended = run.id
                 run = self._execute(run, g, announce)
-                announce = ended if run is not None else None
+                announce = ended if run is not None and self._announce_late else None
                 with self._cond:
                     full = g.free <= 0
                     g.runs.discard(ended)
@@ -1037,9 +1044,9 @@ class Worker:
             )
         _delete_logs(result.stale_logs)
         following: RunRecord | None = result.next
-        if following is None:
+        if following is None or not self._announce_late:
             events.task_finished.send(self.store, run_id=run_id)
-        return following  # its ``_execute`` announces this end once it started
+        return following  # else its ``_execute`` announces this end once it started
 
     def _announce(self, active: _Active) -> None:
         """Wake the dispatcher for the end of the run before ``active`` in its sequence.
