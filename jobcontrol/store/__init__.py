@@ -228,7 +228,12 @@ class Store:
         """One write transaction: committed on success, rolled back on error."""
         lock = self._write_lock
         if lock is not None and not lock.acquire(timeout=self.busy_timeout):
-            raise StoreUnavailable("database error: database is locked (by this process)")
+            # Another thread of this process holds the turn to write, itself waiting for
+            # the file's lock (another process's transaction) or writing for that long.
+            raise StoreUnavailable(
+                f"database error: database is locked (waited {self.busy_timeout:g}s behind "
+                "another write of this process, itself held up)"
+            )
         try:
             yield from self._transaction("BEGIN IMMEDIATE")
         finally:

@@ -9,8 +9,13 @@ started together must both get on with their work.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from pathlib import Path
 
+import pytest
+from sqlalchemy import text
+
+from jobcontrol.errors import StoreUnavailable
 from jobcontrol.store import Store
 
 PROCESSES = 12
@@ -54,3 +59,36 @@ def test_processes_opening_a_new_sqlite_file_together_all_get_in(tmp_path: Path)
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     finally:
         mode.dispose()
+
+
+def test_a_write_held_up_behind_another_of_its_process_says_so(tmp_path: Path) -> None:
+    """One thread's write transaction is held up (here by its own work; in production by
+    another process's lock on the file): another thread's write gives up after the busy
+    timeout saying what it waited for, as /healthz then shows it, and writes nothing."""
+    store = Store(f"sqlite:///{tmp_path}/jobcontrol.db", busy_timeout=0.5)
+    store.upgrade()
+    inside, release = threading.Event(), threading.Event()
+
+    def held_up() -> None:
+        with store.write() as conn:
+            conn.execute(text("CREATE TABLE first_writer (x INTEGER)"))
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=held_up)
+    t.start()
+    try:
+        assert inside.wait(10)
+        with (
+            pytest.raises(StoreUnavailable, match=r"waited 0.5s behind another write of this"),
+            store.write() as conn,
+        ):
+            conn.execute(text("CREATE TABLE second_writer (x INTEGER)"))
+    finally:
+        release.set()
+        t.join(10)
+    with store.read() as conn:
+        names = {r[0] for r in conn.execute(text("SELECT name FROM sqlite_master"))}
+    store.dispose()
+    assert "first_writer" in names
+    assert "second_writer" not in names
