@@ -122,6 +122,9 @@ class TreeRuns:
         # The tree runs rooted at a task whose end the current handler reacted to: should
         # it roll back, the rebuild must react to that end again (``held``).
         self.reacted: list[Held] = []
+        # While ``task_done`` reacts: the row of the run queued after the task, read with
+        # the task's end (``_adopt_ahead`` takes it instead of reading it again).
+        self._read_ahead: tuple[int, queries.RunEnd] | None = None
 
     def start_run(
         self,
@@ -264,7 +267,11 @@ class TreeRuns:
         job_id, run_id = box.ahead
         box.ahead = None
         if job_id == node.id:
-            row = queries.run_end(self.d.tx.conn, run_id)
+            seen, self._read_ahead = self._read_ahead, None
+            if seen is not None and seen[0] == run_id:
+                row: queries.RunEnd | None = seen[1]
+            else:
+                row = queries.run_end(self.d.tx.conn, run_id)
             if row is not None and row.state is not RunState.PENDING:
                 return run_id, row
         # Not released (its predecessor was settled, not finished) or not the one due.
@@ -431,10 +438,24 @@ class TreeRuns:
         frame = self.frames.get(run_id)
         if frame is None:
             return  # handled already (a wake-up and the back-up poll can both report it)
-        row = queries.run_end(self.d.tx.conn, run_id)
-        if row is None or row.state in ACTIVE_RUN_STATES:
-            return  # not ended yet
-        self._task_ended(frame, row)
+        box = frame.parent
+        ahead = box.ahead[1] if box is not None and box.ahead is not None else None
+        conn = self.d.tx.conn
+        if ahead is None:
+            row = queries.run_end(conn, run_id)
+        else:
+            # The run queued after this task too: its end released it in the same commit,
+            # so one read sees both, and the box's advance adopts it without another.
+            ends = queries.two_run_ends(conn, run_id, ahead)
+            row = ends.get(run_id)
+            if ahead in ends:
+                self._read_ahead = (ahead, ends[ahead])
+        try:
+            if row is None or row.state in ACTIVE_RUN_STATES:
+                return  # not ended yet
+            self._task_ended(frame, row)
+        finally:
+            self._read_ahead = None
 
     def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
         if frame.parent is None:

@@ -373,6 +373,18 @@ def run_end(conn: Connection, run_id: int) -> RunEnd | None:
     return _run_end(rows[0]) if rows else None
 
 
+_GET_TWO_RUN_ENDS = Prepared(
+    select(run.c.id, *_END_COLUMNS).where(run.c.id.in_([bindparam("w_a"), bindparam("w_b")]))
+)
+
+
+def two_run_ends(conn: Connection, first: int, second: int) -> dict[int, RunEnd]:
+    """``run_end`` of two runs in one statement (one snapshot, one round trip): a task's
+    end and the run its end released, as one commit of the worker left them."""
+    rows = _GET_TWO_RUN_ENDS.execute(conn, {"w_a": first, "w_b": second}).fetchall()
+    return {r[0]: _run_end(r[1:]) for r in rows}
+
+
 def _run_end(values: Sequence[Any]) -> RunEnd:
     """A ``RunEnd`` from the values of ``_END_COLUMNS``, in that order."""
     state, *rest = values
