@@ -31,7 +31,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -331,17 +331,11 @@ def join_advice(point: Path, options: list[str], features: str | None = None) ->
 
 
 def _mount_options(point: Path) -> list[str]:
-    """The super options of the mount at ``point`` (mountinfo's last field)."""
+    """The super options of the mount at ``point``."""
     try:
-        lines = Path(_MOUNTINFO).read_text().splitlines()
+        return next((opts for p, _, _, opts in _mounts() if p == point), [])
     except OSError:
         return []
-    for line in lines:
-        fields, _, rest = line.partition(" - ")
-        f, parts = fields.split(), rest.split()
-        if len(f) > 4 and Path(_unescape(f[4])) == point and len(parts) >= 3:
-            return parts[2].split(",")
-    return []
 
 
 def _cgroup2_mount() -> tuple[Path, str]:
@@ -358,16 +352,22 @@ def _cgroup2_mount() -> tuple[Path, str]:
 def _find_mount(fstype: str, option: str | None = None) -> tuple[Path, str] | None:
     """The first mount of ``fstype`` (with ``option`` among its super options, e.g. a
     cgroup v1 controller): its mount point and the hierarchy path it shows."""
+    for point, root, kind, options in _mounts():
+        if kind == fstype and (option is None or option in options):
+            return point, root
+    return None
+
+
+def _mounts() -> Iterator[tuple[Path, str, str, list[str]]]:
+    """Each mount in mountinfo: its point, the hierarchy path it shows, its file system
+    type and its super options. ``OSError`` when mountinfo cannot be read."""
     for line in Path(_MOUNTINFO).read_text().splitlines():
         fields, _, rest = line.partition(" - ")
-        parts = rest.split()
-        if not parts or parts[0] != fstype:
+        f, parts = fields.split(), rest.split()
+        if len(f) < 5 or not parts:
             continue
-        if option is not None and (len(parts) < 3 or option not in parts[2].split(",")):
-            continue
-        f = fields.split()
-        return Path(_unescape(f[4])), _unescape(f[3])
-    return None
+        options = parts[2].split(",") if len(parts) >= 3 else []
+        yield Path(_unescape(f[4])), _unescape(f[3]), parts[0], options
 
 
 def _in_mount(mount: tuple[Path, str], path: str) -> Path | None:
