@@ -762,7 +762,11 @@ class Worker:
             while run is not None:  # the next task of a sequence comes with this one's end
                 ended = run.id
                 run = self._execute(run, g, announce)
-                announce = ended if run is not None and self._announce_late else None
+                announce = None
+                if run is not None and self._announce_late:
+                    announce = ended  # once the next task started (``_announce``)
+                else:
+                    events.task_finished.send(self.store, run_id=ended)
                 with self._cond:
                     full = g.free <= 0
                     g.runs.discard(ended)
@@ -1044,9 +1048,7 @@ class Worker:
             )
         _delete_logs(result.stale_logs)
         following: RunRecord | None = result.next
-        if following is None or not self._announce_late:
-            events.task_finished.send(self.store, run_id=run_id)
-        return following  # else its ``_execute`` announces this end once it started
+        return following
 
     def _announce(self, active: _Active) -> None:
         """Wake the dispatcher for the end of the run before ``active`` in its sequence.
