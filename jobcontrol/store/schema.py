@@ -59,33 +59,26 @@ class UTCDateTime(TypeDecorator[datetime]):
             value = datetime.fromisoformat(value)
         return value.replace(tzinfo=UTC)
 
-    # On SQLite both directions as one function: the UTC conversion above and the
-    # dialect's text format ("YYYY-MM-DD HH:MM:SS.ffffff", which ``isoformat`` writes
-    # too). The chain of the two (SQLite's builds a dict per value) was about a
-    # twentieth of the daemon's CPU with many short tree runs (bench_many_trees).
+    # On SQLite each direction is one function: the conversion above plus the dialect's
+    # text format ("YYYY-MM-DD HH:MM:SS.ffffff", which ``isoformat`` writes too), in place
+    # of SQLite's own processor chained after it, which builds a dict per value (about a
+    # twentieth of the daemon's CPU with many short tree runs, bench_many_trees).
     def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
         if dialect.name != "sqlite":
             return super().bind_processor(dialect)
+        to_utc = self.process_bind_param
 
         def process(value: datetime | None) -> str | None:
-            if value is None:
-                return None
-            if value.tzinfo is None:
-                raise ValueError(f"naive datetime {value!r} given to the store")
-            return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+            naive = to_utc(value, dialect)
+            return None if naive is None else naive.isoformat(" ", "microseconds")
 
         return process
 
     def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
         if dialect.name != "sqlite":
             return super().result_processor(dialect, coltype)
-
-        def process(value: str | None) -> datetime | None:
-            if value is None:
-                return None
-            return datetime.fromisoformat(value).replace(tzinfo=UTC)
-
-        return process
+        from_text = self.process_result_value
+        return lambda value: from_text(value, dialect)  # SQLite gives the text as it is
 
 
 job = Table(
