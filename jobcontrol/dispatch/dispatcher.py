@@ -179,7 +179,7 @@ class Dispatcher:
                 self._arm_idle_trees()
                 for step in steps:
                     step()
-                log.info("Root timers started")
+                tx.log(log, "Root timers started")  # after the timers' lines
             finally:
                 self._tx = None
         self.runs.reacted.clear()  # committed

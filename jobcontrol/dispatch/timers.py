@@ -73,7 +73,7 @@ class TreeTimers:
             log.info("Timers paused: job %s recorded to run at %s", top.job.name, due)
             return
         top_id = top.id
-        log.info("Starting timer for job %s : runs at %s", top.job.name, due)
+        self.d.tx.log(log, "Starting timer for job %s : runs at %s", top.job.name, due)
         self.d.timers.arm(
             ("tree", top_id),
             due,
@@ -120,7 +120,7 @@ class TreeTimers:
                     self.arm(top, armed.when, armed.trigger, armed.by)
                 else:
                     self.restart_subtree_timer(top)
-            log.info("Timers resumed (%d armed)", len(self.armed))
+            self.d.tx.log(log, "Timers resumed (%d armed)", len(self.armed))  # after the arms
             return len(self.armed)
 
         return int(self.d.call(handler).result(self.d.config.edit_timeout))
@@ -267,7 +267,7 @@ class TreeTimers:
             and due is not None
             and (status == 0 or top.job.on_error is OnError.CONTINUE)
         ):
-            log.info("Restarting timer for job %s : runs %s", top.job.name, due)
+            self.d.tx.log(log, "Restarting timer for job %s : runs %s", top.job.name, due)
             self.arm(top, due, Trigger.TIMER)
         else:
             # An edit during the run may have armed a timer: it must not fire now.
