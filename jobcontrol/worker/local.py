@@ -655,6 +655,10 @@ class Worker:
                     # Many announced (many trees due together): one claim of up to its
                     # free slots, most urgent first. A claim per offer, a transaction
                     # each in the order announced, capped a worker at ~350 runs a second.
+                    # The claim answers for all of them: those it leaves were taken
+                    # elsewhere, or are still queued when it fills the group, whose
+                    # next free slot claims again (``_slot_loop``).
+                    g.offers.clear()
                     g.reserved += free
                     return ("claim", None, free)
                 if g.kicked:
@@ -702,7 +706,8 @@ class Worker:
                     g.runs.add(run.id)
                     g.ready.append(run)
                 if g.offers and claimed and how != "offer":
-                    taken = {run.id for run in claimed}  # offered, taken by this claim
+                    # Announced while it claimed, and taken by it: not to claim again.
+                    taken = {run.id for run in claimed}
                     g.offers = deque(i for i in g.offers if i not in taken)
                 if how != "offer":
                     g.looks += how == "claim"

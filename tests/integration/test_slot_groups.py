@@ -321,6 +321,31 @@ def test_many_runs_announced_at_once_are_claimed_together_most_urgent_first(
     )
 
 
+def test_runs_announced_but_taken_elsewhere_cost_one_claim_not_a_spin(
+    store: Store, workers: list[Worker], gates: dict[str, Gate], tmp_path: Path
+) -> None:
+    """Announced runs another worker took first: one claim finds nothing, and the group
+    does not claim again for them (it would spin on the same announcements)."""
+    mono = ManualMonotonic()
+    rq = SpyQueue(store, mono)
+    w = start_worker(workers, rq, tmp_path, slots=3, mono=mono)
+    w.wait_for("the first look, empty", lambda: w.groups()[0].empty >= 1)
+    taken = [queue_run(store, f"t{i}", "true", queue="default") for i in range(2)]
+    other = RunQueue(store).claim("w2", "elsewhere", datetime.now(UTC), limit=2)
+    assert sorted(r.id for r in other) == taken
+
+    events.runs_queued.send(store, run_ids=taken)
+    w.wait_for("its claim for them", lambda: len(rq.of(0)) > 1 and w.groups()[0].runs == ())
+    late = queue_run(store, "late", gated(gates, tmp_path, "late"), queue="default")
+    events.runs_queued.send(store, run_ids=[late])
+    w.wait_for("the run announced next", lambda: late in w.groups()[0].runs)
+    calls = rq.of(0)
+    assert calls[1:] == [("claim", None, 3, 0.0), ("offer", None, 1, 0.0)], calls
+    assert [state_of(store, r) for r in taken] == [RunState.RUNNING] * 2  # still w2's
+    gates["late"].open()
+    poll_until("the late run", lambda: state_of(store, late) is RunState.SUCCEEDED)
+
+
 def test_an_idle_pinned_lane_backs_off_alone_while_the_default_group_stays_busy(
     store: Store, workers: list[Worker], tmp_path: Path
 ) -> None:
