@@ -12,10 +12,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from jobcontrol.errors import JobError, JobRunningError
-from jobcontrol.model import JobState
+from jobcontrol.model import JobState, RunState
 from jobcontrol.procs import pid_alive
+from jobcontrol.store.schema import run
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, T0, USER, box, poll_until, task
 
@@ -278,6 +280,58 @@ def test_kill_of_a_long_task_is_255_up_the_chain_and_a_failure(jc_sqlite: JC) ->
     assert jc.armed_at("Top") is None
     assert jc.job("Top").next_runs is None
     poll_until("the killed task to be gone", lambda: not jc.task_pids(long_run))
+
+
+def test_a_sequence_queues_its_next_task_ahead_and_a_kill_runs_it_not(jc: JC) -> None:
+    """While a task runs, the one after it waits as a pending run after it (the worker
+    recording the end takes the next in the same transaction); killing the tree drops
+    it, and no run of it is left or recorded."""
+    gate = jc.gate("g")
+    jc.create(
+        box("Seq", timer="every 10s", on_error="abort", active=True),
+        task("t1", gate.command, "Seq", active=True),
+        *(task(f"t{i}", "true", "Seq", active=True) for i in (2, 3, 4)),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    r1 = first_started(jc, "t1", mark)
+    jc.wait_task_process(r1)
+
+    def pending() -> list[tuple[str, int | None, bool | None]]:
+        with jc.store.read() as conn:
+            rows = conn.execute(
+                select(run.c.id, run.c.job_name, run.c.after_run_id, run.c.after_ok_only)
+                .where(run.c.state == str(RunState.PENDING))
+                .order_by(run.c.id)
+            ).all()
+        ids = {r.id: r.job_name for r in rows}
+        return [
+            (r.job_name, ids.get(r.after_run_id, r.after_run_id), r.after_ok_only) for r in rows
+        ]
+
+    # Under an ABORT box, it is released only by a success.
+    assert pending() == [("t2", r1, True)]
+
+    root = jc.engine.kill("Seq", user=USER)
+    jc.rec.run_finished("Seq", since=mark)
+    assert set(jc.tree_run(root)) == {"Seq", "t1"}
+    assert pending() == []
+    assert jc.runs("t2") == []
+    assert jc.runs("t3") == []
+
+
+def test_a_sequence_of_quick_tasks_runs_each_once_in_order(jc: JC) -> None:
+    """Tasks taken ahead by the worker run once each, in order, and the box sees every end."""
+    out = jc.tmp_path / "order"
+    jc.create(
+        box("Seq", timer="every 10s", active=True),
+        *(task(f"t{i}", f"echo {i} >> {out}", "Seq", active=True) for i in range(1, 8)),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    assert jc.rec.run_finished("Seq", since=mark)["exit_status"] == 0
+    assert out.read_text().split() == [str(i) for i in range(1, 8)]
+    assert [len(jc.runs(f"t{i}")) for i in range(1, 8)] == [1] * 7
 
 
 def test_kill_stops_the_whole_process_tree_even_a_setsid_child(jc_sqlite: JC) -> None:
