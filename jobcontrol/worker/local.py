@@ -659,6 +659,7 @@ class Worker:
                     # elsewhere, or are still queued when it fills the group, whose
                     # next free slot claims again (``_slot_loop``).
                     g.offers.clear()
+                    g.kicked = False  # this claim is the one a kick asks for
                     g.reserved += free
                     return ("claim", None, free)
                 if g.kicked:
