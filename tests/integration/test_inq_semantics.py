@@ -259,3 +259,47 @@ def test_restart_of_a_tree_with_no_time_left_says_so(jc: JC) -> None:
     assert result.not_armed == "no schedule in its tree gives a time after now"
     assert jc.armed_at("Once") is None
     assert jc.advance(3600) == 0
+
+
+def test_a_run_is_logged_once_committed_and_a_rolled_back_one_not_at_all(
+    jc: JC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inq's lines for a run come after the transaction that did it has committed, in
+    the order it did them; a transaction rolled back writes none of its lines."""
+    caplog.set_level(logging.INFO, logger="jobcontrol")
+    jc.create(box("T", timer="every 10s", active=True), task("a", "true", "T", active=True))
+    mark = jc.rec.mark()
+    jc.advance(10)
+    jc.rec.run_finished("T", since=mark)
+    jc.sync()
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("jobcontrol.dispatch")]
+    wanted = [
+        "Running Task a",
+        "Job a completed exit status 0",
+        "Job T completed exit status 0",
+        "Restarting timer for job T : runs",
+    ]
+    at = [next(i for i, line in enumerate(lines) if line.startswith(w)) for w in wanted]
+    assert at == sorted(at), lines
+
+    log = logging.getLogger("jobcontrol.dispatch.dispatcher")
+
+    def logs_then_fails() -> None:
+        jc.dispatcher.tx.log(log, "a line of a transaction rolled back")
+        raise RuntimeError("a bug: the batch rolls back")
+
+    def logs() -> None:
+        jc.dispatcher.tx.log(log, "a line of a transaction committed")
+
+    with jc.dispatcher.protocol.user_edit():  # both in one batch, rolled back together
+        seen = jc.dispatcher.stats.events
+        jc.dispatcher.post((lambda: None, None))
+        poll_until("the dispatcher takes the event", lambda: jc.dispatcher.stats.events > seen)
+        jc.dispatcher.post((logs, None))
+        jc.dispatcher.post((logs_then_fails, None))
+    jc.sync()
+    jc.dispatcher.call(logs).result(10)  # a request is handled alone: committed
+    jc.errors.records.clear()  # the bug was the point
+    said = [r.getMessage() for r in caplog.records]
+    assert "a line of a transaction rolled back" not in said
+    assert said.count("a line of a transaction committed") == 1
