@@ -70,7 +70,7 @@ class TreeTimers:
         self.armed[top.id] = Armed(due, trigger, by)
         self._schedule_event(top, due)
         if self._timers_paused:
-            log.info("Timers paused: job %s recorded to run at %s", top.job.name, due)
+            self.d.tx.log(log, "Timers paused: job %s recorded to run at %s", top.job.name, due)
             return
         top_id = top.id
         self.d.tx.log(log, "Starting timer for job %s : runs at %s", top.job.name, due)

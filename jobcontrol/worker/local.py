@@ -648,21 +648,18 @@ class Worker:
         while not self._stopping:
             free = g.free
             if free > 0:
-                if g.offers and len(g.offers) == 1:
+                if g.offers is not None and len(g.offers) == 1:
                     g.reserved += 1
                     return ("offer", g.offers.popleft(), 1)
-                if g.offers:
-                    # Many announced (many trees due together): one claim of up to its
-                    # free slots, most urgent first. A claim per offer, a transaction
-                    # each in the order announced, capped a worker at ~350 runs a second.
-                    # The claim answers for all of them: those it leaves were taken
-                    # elsewhere, or are still queued when it fills the group, whose
-                    # next free slot claims again (``_slot_loop``).
-                    g.offers.clear()
-                    g.kicked = False  # this claim is the one a kick asks for
-                    g.reserved += free
-                    return ("claim", None, free)
-                if g.kicked:
+                if g.offers or g.kicked:
+                    # Several announced (many trees due together) are one claim of up
+                    # to its free slots, most urgent first: a claim per offer, a
+                    # transaction each in the order announced, capped a worker at ~350
+                    # runs a second. The claim answers for all of them: those it leaves
+                    # were taken elsewhere, or are still queued when it fills the group,
+                    # whose next free slot claims again (``_slot_loop``).
+                    if g.offers:
+                        g.offers.clear()
                     g.kicked = False
                     g.reserved += free
                     return ("claim", None, free)
@@ -1062,8 +1059,7 @@ class Worker:
                 outcome.exit_status,
             )
         _delete_logs(result.stale_logs)
-        following: RunRecord | None = result.next
-        return following
+        return result.next
 
     def _announce(self, active: _Active) -> None:
         """Wake the dispatcher for the end of the run before ``active`` in its sequence.
