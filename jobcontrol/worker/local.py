@@ -148,6 +148,8 @@ class _Active:
     # The run before this one in its sequence, whose end (committed with this run's
     # claim) is announced once this run's process started: see ``_announce``.
     announce: int | None = None
+    # That run's cgroup, removed then too: off the path from one task to the next.
+    spent: RunCgroup | None = None
 
 
 class Worker:
@@ -771,9 +773,10 @@ class Worker:
                     return
                 run: RunRecord | None = g.ready.popleft()
             announce: int | None = None
+            spent: RunCgroup | None = None
             while run is not None:  # the next task of a sequence comes with this one's end
                 ended = run.id
-                run = self._execute(run, g, announce)
+                run, spent = self._execute(run, g, announce, spent)
                 announce = None
                 if run is not None and self._announce_late:
                     announce = ended  # once the next task started (``_announce``)
@@ -795,13 +798,16 @@ class Worker:
                     if g.kicked or self._stopping or self._watching:
                         self._cond.notify_all()
 
-    def _execute(self, run: RunRecord, g: _Group, announce: int | None) -> RunRecord | None:
-        """Run one task run to its recorded end; the run claimed with that end, if any.
+    def _execute(
+        self, run: RunRecord, g: _Group, announce: int | None, spent: RunCgroup | None
+    ) -> tuple[RunRecord | None, RunCgroup | None]:
+        """Run one task run to its recorded end; the run claimed with that end, if any,
+        and this run's cgroup for that run to remove once it started.
 
-        ``announce``: the run before this one in its sequence, whose end is announced
-        once this one started (``_announce``).
+        ``announce``, ``spent``: the run before this one in its sequence, whose end is
+        announced and whose cgroup is removed once this one started (``_announce``).
         """
-        active = _Active(run, announce=announce)
+        active = _Active(run, announce=announce, spent=spent)
         with self._cond:
             self._active[run.id] = active
             active.kill_reason = self._kill_first.pop(run.id, None)
@@ -837,7 +843,11 @@ class Worker:
                     stored = sink.close()
             finally:
                 following = self._finish(active, outcome, started, log_path, g, stored)
-        return following
+        cg, active.cgroup = active.cgroup, None
+        if cg is not None and following is None:
+            self.containment.release(cg)
+            cg = None
+        return following, cg
 
     def _open_spool(self, run: RunRecord) -> DatabaseLog | None:
         """The run's output on its way to the database; None (and the problem noted)
@@ -902,6 +912,7 @@ class Worker:
                 )
             except OSError as exc:
                 if cg is not None:
+                    active.cgroup = None
                     self.containment.release(cg)
                 out.write(f"jobcontrol: cannot start {run.command!r}: {exc}\n".encode())
                 return TaskOutcome(NOT_STARTED, RunState.FAILED, None, f"cannot start: {exc}")
@@ -931,14 +942,14 @@ class Worker:
         return self._contained(active, outcome, log_path) if cg is not None else outcome
 
     def _contained(self, active: _Active, outcome: TaskOutcome, log_path: Path) -> TaskOutcome:
-        """What the run's cgroup says: its usage, or that the task never joined it."""
+        """What the run's cgroup says: its usage, or that the task never joined it. The
+        cgroup is removed once the end is recorded (``_execute``)."""
         cg = active.cgroup
         assert cg is not None
         refused = None
         if outcome.exit_status == cgroups.JOIN_FAILED_STATUS:
             refused = cgroups.join_failure(log_path)
         usage = cg.usage() if refused is None else None
-        self.containment.release(cg)
         if usage is None:
             return TaskOutcome(outcome.exit_status, RunState.FAILED, None, refused)
         return replace(outcome, cpu_us=usage.cpu_us, mem_peak_bytes=usage.mem_peak_bytes)
@@ -1062,13 +1073,17 @@ class Worker:
         return result.next
 
     def _announce(self, active: _Active) -> None:
-        """Wake the dispatcher for the end of the run before ``active`` in its sequence.
+        """Wake the dispatcher for the end of the run before ``active`` in its sequence,
+        and remove that run's cgroup.
 
         That end is committed already, with this run's claim; the wake-up waits until
         this run's process started, so that the dispatcher's reaction (reading the end,
         queueing the task after this one) runs while the task does, instead of taking
         the interpreter from the thread about to start it.
         """
+        if active.spent is not None:
+            cg, active.spent = active.spent, None
+            self.containment.release(cg)
         if active.announce is not None:
             run_id, active.announce = active.announce, None
             events.task_finished.send(self.store, run_id=run_id)

@@ -12,7 +12,7 @@ from alembic import command
 
 from jobcontrol.cgroups import Containment, RunCgroup
 from jobcontrol.store import alembic_config
-from tests.integration.helpers import JC, task
+from tests.integration.helpers import JC, box, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -157,3 +157,28 @@ def test_a_task_that_cannot_start_leaves_no_cgroup_behind(jc_sqlite: JC, tmp_pat
     assert jc.run(run_id).exit_status == 127
     assert containment.base is not None
     assert not (containment.base / f"run-{run_id}").exists()
+
+
+def test_a_sequence_leaves_no_cgroup_behind_and_records_each_tasks_usage(jc_sqlite: JC) -> None:
+    """A sequence's task hands its cgroup on to be removed once the next task started;
+    the last one's goes with its end. Each task's CPU time is still its own."""
+    jc = jc_sqlite
+    containment = _worker_containment(jc)
+    if not containment.enabled:
+        pytest.skip(f"no cgroups here: {containment.describe()}")
+    assert containment.base is not None
+    seen = jc.tmp_path / "seen"
+    # Each task notes the run cgroups there are while it runs: its own, and at most the
+    # one of the task before it (removed while this one runs, never left for later).
+    look = f"ls -d {containment.base}/run-* | wc -l >> {seen}"
+    jc.create(
+        box("Seq", timer="every 10s", active=True),
+        *(task(f"t{i}", look, "Seq", active=True) for i in range(1, 6)),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    assert jc.rec.run_finished("Seq", since=mark)["exit_status"] == 0
+    assert all(int(n) in (1, 2) for n in seen.read_text().split()), seen.read_text()
+    runs = [jc.runs(f"t{i}")[0] for i in range(1, 6)]
+    assert all(r.state == "succeeded" and r.cpu_us is not None for r in runs), runs
+    assert sorted(containment.base.glob("run-*")) == []
