@@ -125,6 +125,7 @@ class CliDaemon:
         self.state_dir = tmp / "state"
         self.env = cli_env(tmp)
         self.pid: int | None = None
+        self.workers: dict[str, int] = {}  # worker processes started: name -> pid
 
     def jc(self, *args: str, timeout: float = 120.0) -> str:
         argv = [*cli_command(), "--db", self.db, "--state-dir", str(self.state_dir), *args]
@@ -150,9 +151,10 @@ class CliDaemon:
         self.jc("db", "upgrade")
         return self.jc("load", str(path), timeout=300).strip()
 
-    def start(self) -> int:
-        """``daemon start --port 0``: returns once the daemon is ready; its pid."""
-        out = self.jc("daemon", "start", "--port", "0", timeout=120)
+    def start(self, *extra: str) -> int:
+        """``daemon start --port 0`` (and ``extra`` options): returns once the daemon is
+        ready; its pid."""
+        out = self.jc("daemon", "start", "--port", "0", *extra, timeout=120)
         m = re.search(r"pid (\d+)", out)
         if m:
             self.pid = int(m.group(1))
@@ -165,7 +167,25 @@ class CliDaemon:
             raise SystemExit(f"daemon pid {self.pid} is not running after `daemon start`")
         return self.pid
 
+    def start_worker(self, name: str, slots: int) -> int:
+        """``worker start``: a worker process of its own (PostgreSQL); its pid. Stopped
+        with ``worker stop --kill`` before the daemon."""
+        out = self.jc("worker", "start", "--name", name, "--slots", str(slots), timeout=120)
+        m = re.search(r"pid (\d+)", out)
+        if m is None:
+            raise SystemExit(f"`worker start` printed no pid: {out!r}")
+        self.workers[name] = int(m.group(1))
+        return self.workers[name]
+
     def stop(self) -> None:
+        for name, pid in list(self.workers.items()):
+            del self.workers[name]
+            try:
+                self.jc("worker", "stop", "--name", name, "--kill", "--timeout", "60", timeout=90)
+            finally:
+                if alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
@@ -195,7 +215,7 @@ class CliDaemon:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.pid is not None:
+        if self.pid is not None or self.workers:
             try:
                 self.stop()
             except (SystemExit, subprocess.SubprocessError) as err:
