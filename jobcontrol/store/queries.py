@@ -314,7 +314,7 @@ def insert_run(conn: Connection, values: Mapping[str, Any]) -> int:
     unknown = vals.keys() - _RUN_DEFAULTS.keys()
     if unknown:
         raise ValueError(f"not columns of a run: {sorted(unknown)}")
-    params = {f"v_{name}": vals.get(name, default) for name, default in _RUN_DEFAULTS.items()}
+    params = {key: vals.get(name, default) for key, name, default in _RUN_PARAMS}
     (row,) = _INSERT_RUN.execute(conn, params).fetchall()
     return int(row[0])
 
@@ -330,6 +330,7 @@ _RUN_DEFAULTS = {
     for col in run.c
     if col.name != "id"
 }
+_RUN_PARAMS = tuple((f"v_{name}", name, default) for name, default in _RUN_DEFAULTS.items())
 _INSERT_RUN = Prepared(
     insert(run).values({name: bindparam(f"v_{name}") for name in _RUN_DEFAULTS}).returning(run.c.id)
 )
