@@ -23,7 +23,6 @@ from sqlalchemy import (
     Row,
     Select,
     Update,
-    and_,
     bindparam,
     delete,
     func,
@@ -492,17 +491,6 @@ def drop_pending(conn: Connection, run_id: int | None = None) -> int:
     if run_id is not None:
         stmt = stmt.where(run.c.id == run_id)
     return int(conn.execute(stmt).rowcount)
-
-
-def log_paths_to_prune(conn: Connection, job_id: int, keep: int) -> list[tuple[int, str]]:
-    """(run id, log path) of a job's logs beyond the newest ``keep``."""
-    stmt = (
-        select(run.c.id, run.c.log_path)
-        .where(and_(run.c.job_id == job_id, run.c.log_path.is_not(None)))
-        .order_by(run.c.id.desc())
-        .offset(keep)
-    )
-    return [(r.id, r.log_path) for r in conn.execute(stmt)]
 
 
 def forget_log(conn: Connection, run_ids: Sequence[int]) -> None:

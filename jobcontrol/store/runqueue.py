@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     Connection,
+    Integer,
     Select,
     String,
     and_,
@@ -280,6 +281,14 @@ _TAKE_BY_ID = Prepared(
     )
     .returning(*run.c),
     list(run.c),
+)
+# A job's logs past its newest ``w_keep`` (``_prune``): none, nearly always.
+_LOGS_PAST = Prepared(
+    select(run.c.id, run.c.log_path)
+    .where(run.c.job_id == bindparam("w_job"), run.c.log_path.is_not(None))
+    .order_by(run.c.id.desc())
+    .offset(bindparam("w_keep", type_=Integer())),
+    (run.c.id, run.c.log_path),
 )
 _RELEASE_NEXT = {
     ok: Prepared(update(run).where(_successor(ok)).values(state=str(RunState.QUEUED)))
@@ -655,9 +664,13 @@ class RunQueue:
         if not self.store.is_sqlite:
             return self._finish_pg(run_id, name, values, default_max_log_files, ok, take_next)
         with self.store.write() as conn:
-            if not finish_run(conn, run_id, name, values):
+            params = _finish_params(run_id, name, values)
+            m = _finish_stmt(tuple(sorted(values)), returning=True).first(conn, params)
+            if m is None:
                 return Finished(False)
-            stale = prune_logs(conn, run_id, values, default_max_log_files)
+            stale: list[str] = []
+            if values.get("log_path") is not None and m["job_id"] is not None:
+                stale = _prune(conn, m["job_id"], m["max_log_files"] or default_max_log_files)
             if take_next is None:
                 _RELEASE_NEXT[ok].execute(conn, {"w_id": run_id})
                 return Finished(True, stale)
@@ -751,11 +764,6 @@ def _held(conn: Connection, name: str, run_ids: Sequence[int]) -> list[int]:
     return [r.id for r in conn.execute(stmt, {"w_worker": name})]
 
 
-def finish_run(conn: Connection, run_id: int, name: str, values: dict[str, Any]) -> bool:
-    params = _finish_params(run_id, name, values)
-    return _finish_stmt(tuple(sorted(values))).execute(conn, params).rowcount == 1
-
-
 def _finish_params(run_id: int, name: str, values: dict[str, Any]) -> dict[str, Any]:
     """``_finish_stmt``'s parameters: the run's final columns, compare-and-set on its worker."""
     params = {f"v_{k}": (str(v) if k == "state" else v) for k, v in values.items()}
@@ -763,13 +771,19 @@ def _finish_params(run_id: int, name: str, values: dict[str, Any]) -> dict[str, 
     return params
 
 
-@functools.lru_cache(maxsize=16)
-def _finish_stmt(columns: tuple[str, ...]) -> Prepared:
-    return Prepared(
+@functools.lru_cache(maxsize=32)
+def _finish_stmt(columns: tuple[str, ...], returning: bool = False) -> Prepared:
+    """The run's end recorded, compare-and-set on its worker; ``returning``: the row's
+    job and ``max_log_files`` for pruning come back (no row: settled meanwhile)."""
+    stmt = (
         update(run)
         .where(run.c.id == bindparam("w_id"), _HELD)
         .values({col: bindparam(f"v_{col}") for col in columns})
     )
+    if not returning:
+        return Prepared(stmt)
+    returns = (run.c.job_id, run.c.max_log_files)
+    return Prepared(stmt.returning(*returns), returns)
 
 
 @functools.lru_cache(maxsize=32)
@@ -799,21 +813,11 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
     return Prepared(both, list(both.selected_columns))
 
 
-def prune_logs(
-    conn: Connection, run_id: int, values: dict[str, Any], default_max_log_files: int
-) -> list[str]:
-    """Forget the logs of the run's job past its ``max_log_files``: the paths of those in
-    files, to delete once committed; those in the database (``run_log``) go here and now."""
-    if values.get("log_path") is None:
-        return []
-    row = conn.execute(select(run.c.job_id, run.c.max_log_files).where(run.c.id == run_id)).first()
-    if row is None or row.job_id is None:
-        return []
-    return _prune(conn, row.job_id, row.max_log_files or default_max_log_files)
-
-
 def _prune(conn: Connection, job_id: int, keep: int) -> list[str]:
-    stale = queries.log_paths_to_prune(conn, job_id, keep)
+    """Forget the logs of the job past its newest ``keep``: the paths of those in files,
+    to delete once committed; those in the database (``run_log``) go here and now."""
+    rows = _LOGS_PAST.all(conn, {"w_job": job_id, "w_keep": keep})
+    stale = [(r["id"], r["log_path"]) for r in rows]
     queries.forget_log(conn, [rid for rid, _ in stale])
     runlogs.delete_runs(conn, [rid for rid, path in stale if path == DB_LOG])
     return [path for _, path in stale if path != DB_LOG]
