@@ -59,7 +59,8 @@ def healthz(ctx: Context) -> JSONResponse:
         return JSONResponse(body, status_code=503)
     stopped = _stopped_lanes(ctx)
     troubled = _workers_with_log_problems(ctx)
-    if ctx.disk is None and not stopped and not troubled:
+    unserved = _unserved(ctx, "/healthz")
+    if ctx.disk is None and not stopped and not troubled and not unserved:
         return JSONResponse({"status": "ok"})
     spaces = ctx.disk() if ctx.disk is not None else {}
     low = [space.describe() for space in spaces.values() if space.low]
@@ -74,12 +75,15 @@ def healthz(ctx: Context) -> JSONResponse:
             f"the last: {w['log_problem']}"
             for w in troubled
         ),
+        *(_unserved_text(u) for u in unserved),
     ]
     status = "ok"
     if low:
         status = "low disk space"
     elif stopped:
         status = "lane stopped"
+    elif unserved:
+        status = "runs waiting for a worker"
     elif troubled:
         status = "worker log problems"
     health: dict[str, Any] = {"status": status}
@@ -89,6 +93,8 @@ def healthz(ctx: Context) -> JSONResponse:
         health["stopped_lanes"] = stopped
     if troubled:
         health["worker_log_problems"] = troubled
+    if unserved:
+        health["unserved_queues"] = unserved
     if problems:
         health["reason"] = "; ".join(problems)
     return JSONResponse(health)
@@ -115,6 +121,44 @@ def _live_workers(ctx: ApiContext, where: str) -> list[dict[str, Any]] | None:
     except StoreUnavailable as exc:
         log.info("workers not read for %s: %s", where, exc)
         return None
+
+
+def _unserved(ctx: ApiContext, where: str) -> list[dict[str, Any]]:
+    """Queues whose runs wait with no live worker serving them (JSON-ready); none listed
+    while the database does not answer (the outage is said instead)."""
+    try:
+        unserved = ctx.engine.unserved_queues()
+    except StoreUnavailable as exc:
+        log.info("unserved queues not read for %s: %s", where, exc)
+        return []
+    out = []
+    for u in unserved:
+        last = u["last_worker"]
+        out.append(
+            {
+                "queue": u["queue"],
+                "runs": u["runs"],
+                "oldest": u["oldest"].isoformat(),
+                "last_worker": None
+                if last is None
+                else {"name": last["name"], "heartbeat": last["heartbeat"].isoformat()},
+            }
+        )
+    return out
+
+
+def _unserved_text(u: dict[str, Any]) -> str:
+    last = u["last_worker"]
+    heard = (
+        "no worker has served it"
+        if last is None
+        else f"its last worker {last['name']} was last heard of at {last['heartbeat']}"
+    )
+    runs = "1 run waits" if u["runs"] == 1 else f"{u['runs']} runs wait"
+    return (
+        f"queue {u['queue']}: {runs} (since {u['oldest']}) and no live worker serves it; "
+        f"{heard}"
+    )
 
 
 def _workers_with_log_problems(ctx: Context) -> list[dict[str, Any]]:
@@ -165,6 +209,7 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
         ],
         "event_seq": ctx.eventlog.last_seq,
         "stopped_lanes": _stopped_lanes(ctx),
+        "unserved_queues": _unserved(ctx, "/status"),
         "disk": {key: d.as_dict() for key, d in ctx.disk().items()} if ctx.disk else None,
     }
 
@@ -247,12 +292,16 @@ def shutdown(
 def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     db = ctx.database_state()
     up = 1 if db["ok"] else 0
-    queued = live = log_problems = -1  # unknown while the database is away
+    queued = live = log_problems = unserved = -1  # unknown while the database is away
     if db["ok"]:
         queued = ctx.engine.count_queued()
         workers = _live_workers(ctx, "/metrics")
         if workers is not None:
             live, log_problems = len(workers), sum(w["log_problems"] for w in workers)
+        try:
+            unserved = sum(u["runs"] for u in ctx.engine.unserved_queues())
+        except StoreUnavailable as exc:
+            log.info("unserved queues not read for /metrics: %s", exc)
     d = ctx.engine.dispatcher_gauges()
     conns = ctx.connections
     return {
@@ -262,6 +311,10 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             log_problems,
         ),
         "jobcontrol_queue_depth": ("Task runs queued for a free slot.", queued),
+        "jobcontrol_queue_unserved": (
+            "Task runs queued where no live worker serves their queue.",
+            unserved,
+        ),
         "jobcontrol_timers_armed": ("Top-level trees scheduled.", d["timers_armed"]),
         "jobcontrol_timers_paused": (
             "1 while timers are paused.",

@@ -316,6 +316,17 @@ def _status(client: Client, args: argparse.Namespace) -> int:
         for r in s["runs_in_flight"]
     ]
     lines += [f"lane {x['name']} STOPPED: {x['reason']}" for x in s.get("stopped_lanes", [])]
+    for u in s.get("unserved_queues") or []:
+        last = u["last_worker"]
+        heard = (
+            "no worker has served it"
+            if last is None
+            else f"last worker {last['name']}, heard of {out.when(last['heartbeat'])}"
+        )
+        lines.append(
+            f"queue {u['queue']}: {u['runs']} run(s) waiting since {out.when(u['oldest'])}, "
+            f"no live worker serves it ({heard})"
+        )
     lines.append(f"last event: {s['event_seq']}")
     return _emit(args, s, "\n".join(lines))
 

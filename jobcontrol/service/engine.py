@@ -10,13 +10,17 @@ one audit entry (``jobcontrol.service.audit``), refusals included.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from jobcontrol import procs
 from jobcontrol.clock import Clock, SystemClock
 from jobcontrol.definitions.fields import check_name, check_new_name, normalise_fields
 from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
@@ -32,7 +36,7 @@ from jobcontrol.model import JobRecord, JobRef, JobState, Kind, Restarted, RunRe
 from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
 from jobcontrol.service.lanes import LaneService
-from jobcontrol.store import Store, queries, runlogs, runqueue
+from jobcontrol.store import Store, lanes, queries, runlogs, runqueue
 from jobcontrol.views import job_detail, job_view, tree_order
 
 log = logging.getLogger(__name__)
@@ -604,6 +608,40 @@ class Engine:
         with self.store.read() as conn:
             return runqueue.live_workers(conn)
 
+    def unserved_queues(self) -> list[dict[str, Any]]:
+        """Queues whose task runs wait with no live worker that serves them: ``queue``,
+        ``runs`` queued, ``oldest`` (when the oldest was queued), ``last_worker`` (the
+        last that served it and when it was last heard of, if any). A STOPPED lane's
+        runs are left out: they wait for the lane (said as such)."""
+        now = self.clock.now()
+        with self.store.read() as conn:
+            workers = runqueue.list_workers(conn, now)
+            waiting = queries.queued_by_queue(conn)
+            stopped = {n for n, x in lanes.load(conn).by_name.items() if x.stopped_at}
+        if not waiting:
+            return []
+        serving = [w for w in workers if _serving(w, now)]
+        if any(w["queues"] is None for w in serving):
+            return []  # a worker that takes every queue
+        served = {q for w in serving for q in w["queues"]}
+        out = []
+        for queue, count, oldest in waiting:
+            if queue in served or queue in stopped:
+                continue
+            gone = [w for w in workers if w["queues"] is None or queue in w["queues"]]
+            last = max(gone, key=lambda w: w["heartbeat"], default=None)
+            out.append(
+                {
+                    "queue": queue,
+                    "runs": count,
+                    "oldest": oldest,
+                    "last_worker": None
+                    if last is None
+                    else {"name": last["name"], "heartbeat": last["heartbeat"]},
+                }
+            )
+        return out
+
     def daemon_view(self) -> tuple[list[RunRecord], list[str]]:
         """(the active runs, the names of the top-level jobs with a next run) from the database."""
         with self.store.read() as conn:
@@ -614,6 +652,22 @@ class Engine:
                 if j.parent_id is None and j.active and j.next_runs
             ]
         return active, armed
+
+
+def _serving(worker: dict[str, Any], now: datetime) -> bool:
+    """Whether a registered worker takes runs now: not stopped, heard of within a lease
+    (``runqueue.DEFAULT_LEASE``; a stopped process, SIGSTOP, is not heard of), and on
+    this host its process alive. The daemon's own embedded worker goes by its process
+    alone: its heartbeat may lag behind a busy daemon, never its claims."""
+    if worker["stopped"] is not None:
+        return False
+    pid = int(worker["pid"])
+    if worker["host"] == socket.gethostname():
+        if pid == os.getpid():
+            return True
+        if not procs.pid_alive(pid):
+            return False
+    return now - worker["heartbeat"] <= runqueue.DEFAULT_LEASE
 
 
 def _batch_operation(batch: Batch) -> str:

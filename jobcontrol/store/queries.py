@@ -502,6 +502,17 @@ def count_runs(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(run)).scalar_one())
 
 
+def queued_by_queue(conn: Connection) -> list[tuple[str, int, datetime]]:
+    """(queue, task runs queued in it, when the oldest of them was created), by queue."""
+    stmt = (
+        select(run.c.queue, func.count(), func.min(run.c.created))
+        .where(run.c.state == str(RunState.QUEUED))
+        .group_by(run.c.queue)
+        .order_by(run.c.queue)
+    )
+    return [(r[0], int(r[1]), r[2]) for r in conn.execute(stmt)]
+
+
 def count_queued(conn: Connection) -> int:
     """Task runs waiting for a free slot (the queue depth)."""
     stmt = select(func.count()).select_from(run).where(run.c.state == str(RunState.QUEUED))

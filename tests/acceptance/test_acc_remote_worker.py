@@ -29,7 +29,7 @@ from jobcontrol.store import Store
 from jobcontrol.store.schema import run
 from tests.acceptance.harness import JobControl, describe, wait_until, write
 from tests.acceptance.hosts import TcpRelay
-from tests.acceptance.test_acc_full_disk import health
+from tests.acceptance.test_acc_full_disk import health, metrics
 from tests.pgserver import PostgresServer
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.postgres]
@@ -602,3 +602,58 @@ def test_worker_credentials_work_the_queue_and_nothing_else(
     assert ("worker-credentials.add", "ok", "login jcw_ci1") in trail, trail
     assert ("worker-credentials.remove", "ok", "login jcw_ci1") in trail, trail
     assert password not in str(trail)
+
+
+def _unserved(jc: JobControl) -> list[dict[str, Any]] | None:
+    code, body = health(jc)
+    assert code == 200, body  # the daemon is well: its runs wait for a worker
+    return body.get("unserved_queues")
+
+
+def test_runs_that_no_live_worker_serves_are_said_in_health_status_and_metrics(
+    jcpg: JobControl,
+) -> None:
+    """A daemon that runs no tasks, with no live worker: its queued runs would wait
+    unseen. /healthz, /metrics and `status` say which queue waits, since when, and who
+    served it last; once a worker serves it again they are back to ok."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    assert health(jc)[1]["status"] == "ok"
+    assert metrics(jc)["jobcontrol_queue_unserved"] == 0
+
+    jc.ok("run", "hello")
+    assert wait_until(lambda: _unserved(jc), WAIT), "the run was never said to wait"
+    waiting = _unserved(jc)
+    assert waiting is not None
+    assert [(u["queue"], u["runs"], u["last_worker"]) for u in waiting] == [("default", 1, None)]
+    code, body = health(jc)
+    assert body["status"] == "runs waiting for a worker"
+    assert "queue default: 1 run waits (since " in body["reason"], body
+    assert "no live worker serves it; no worker has served it" in body["reason"], body
+    assert metrics(jc)["jobcontrol_queue_unserved"] == 1
+    said = jc.ok("status").stdout
+    assert re.search(
+        r"queue default: 1 run\(s\) waiting since .*, no live worker serves it "
+        r"\(no worker has served it\)",
+        said,
+    ), said
+
+    jc.ok("worker", "start", "--name", "build-1", "--slots", "1")
+    assert wait_until(lambda: ended(jc, "hello"), WAIT), "hello never ended"
+    assert wait_until(lambda: health(jc)[1]["status"] == "ok", WAIT), health(jc)
+    assert metrics(jc)["jobcontrol_queue_unserved"] == 0
+    assert "no live worker" not in jc.ok("status").stdout
+
+    # Its worker killed (kill -9, on this host: its process is gone), a new run waits
+    # again, and health names the worker last heard of.
+    pid = worker_pid(jc, "build-1")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(pid), WAIT)
+    jc.ok("run", "hello")
+    assert wait_until(lambda: _unserved(jc), WAIT), "the run after its death never waited"
+    waiting = _unserved(jc)
+    assert waiting is not None
+    assert [(u["queue"], u["runs"]) for u in waiting] == [("default", 1)]
+    assert waiting[0]["last_worker"]["name"] == "build-1"
+    assert "its last worker build-1 was last heard of at " in health(jc)[1]["reason"]
