@@ -842,7 +842,12 @@ class Worker:
                 if sink is not None:  # all of the output stored before the end is recorded
                     stored = sink.close()
             finally:
-                following = self._finish(active, outcome, started, log_path, g, stored)
+                try:
+                    following = self._finish(active, outcome, started, log_path, g, stored)
+                except BaseException:
+                    if active.cgroup is not None:  # the end was not recorded: no next task
+                        self.containment.release(active.cgroup)
+                    raise
         cg, active.cgroup = active.cgroup, None
         if cg is not None and following is None:
             self.containment.release(cg)
