@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from jobcontrol import procs
 from jobcontrol.clock import Clock, SystemClock
 from jobcontrol.definitions.fields import check_name, check_new_name, normalise_fields
 from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
+from jobcontrol.dispatch.recovery import worker_alive
 from jobcontrol.errors import (
     BusyError,
     ConflictError,
@@ -615,12 +615,13 @@ class Engine:
         runs are left out: they wait for the lane (said as such)."""
         now = self.clock.now()
         with self.store.read() as conn:
-            workers = runqueue.list_workers(conn, now)
             waiting = queries.queued_by_queue(conn)
+            if not waiting:  # the usual answer: one small read per health poll
+                return []
+            workers = runqueue.list_workers(conn, now)
             stopped = {n for n, x in lanes.load(conn).by_name.items() if x.stopped_at}
-        if not waiting:
-            return []
-        serving = [w for w in workers if _serving(w, now)]
+        host = socket.gethostname()
+        serving = [w for w in workers if _serving(w, now, host)]
         if any(w["queues"] is None for w in serving):
             return []  # a worker that takes every queue
         served = {q for w in serving for q in w["queues"]}
@@ -654,19 +655,18 @@ class Engine:
         return active, armed
 
 
-def _serving(worker: dict[str, Any], now: datetime) -> bool:
+def _serving(worker: dict[str, Any], now: datetime, host: str) -> bool:
     """Whether a registered worker takes runs now: not stopped, heard of within a lease
     (``runqueue.DEFAULT_LEASE``; a stopped process, SIGSTOP, is not heard of), and on
-    this host its process alive. The daemon's own embedded worker goes by its process
-    alone: its heartbeat may lag behind a busy daemon, never its claims."""
-    if worker["stopped"] is not None:
-        return False
-    pid = int(worker["pid"])
-    if worker["host"] == socket.gethostname():
-        if pid == os.getpid():
-            return True
-        if not procs.pid_alive(pid):
+    this host its process alive (``worker_alive``). The daemon's own embedded worker goes
+    by its process alone: its heartbeat may lag behind a busy daemon, never its claims."""
+    if worker["host"] == host:
+        if not worker_alive(worker, host):
             return False
+        if int(worker["pid"]) == os.getpid():
+            return True
+    elif worker["stopped"] is not None:
+        return False
     return now - worker["heartbeat"] <= runqueue.DEFAULT_LEASE
 
 
