@@ -573,6 +573,13 @@ class Daemon:
         serve(self.start, self.stop, self.stop_requested, "JobControl shutdown request")
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal between SIGRTMIN and SIGRTMAX
+        return f"signal {signum}"
+
+
 def _acted_on_elsewhere(_signum: int, _frame: object) -> None:
     """The Python-level handler of a ``StopSignals`` signal: the work is the thread's."""
 
@@ -600,7 +607,14 @@ class StopSignals:
         self._act = act
 
     def install(self) -> None:
-        """From the main thread (``set_wakeup_fd`` is refused elsewhere)."""
+        """From the main thread (``set_wakeup_fd`` is refused elsewhere), before any
+        other thread is started."""
+        blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if blocked:
+            log.info(
+                "unblocked the signals this process inherited blocked: %s",
+                ", ".join(_signal_name(int(s)) for s in sorted(blocked)),
+            )
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(write_fd, False)  # the C handler must never block
         threading.Thread(target=self._loop, args=(read_fd,), name="jc-signals", daemon=True).start()

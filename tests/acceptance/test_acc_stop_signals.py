@@ -18,12 +18,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from jobcontrol import procs
-from tests.acceptance.harness import JobControl, wait_until
+from tests.acceptance.harness import JobControl, describe, wait_until
 from tests.acceptance.test_acc_remote_worker import ended, sleeper_on, worker_pid
 
 pytestmark = pytest.mark.timeout(240)
@@ -100,3 +102,53 @@ def test_the_daemon_stops_on_a_sigterm_that_another_thread_received(jc: JobContr
         lambda: not procs.pid_alive(pid), STOP_WITHIN
     ), f"daemon pid {pid} ignored a SIGTERM another of its threads received"
     assert jc.live_daemons() == []
+
+
+def test_a_daemon_started_with_its_stop_signals_blocked_still_stops_and_its_tasks_start_clean(
+    jc: JobControl, tmp_path: Path
+) -> None:
+    """A parent that blocks SIGTERM and SIGINT (a supervisor, a script in ``sigwait``)
+    hands the mask down through ``exec``: the daemon unblocks them, and its tasks do
+    not inherit the mask."""
+    defs = tmp_path / "defs.yaml"
+    defs.write_text(
+        "jobs:\n"
+        "  - name: masked\n"
+        "    active: true\n"
+        "    children:\n"
+        "      - name: shows_mask\n"
+        "        active: true\n"
+        "        command: grep SigBlk /proc/self/status; sleep 300\n"
+    )
+    jc.upgraded().load(defs)
+    blocked = "{signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}"
+    wrapper = (
+        "import os, signal, sys; "
+        f"signal.pthread_sigmask(signal.SIG_BLOCK, {blocked}); "
+        "os.execv(sys.executable, sys.argv[1:])"
+    )
+    argv = [sys.executable, "-c", wrapper, *jc.argv("daemon", "start")]
+    started = subprocess.run(
+        argv, cwd=jc.base, env=jc.env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert started.returncode == 0, describe(started)
+    (pid,) = jc.live_daemons()
+    assert int(_status_field(pid, "SigBlk"), 16) == 0, "the daemon kept the inherited mask"
+
+    jc.ok("run", "masked")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="shows_mask"), WAIT), jc.daemon_log()
+    (run,) = jc.history("shows_mask")
+    log_text = jc.ok("logs", "shows_mask").stdout
+    assert "SigBlk:\t0000000000000000" in log_text, f"the task inherited a mask: {log_text!r}"
+
+    stopped = jc.run("daemon", "stop", "--kill", "--timeout", "20")
+    assert stopped.returncode == 0, describe(stopped)
+    assert not procs.pid_alive(pid)
+    assert jc.history("shows_mask")[0]["state"] == "killed", run
+
+
+def _status_field(pid: int, field: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"/proc/{pid}/status has no {field}")
