@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import secrets
+import select
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +65,7 @@ class Relay:
         self._threads: list[threading.Thread] = []
         self._receivers: list[tuple[Any, Any]] = []
         self._listening = threading.Event()
+        self._wakeup: tuple[int, int] | None = None  # a pipe that ends the listener's wait
 
     # ------------------------------------------------------------------ control
 
@@ -73,6 +76,7 @@ class Relay:
             receiver = self._forwarder(key)
             signal.connect(receiver, sender=self.store, weak=False)
             self._receivers.append((signal, receiver))
+        self._wakeup = os.pipe2(os.O_CLOEXEC)
         for target, name in ((self._listen_loop, "listen"), (self._send_loop, "notify")):
             thread = threading.Thread(target=target, name=f"jc-{name}", daemon=True)
             thread.start()
@@ -85,8 +89,14 @@ class Relay:
         self._receivers.clear()
         self._stop.set()
         self._outbox.put(None)
+        if self._wakeup is not None:
+            os.write(self._wakeup[1], b"x")
         for thread in self._threads:
             thread.join(timeout)
+        if self._wakeup is not None and not any(t.is_alive() for t in self._threads):
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
 
     @property
     def listening(self) -> bool:
@@ -153,6 +163,8 @@ class Relay:
     # ------------------------------------------------------------------ listening
 
     def _listen_loop(self) -> None:
+        assert self._wakeup is not None
+        wakeup = self._wakeup[0]
         delay = RETRY_FIRST
         missed = False  # whether notifications may have been sent while not listening
         while not self._stop.is_set():
@@ -167,8 +179,19 @@ class Relay:
                     missed = False
                 self.outage.recovered()
                 delay = RETRY_FIRST
+                # Asleep until the server sends something or ``stop``: psycopg's own
+                # ``notifies(timeout=)`` wakes every 0.1 s to look for a Ctrl-C, ten
+                # wake-ups a second of an otherwise idle daemon. ``poll``, not ``select``:
+                # a daemon holding over a thousand connections has descriptors past
+                # select's limit.
+                waiting = select.poll()
+                waiting.register(conn.fileno(), select.POLLIN)
+                waiting.register(wakeup, select.POLLIN)
                 while not self._stop.is_set():
-                    for note in conn.notifies(timeout=1.0):
+                    ready = {fd for fd, _ in waiting.poll()}
+                    if wakeup in ready:
+                        break
+                    for note in conn.notifies(timeout=0):
                         self._deliver(note.payload)
             except Exception as exc:  # psycopg.Error, OSError: the database is away
                 self._listening.clear()
