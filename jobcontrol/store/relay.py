@@ -188,11 +188,12 @@ class Relay:
                 waiting.register(conn.fileno(), select.POLLIN)
                 waiting.register(wakeup, select.POLLIN)
                 while not self._stop.is_set():
-                    ready = {fd for fd, _ in waiting.poll()}
-                    if wakeup in ready:
-                        break
+                    # First what the connection already read (a notification that came
+                    # in with the LISTEN's answer waits in psycopg, not on the socket).
                     for note in conn.notifies(timeout=0):
                         self._deliver(note.payload)
+                    if wakeup in {fd for fd, _ in waiting.poll()}:
+                        break
             except Exception as exc:  # psycopg.Error, OSError: the database is away
                 self._listening.clear()
                 missed = True

@@ -136,10 +136,16 @@ def test_a_daemon_started_with_its_stop_signals_blocked_still_stops_and_its_task
     assert int(_status_field(pid, "SigBlk"), 16) == 0, "the daemon kept the inherited mask"
 
     jc.ok("run", "masked")
-    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="shows_mask"), WAIT), jc.daemon_log()
+
+    def shown() -> bool:
+        logs = jc.run("logs", "shows_mask")
+        return logs.returncode == 0 and "SigBlk" in logs.stdout
+
+    assert wait_until(shown, WAIT), jc.daemon_log()
     (run,) = jc.history("shows_mask")
     log_text = jc.ok("logs", "shows_mask").stdout
     assert "SigBlk:\t0000000000000000" in log_text, f"the task inherited a mask: {log_text!r}"
+    assert jc.marked(JOBCONTROL_JOB="shows_mask"), "the task is still running"
 
     stopped = jc.run("daemon", "stop", "--kill", "--timeout", "20")
     assert stopped.returncode == 0, describe(stopped)
