@@ -199,8 +199,10 @@ class Relay:
                 missed = True
                 if self._stop.is_set():
                     break
+                # Said once, by the outage (and once more when it is over); each retry
+                # only at DEBUG: an outage of an hour is not seven hundred warnings.
                 self.outage.failed(exc)
-                log.warning("listening for run-queue notifications failed: %s; retrying", exc)
+                log.debug("listening for run-queue notifications failed: %s; retrying", exc)
                 self._stop.wait(delay)
                 delay = min(delay * 2, RETRY_MAX)
             finally:

@@ -11,6 +11,7 @@ already come back, and nothing ever cleared it).
 
 from __future__ import annotations
 
+import logging
 import queue
 from typing import Any
 
@@ -95,3 +96,42 @@ def test_a_send_while_the_server_is_down_is_dropped_and_reported_until_it_is_bac
         if not own_server.running:
             own_server.resume()
         own_server.drop_database("relay_down")
+
+
+def test_an_outage_is_logged_once_however_often_the_listener_retries(
+    own_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    own_server.create_database("relay_once")
+    store = Store(own_server.url("relay_once"))
+    relay = Relay(store, name="once")
+    caplog.set_level(logging.DEBUG, logger="jobcontrol")
+    try:
+        relay.start()
+        assert relay.listening, relay.health()
+        own_server.halt()
+        try:
+            # The listener retries at 0.1, 0.2, 0.4, 0.8 s...: four failures or more.
+            assert wait_until(lambda: relay.outage.state().failures >= 4, 30), relay.health()
+        finally:
+            own_server.resume()
+        assert wait_until(lambda: relay.listening and not relay.outage.down, 30), relay.health()
+    finally:
+        relay.stop()
+        store.dispose()
+        if not own_server.running:
+            own_server.resume()
+        own_server.drop_database("relay_once")
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and ("once" in r.getMessage() or "listen" in r.getMessage())
+    ]
+    assert len(said) == 2, said
+    assert "notifications (once): the database does not answer" in said[0], said
+    assert "notifications (once): the database answers again" in said[1], said
+    retries = [
+        r
+        for r in caplog.records
+        if "listening for run-queue notifications failed" in r.getMessage()
+    ]
+    assert len(retries) >= 3, "each retry is still there at DEBUG"
