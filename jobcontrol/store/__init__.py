@@ -257,6 +257,12 @@ class Store:
         yield from self._transaction("BEGIN")
 
     @contextmanager
+    def read_one(self) -> Iterator[Connection]:
+        """One read statement, a snapshot alone: on PostgreSQL in autocommit (no BEGIN
+        and no COMMIT, one round trip of three), on SQLite a read transaction."""
+        yield from self._transaction("BEGIN" if self.is_sqlite else _AUTOCOMMIT)
+
+    @contextmanager
     def pinned(self) -> Iterator[None]:
         """Within the block, this thread's transactions share one connection.
 
@@ -291,15 +297,14 @@ class Store:
     def _pinned_transaction(self, begin: str) -> Iterator[Connection]:
         conn: Connection | None = getattr(self._local, "conn", None)
         now = time.monotonic()
-        if conn is not None and not self.is_sqlite and now - self._local.used > PING_IDLE:
-            # What the pool's pre-ping does at checkout: a server that restarted while this
-            # connection sat idle fails it here, not in the caller's first statement.
-            try:
-                conn.exec_driver_sql("SELECT 1")
-                conn.rollback()
-            except SQLAlchemyError:
-                self._unpin()
-                conn = None
+        # What the pool's pre-ping does at checkout: a server that restarted while this
+        # connection sat idle fails it here, not in the caller's first statement. In
+        # autocommit, as the pool's: one round trip, where SQLAlchemy's would be three
+        # (psycopg sends BEGIN alone, then the statement, then ROLLBACK).
+        idle = conn is not None and now - self._local.used > PING_IDLE
+        if conn is not None and idle and not self.is_sqlite and not _ping(conn):
+            self._unpin()
+            conn = None
         self._local.used = now
         try:
             if conn is None or conn.closed or conn.invalidated:
@@ -404,6 +409,26 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _ping(conn: Connection) -> bool:
+    """Whether a pinned PostgreSQL connection still answers; one that does not is
+    invalidated (the pool drops it instead of resetting it)."""
+    raw = conn.connection.driver_connection
+    try:
+        assert raw is not None
+        raw.autocommit = True
+        try:
+            raw.execute("SELECT 1")
+        finally:
+            if not (raw.closed or raw.broken):
+                raw.autocommit = False
+    except Exception as exc:  # psycopg.Error, OSError: this connection is done for
+        log.debug("a pinned connection failed its ping (%s): a new one replaces it", exc)
+        with contextlib.suppress(SQLAlchemyError):
+            conn.invalidate()
+        return False
+    return True
 
 
 def _sqlite_txn(conn: Connection, begin: str) -> Iterator[Connection]:

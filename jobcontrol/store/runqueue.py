@@ -324,8 +324,8 @@ class RunQueue:
         return {"v_now": now, "v_lease": now + (self.lease or DEFAULT_LEASE)}
 
     def lanes(self) -> Lanes:
-        """The lane table as it is now (a worker re-reads it at each back-up poll)."""
-        with self.store.read() as conn:
+        """The lane table as it is now (a worker re-reads it when told and as a back-up)."""
+        with self.store.read_one() as conn:
             return lanes.load(conn)
 
     # ---------------------------------------------------------- the registry
