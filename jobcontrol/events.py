@@ -35,3 +35,6 @@ runs_queued = _signals.signal("runs-queued")  # run_ids: task runs now claimable
 kill_requested = _signals.signal("kill-requested")  # run_id, reason
 task_finished = _signals.signal("task-finished")  # run_id: its end is committed
 lanes_changed = _signals.signal("lanes-changed")  # names: lanes edited, resumed or drained
+# The lane table was written, by anyone (PostgreSQL's trigger ``lane_notify``, heard by a
+# ``Relay``): workers re-read it. Not an edit of ours to log: no arguments.
+lane_rows_written = _signals.signal("lane-rows-written")

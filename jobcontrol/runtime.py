@@ -99,10 +99,15 @@ class Runtime:
                 task_open_files=self.task_open_files,
                 log_store=self.log_store,
                 spool_dir=self.spool_dir,
+                # PostgreSQL: every write to the lane table reaches it through the relay.
+                lane_pushes=None if self.relay is None else self._relay_listening,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
         return d
+
+    def _relay_listening(self) -> bool:
+        return self.relay is not None and self.relay.listening
 
     def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
         try:

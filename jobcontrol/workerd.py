@@ -213,6 +213,7 @@ class RemoteWorker:
             marker=marker,
             # While its listener is cut, a lost push costs at most one poll interval.
             pushes=lambda: relay.listening,
+            lane_pushes=lambda: relay.listening,  # every lane-table write is announced
         )
         self.worker.start()
         self.worker.wake()  # runs queued before it listened

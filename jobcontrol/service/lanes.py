@@ -4,8 +4,9 @@ List lanes with what runs and waits in each; add, set and remove lanes
 (admin); drain and resume them, see the queue and reprioritize a queued run
 (operator). Every change is one transaction that records its audit entry, and
 every refusal is audited too (``audit.scope``). A change reaches the embedded
-worker at once (``events.lanes_changed``) and any worker within one poll
-interval (workers re-read the lane table at each back-up poll).
+worker at once (``events.lanes_changed``); on PostgreSQL every worker at once
+too (the lane table's trigger announces each write, ``store.relay``), on SQLite
+any other within one poll interval (workers re-read the lane table then).
 """
 
 from __future__ import annotations

@@ -8,10 +8,15 @@ every such signal of its own to the database's ``jobcontrol`` channel, and sends
 every one it hears from another process to its own receivers, as if it had been
 sent locally (with ``relayed=True``).
 
+The database sends one kind itself: every write to the lane table, whoever made
+it, is announced by a trigger (``lane_rows``, delivered as ``lane_rows_written``),
+so a worker whose relay listens follows the table without polling it.
+
 They stay hints. A notification is sent after the change committed (so whoever
 hears it finds the change), but one can be lost: a listener's connection that
-breaks misses what was sent meanwhile. Both sides keep their back-up polls, and
-the relay reports a broken connection in its ``outage`` until it is back.
+breaks misses what was sent meanwhile. Both sides keep their back-up polls, the
+relay reports a broken connection in its ``outage`` until it is back, and when it
+listens again it wakes every receiver once (``listening`` says whether it does).
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ _SIGNALS = {
     "task_finished": events.task_finished,
     "lanes_changed": events.lanes_changed,
 }
+# Sent by the database itself, never by a relay: the lane table's trigger (migration
+# 0009) announces every write to it, whoever made it.
+_FROM_DATABASE = {"lane_rows": events.lane_rows_written}
 
 
 class Relay:
@@ -212,7 +220,7 @@ class Relay:
     def _deliver(self, payload: str) -> None:
         try:
             note = json.loads(payload)
-            signal = _SIGNALS[note["s"]]
+            signal = _SIGNALS.get(note["s"]) or _FROM_DATABASE[note["s"]]
             kwargs = dict(note["k"])
         except (ValueError, KeyError, TypeError):
             log.warning("ignored a malformed run-queue notification: %.200r", payload)
@@ -229,6 +237,7 @@ class Relay:
         """After a gap in listening: work may have been announced meanwhile."""
         events.runs_queued.send(self.store, run_ids=[], relayed=True)
         events.lanes_changed.send(self.store, names=[], relayed=True)
+        events.lane_rows_written.send(self.store, relayed=True)
 
     def _connect(self) -> psycopg.Connection[Any]:
         import psycopg

@@ -20,6 +20,13 @@ Wake-ups are hints, never the only way work is found: ``runs_queued`` and
 daemon), ``wake()`` for any other news of work (every group with free slots
 claims at once, whatever its back-off), and each group's back-off poll and the
 heartbeat for everything else.
+
+It follows the lane table (the poll interval, the lease and the caps of the lanes
+it serves) without a restart: it re-reads it when told that it changed
+(``lanes_changed`` from its own process, ``lane_rows_written`` from the database
+on PostgreSQL, where a trigger announces every write to the table, whoever made
+it) and, as a back-up, every poll interval, or only every heartbeat while such
+announcements reach it (``lane_pushes``: its relay listens).
 """
 
 from __future__ import annotations
@@ -185,6 +192,7 @@ class Worker:
         log_store: str = "file",
         spool_dir: Path | None = None,
         pushes: Callable[[], bool] | None = None,
+        lane_pushes: Callable[[], bool] | None = None,
     ) -> None:
         """``marker``: variables each task gets besides the database's instance marker,
         so that what one worker left is told from another's on the same host (a remote
@@ -194,7 +202,11 @@ class Worker:
         default ``log_root/spool``, kept only until it is stored).
         ``pushes``: whether work-available pushes from other processes reach it now (its
         relay listens); while they do not, its groups poll without backing off. None: no
-        relay (SQLite: every push is in-process)."""
+        relay (SQLite: every push is in-process).
+        ``lane_pushes``: whether every write to the lane table is announced to it now (a
+        relay that listens, on PostgreSQL); while it is, the table is re-read when
+        announced and only every heartbeat besides, not every poll interval. None: never
+        (SQLite: a change made outside this process is found by polling)."""
         if log_store not in LOG_STORES:
             raise ValueError(f"log_store {log_store!r}: not one of {', '.join(LOG_STORES)}")
         self.log_store = log_store
@@ -244,6 +256,7 @@ class Worker:
         )
         self._mono = monotonic
         self._pushes = pushes
+        self._lane_pushes = lane_pushes
         self.default_max_log_files = default_max_log_files
         self.kill_grace = kill_grace
         # None: the lanes it serves decide (their smallest poll_interval_s, their leases'
@@ -260,6 +273,9 @@ class Worker:
         self._stopping = False
         self._watching = 0  # threads in ``wait_for``, which re-read at every change
         self._stop = threading.Event()
+        # Set when the lane table is to be re-read now (a change announced) or on stop:
+        # what the heartbeat thread sleeps on.
+        self._lanes_news = threading.Event()
         self._threads: list[threading.Thread] = []
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
@@ -393,6 +409,7 @@ class Worker:
             (events.runs_queued, self._on_queued),
             (events.kill_requested, self._on_kill_requested),
             (events.lanes_changed, self._on_lanes_changed),
+            (events.lane_rows_written, self._on_lanes_changed),
         ):
             signal.connect(receiver, sender=self.store, weak=False)
             self._receivers.append((signal, receiver))
@@ -446,6 +463,7 @@ class Worker:
             if t.name != "jc-heartbeat":
                 t.join(timeout)
         self._stop.set()  # the heartbeat renews leases until the last run is recorded
+        self._lanes_news.set()
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
@@ -495,6 +513,7 @@ class Worker:
         self.kill(run_id, reason)
 
     def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
+        self._lanes_news.set()  # its rules may have changed: the heartbeat thread re-reads them
         self.wake()  # a lane resumed or got room: its queued runs may be claimable now
 
     def wake(self) -> None:
@@ -553,15 +572,25 @@ class Worker:
 
     # ---------------------------------------------------------- heartbeat and back-up poll
 
+    def _lanes_every(self) -> float:
+        """How often the lane table is re-read unasked: every poll interval, or only every
+        heartbeat while each write to it is announced (``lane_pushes``)."""
+        if self._lane_pushes is not None and self._lane_pushes():
+            return max(self.poll_interval, self.heartbeat_interval)
+        return self.poll_interval
+
     def _heartbeat_loop(self) -> None:
         next_beat = next_lanes = time.monotonic()
         while True:
-            if time.monotonic() >= next_lanes and not self._stop.is_set():
-                # The lanes every poll interval, whatever the groups' back-off: a change
-                # lets every group look again at once (``_follow_groups``).
+            announced = self._lanes_news.is_set() and not self._stop.is_set()
+            if announced:
+                self._lanes_news.clear()
+            if (announced or time.monotonic() >= next_lanes) and not self._stop.is_set():
+                # The lanes when told, and as a back-up whatever the groups' back-off: a
+                # change lets every group look again at once (``_follow_groups``).
                 self._reread_lanes()
                 self._report_groups()
-                next_lanes = time.monotonic() + self.poll_interval
+                next_lanes = time.monotonic() + self._lanes_every()
             if time.monotonic() >= next_beat:
                 self._beat()
                 self._report_groups()
@@ -573,7 +602,7 @@ class Worker:
                         return
                     self._cond.wait(min(self.poll_interval, max(0.0, next_beat - time.monotonic())))
                 continue
-            self._stop.wait(max(0.0, min(next_beat, next_lanes) - time.monotonic()))
+            self._lanes_news.wait(max(0.0, min(next_beat, next_lanes) - time.monotonic()))
 
     def _report_groups(self) -> None:
         """Which runs each group holds, in the registry, when that changed (``workers``)."""

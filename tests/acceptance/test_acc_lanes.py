@@ -10,6 +10,7 @@ poll interval.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -82,4 +83,34 @@ def test_a_lane_change_reaches_the_running_worker_without_a_restart(jc: JobContr
         assert took < POLL + 0.5, f"the worker saw the resumed lane after {took:.2f}s"
     [lanes] = [x for x in jc.json("lanes") if x["name"] == "batch"]
     assert (lanes["state"], lanes["poll_interval_s"]) == ("open", POLL)
+    jc.ok("daemon", "stop")
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_lane_written_by_anyone_reaches_the_worker_at_once(
+    postgres_url: str, make_jc: Callable[[str], JobControl]
+) -> None:
+    """The worker does not read the lane table every poll interval on PostgreSQL: a
+    trigger announces each write to it, whoever made it. With every lane's poll interval
+    a minute, a resume made in an SQL session must still start the queued run at once."""
+    jc = make_jc(postgres_url)
+    jc.upgraded().load(write(jc.base / "tree.yaml", TREE))
+    jc.ok("daemon", "start")
+    jc.ok("lane", "add", "batch", "poll=60s")
+    jc.ok("lane", "set", "default", "poll=60s")  # the worker's claims back off to a minute
+    store = Store(jc.url)
+    try:
+        with store.write() as conn:
+            conn.execute(update(lane).where(lane.c.name == "batch").values(enabled=False))
+        queued = start_run(jc)
+        assert not wait_until(lambda: run_state(jc, queued) != "queued", 2.0), "drained"
+        with store.write() as conn:
+            conn.execute(update(lane).where(lane.c.name == "batch").values(enabled=True))
+        resumed = datetime.now(UTC)
+    finally:
+        store.dispose()
+    assert wait_until(lambda: run_state(jc, queued) == "succeeded", WAIT)
+    started = next(r["started"] for r in jc.json("history", "batchjob") if r["id"] == queued)
+    took = (datetime.fromisoformat(started) - resumed).total_seconds()
+    assert took < 3.0, f"the worker saw the resumed lane after {took:.2f}s (its poll: 60 s)"
     jc.ok("daemon", "stop")

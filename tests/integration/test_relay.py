@@ -16,6 +16,7 @@ import queue
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from jobcontrol import events
 from jobcontrol.store import Store
@@ -135,3 +136,50 @@ def test_an_outage_is_logged_once_however_often_the_listener_retries(
         if "listening for run-queue notifications failed" in r.getMessage()
     ]
     assert len(retries) >= 3, "each retry is still there at DEBUG"
+
+
+def test_every_committed_write_to_the_lane_table_is_announced_whoever_made_it(
+    postgres_url: str,
+) -> None:
+    """A worker follows the lane table through these announcements instead of reading it
+    every poll interval: an SQL session's write must reach it like the service's."""
+    store = Store(postgres_url)
+    store.upgrade()
+    relay = Relay(store, name="lanes")
+    heard: queue.SimpleQueue[bool] = queue.SimpleQueue()
+
+    def hear(_sender: object, **_: Any) -> None:
+        heard.put(True)
+
+    events.lane_rows_written.connect(hear, sender=store, weak=False)
+    other = sa.create_engine(postgres_url)  # not Job Control: a plain SQL session
+    try:
+        relay.start()
+        assert relay.listening, relay.health()
+        with other.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO lane (name, updated_at, updated_by) VALUES ('batch', now(), 'sql')"
+                )
+            )
+        assert heard.get(timeout=10)
+        with other.begin() as conn:
+            conn.execute(sa.text("UPDATE lane SET enabled = false WHERE name = 'batch'"))
+        assert heard.get(timeout=10)
+        with other.connect() as conn:  # rolled back: nothing changed, nothing to hear
+            conn.execute(sa.text("UPDATE lane SET max_slots = 3 WHERE name = 'batch'"))
+            conn.rollback()
+        with other.begin() as conn:
+            conn.execute(sa.text("DELETE FROM lane WHERE name = 'batch'"))
+        assert heard.get(timeout=10)
+        with pytest.raises(queue.Empty):
+            heard.get(timeout=0.5)  # three commits, three announcements: the rollback none
+        assert relay.heard == 3, relay.health()
+        with store.read() as conn:
+            names = [r.name for r in conn.execute(sa.text("SELECT name FROM lane"))]
+        assert "batch" not in names
+    finally:
+        events.lane_rows_written.disconnect(hear, sender=store)
+        relay.stop()
+        other.dispose()
+        store.dispose()

@@ -283,7 +283,7 @@ def test_upgrade_from_0001_keeps_the_jobs_and_adds_the_tables(db_url: str) -> No
     try:
         assert store.current_revision() == "0001"
         store.upgrade()
-        assert store.current_revision() == "0008"  # the head
+        assert store.current_revision() == "0009"  # the head
         with store.read() as conn:
             kept = queries.get_job(conn, job_id)
         assert kept is not None
@@ -292,6 +292,6 @@ def test_upgrade_from_0001_keeps_the_jobs_and_adds_the_tables(db_url: str) -> No
         users.add_user(store, "after", "viewer", by="tester")
         assert [e.operation for e in audit.list_entries(store)] == ["user.add"]
         store.upgrade()  # idempotent
-        assert store.current_revision() == "0008"  # the head
+        assert store.current_revision() == "0009"  # the head
     finally:
         store.dispose()
