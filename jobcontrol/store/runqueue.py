@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -327,6 +327,15 @@ class RunQueue:
         """The lane table as it is now (a worker re-reads it when told and as a back-up)."""
         with self.store.read_one() as conn:
             return lanes.load(conn)
+
+    def lanes_if_written(self, mark: Hashable | None) -> tuple[Lanes | None, Hashable | None]:
+        """The lane table and a mark of the database as it was read, or ``(None, mark)``
+        when nothing at all was written to the database since ``mark`` was taken (SQLite,
+        on the same pinned connection: ``Store.change_mark``). Elsewhere always a read."""
+        now = self.store.change_mark()
+        if now is not None and now == mark:
+            return None, mark
+        return self.lanes(), now
 
     # ---------------------------------------------------------- the registry
 

@@ -39,7 +39,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -264,6 +264,7 @@ class Worker:
         self._fixed_poll = poll_interval
         self._fixed_beat = heartbeat_interval
         self._lanes_seen: tuple[Any, ...] | None = None
+        self._lanes_mark: Hashable | None = None  # the database when the lanes were read
         self._capped = False  # whether a lane it serves has max_slots (a count may free up)
         self._follow_lanes(None)
         self.version = version
@@ -386,10 +387,17 @@ class Worker:
                 g.next_poll = self._mono()
             self._cond.notify_all()
 
-    def _reread_lanes(self) -> bool:
-        """The lane table again (each back-up poll); whether a rule it follows changed."""
+    def _reread_lanes(self, *, unless_unwritten: bool = False) -> bool:
+        """The lane table again; whether a rule it follows changed. ``unless_unwritten``
+        (a back-up poll): not when nothing was written to the database since the last
+        read (SQLite: an idle daemon compares two integers instead of reading a table)."""
         try:
-            lanes = self.runqueue.lanes()
+            if unless_unwritten:
+                lanes, self._lanes_mark = self.runqueue.lanes_if_written(self._lanes_mark)
+                if lanes is None:
+                    return False
+            else:
+                lanes, self._lanes_mark = self.runqueue.lanes(), None
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return False
@@ -588,7 +596,7 @@ class Worker:
             if (announced or time.monotonic() >= next_lanes) and not self._stop.is_set():
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
-                self._reread_lanes()
+                self._reread_lanes(unless_unwritten=not announced)
                 self._report_groups()
                 next_lanes = time.monotonic() + self._lanes_every()
             if time.monotonic() >= next_beat:

@@ -22,7 +22,7 @@ from sqlalchemy import update
 from jobcontrol.model import Kind, RunState, Trigger
 from jobcontrol.store import Store, lanes, queries
 from jobcontrol.store.runqueue import RunQueue
-from jobcontrol.store.schema import run
+from jobcontrol.store.schema import lane, run
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -436,4 +436,36 @@ def test_a_one_slot_lane_starts_its_most_urgent_run_whoever_counts_first(
         assert state_of(store, mid) is RunState.QUEUED
     finally:
         go.set()
+        store.dispose()
+
+
+def test_a_back_up_read_of_the_lanes_sees_every_change_made_elsewhere(db_url: str) -> None:
+    """A worker's back-up poll of the lane table (``lanes_if_written``) may skip the read
+    only when nothing was written to the database since the last one (SQLite); a change
+    committed by any other connection, this process's or another's, is always read."""
+    store, other = Store(db_url), Store(db_url)
+    store.upgrade()
+    rq = RunQueue(store)
+    try:
+        with store.pinned():
+            first, mark = rq.lanes_if_written(None)
+            assert first is not None
+            assert first.default.enabled
+            again, mark = rq.lanes_if_written(mark)
+            if store.is_sqlite:
+                assert again is None, "nothing was written: nothing to read again"
+            else:
+                assert again is not None, "PostgreSQL has no such mark: it reads each time"
+            rq.heartbeat("nobody", NOW)  # this thread's own writes tell it nothing new
+            with other.write() as conn:
+                conn.execute(update(lane).where(lane.c.name == "default").values(enabled=False))
+            seen, mark = rq.lanes_if_written(mark)
+            assert seen is not None, "another connection's commit is always read"
+            assert not seen.default.enabled
+            queue_runs(other, 1)  # any write elsewhere, not only to the lane table
+            after, mark = rq.lanes_if_written(mark)
+            assert after is not None
+            assert not after.default.enabled
+    finally:
+        other.dispose()
         store.dispose()
