@@ -292,12 +292,8 @@ class Store:
         a millisecond of SQLAlchemy."""
         if not self.is_sqlite or not getattr(self._local, "pinned", False):
             return None
-        conn: Connection | None = getattr(self._local, "conn", None)
         try:
-            if conn is None or conn.closed or conn.invalidated:
-                conn = self._local.conn = self.engine.connect()
-                self._local.serial = next(self._serials)
-                self._local.used = time.monotonic()
+            conn = self._pinned_conn()
         except SQLAlchemyError as exc:
             raise wrap_error(exc) from exc
         raw = conn.connection.driver_connection
@@ -308,6 +304,15 @@ class Store:
         except sqlite3.Error as exc:
             raise wrap_error(exc) from exc
         return (self._local.serial, int(version))
+
+    def _pinned_conn(self) -> Connection:
+        """This pinned thread's connection, a new one if it has none or a dead one."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._local.conn = self.engine.connect()
+            self._local.serial = next(self._serials)
+            self._local.used = time.monotonic()
+        return conn
 
     def _unpin(self) -> None:
         conn: Connection | None = getattr(self._local, "conn", None)
@@ -339,10 +344,7 @@ class Store:
             conn = None
         self._local.used = now
         try:
-            if conn is None or conn.closed or conn.invalidated:
-                conn = self._local.conn = self.engine.connect()
-                self._local.serial = next(self._serials)
-            yield from self._in(conn, begin)
+            yield from self._in(self._pinned_conn(), begin)
         except (SQLAlchemyError, StoreError) as exc:
             self._unpin()  # the database failed it: the next transaction starts afresh
             if isinstance(exc, StoreError):
@@ -448,8 +450,8 @@ def _ping(conn: Connection) -> bool:
     """Whether a pinned PostgreSQL connection still answers; one that does not is
     invalidated (the pool drops it instead of resetting it)."""
     raw = conn.connection.driver_connection
+    assert raw is not None
     try:
-        assert raw is not None
         raw.autocommit = True
         try:
             raw.execute("SELECT 1")

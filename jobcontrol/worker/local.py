@@ -391,17 +391,13 @@ class Worker:
         """The lane table again; whether a rule it follows changed. ``unless_unwritten``
         (a back-up poll): not when nothing was written to the database since the last
         read (SQLite: an idle daemon compares two integers instead of reading a table)."""
+        mark = self._lanes_mark if unless_unwritten else None  # None: read whatever
         try:
-            if unless_unwritten:
-                lanes, self._lanes_mark = self.runqueue.lanes_if_written(self._lanes_mark)
-                if lanes is None:
-                    return False
-            else:
-                lanes, self._lanes_mark = self.runqueue.lanes(), None
+            lanes, self._lanes_mark = self.runqueue.lanes_if_written(mark)
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return False
-        return self._follow_lanes(lanes)
+        return lanes is not None and self._follow_lanes(lanes)
 
     def start(self) -> None:
         self.log_access.make_root(self.log_root)
@@ -590,10 +586,11 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         next_beat = next_lanes = time.monotonic()
         while True:
-            announced = self._lanes_news.is_set() and not self._stop.is_set()
+            stopping = self._stop.is_set()
+            announced = not stopping and self._lanes_news.is_set()
             if announced:
                 self._lanes_news.clear()
-            if (announced or time.monotonic() >= next_lanes) and not self._stop.is_set():
+            if not stopping and (announced or time.monotonic() >= next_lanes):
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
                 self._reread_lanes(unless_unwritten=not announced)
