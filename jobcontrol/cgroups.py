@@ -24,6 +24,8 @@ and the environment marker (``procs``), and ``Containment.describe`` says why.
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
 import logging
 import os
 import re
@@ -31,8 +33,10 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from jobcontrol.errors import OptionError
@@ -50,6 +54,7 @@ FALLBACK = "process group + environment marker"
 
 _MOUNTINFO = "/proc/self/mountinfo"
 _FEATURES = "/sys/kernel/cgroup/features"
+_RCU_EXPEDITED = "/sys/kernel/rcu_expedited"
 _SELF_CGROUP = "/proc/self/cgroup"
 _EMPTY_WAIT = 5.0  # how long kill waits for a killed cgroup to empty before giving up on it
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -147,6 +152,8 @@ class Containment:
     memory_base: Path | None = None
     reason: str = ""  # why the fallback is in force, or what is missing (memory)
     advice: str = ""  # what the host could change to start runs sooner (``join_advice``)
+    # Keeps joins cheap ahead of timers where the kernel would make them wait (``JoinWarmer``).
+    warmer: JoinWarmer | None = None
     _lingering: dict[int, RunCgroup] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -165,9 +172,13 @@ class Containment:
         if mode == "off":
             return cls.fallback(f"cgroups turned off by ${ENV_VAR}=off")
         try:
-            return _setup(f"jobcontrol-{_SAFE.sub('_', instance_id)}")
+            containment = _setup(f"jobcontrol-{_SAFE.sub('_', instance_id)}")
         except _Unavailable as exc:
             return cls.fallback(str(exc))
+        assert containment.base is not None
+        for left in containment.base.glob("warm-*"):  # an earlier daemon's, killed
+            _rmdir_quietly(left)  # (a live one's holds its helper and stays)
+        return containment
 
     def describe(self) -> str:
         """One line for status: which mechanism kills task runs, and why."""
@@ -186,6 +197,8 @@ class Containment:
         it cannot be made, so the run is refused rather than run uncontained."""
         if self.base is None:
             return None
+        if self.warmer is not None:
+            self.warmer.joining()
         cg = RunCgroup(self.base / f"run-{run_id}")
         if self.memory_base is not None:
             cg.memory_v1 = self.memory_base / f"run-{run_id}"
@@ -218,6 +231,8 @@ class Containment:
 
     def close(self) -> None:
         """The worker stops: remove what is empty, the base included (if it is empty)."""
+        if self.warmer is not None:
+            self.warmer.close()
         self.sweep()
         for path in (self.base, self.memory_base):
             if path is None:
@@ -227,6 +242,22 @@ class Containment:
             except OSError as exc:
                 if exc.errno not in (errno.EBUSY, errno.ENOENT, errno.ENOTEMPTY):
                     log.warning("cannot remove cgroup %s: %s", path, exc)
+
+    def joins_wait(self) -> bool:
+        """Whether a run's join may wait for an RCU grace period here: cgroups in use, the
+        mount without ``favordynmods`` and grace periods not expedited host-wide."""
+        if self.base is None:
+            return False
+        try:
+            mount = _find_mount("cgroup2")
+        except OSError:
+            mount = None
+        if mount is not None and "favordynmods" in _mount_options(mount[0]):
+            return False
+        try:
+            return Path(_RCU_EXPEDITED).read_text().strip() != "1"
+        except OSError:
+            return True
 
     def run_ids(self) -> list[int]:
         """The runs that have a cgroup under ``base`` now (this daemon's or an earlier one's)."""
@@ -257,6 +288,226 @@ class Containment:
             cg.kill()
             cg.remove()
         return found
+
+
+class JoinWarmer:
+    """Keeps cgroup joins cheap around the instants timers are due.
+
+    A process changes cgroups under a lock that the kernel hands out at once only while
+    such a change happened a few milliseconds ago: after a quiet spell the first change
+    waits for an RCU grace period (5 to 14 ms on the machine we measure on), so a timer's
+    task, whose shell joins its cgroup, started that much late (bench/README.md). Unless
+    the host mounts cgroup2 with ``favordynmods``, this keeps the lock's fast path open
+    from ``lead`` before each due instant until ``tail`` after it by moving a parked
+    helper process (``/bin/sh`` waiting on a pipe) between two cgroups of its own under
+    the containment's base every ``period``; a run's own join (``joining``) counts as one.
+    The first move of a window may itself wait the grace period: ``lead`` covers it.
+
+    Fed with the dispatcher's timers (``timer_changed``, the timer service's listener);
+    the helper ends with the daemon, even a killed one (end of file on its pipe), and its
+    cgroups go with ``close`` or with the next start's ``Containment.setup``. A move that
+    fails is logged once, counted in ``failures`` and ``problem``, and tried again at the
+    next due instant with a new helper.
+    """
+
+    LEAD = 0.030
+    TAIL = 0.050
+    PERIOD = 0.005
+    RETRY_EVERY = 30.0  # seconds between attempts to start a helper after a failure
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        lead: float = LEAD,
+        tail: float = TAIL,
+        period: float = PERIOD,
+        retry_every: float = RETRY_EVERY,
+    ) -> None:
+        self.base = base
+        self.lead, self.tail, self.period = lead, tail, period
+        self.retry_every = retry_every
+        self.moves = 0  # helper moves made
+        self.recent_moves: deque[float] = deque(maxlen=64)  # when (epoch seconds), newest last
+        self.failures = 0  # moves or helper starts that failed
+        self.problem = ""  # why warming is off now ("" while it works)
+        self._dues: dict[Hashable, float] = {}  # timer key -> due (epoch seconds)
+        self._heap: list[tuple[float, int, Hashable]] = []  # (due, seq, key), lazily pruned
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._wake_at = float("inf")  # when the thread wakes next (epoch seconds)
+        self._stopping = False
+        self._last_move = 0.0  # monotonic, a move or a run's join
+        self._helper: subprocess.Popen[bytes] | None = None
+        self._targets: list[int] = []  # open cgroup.procs of the two cgroups
+        self._pid = b""
+        self._flip = 0
+        self._retry_at = 0.0
+        self._thread = threading.Thread(target=self._run, name="cgroup-warmer", daemon=True)
+
+    def start(self) -> JoinWarmer:
+        self._start_helper()
+        self._thread.start()
+        return self
+
+    def timer_changed(self, key: Hashable, when: datetime | None) -> None:
+        """A timer was armed for ``when`` (None: cancelled); the timer service's listener."""
+        with self._cond:
+            if when is None:
+                self._dues.pop(key, None)  # its heap entry goes when it comes up
+                return
+            due = when.timestamp()
+            self._dues[key] = due
+            heapq.heappush(self._heap, (due, next(self._seq), key))
+            if len(self._heap) > 2 * len(self._dues) + 64:
+                self._heap = [(d, next(self._seq), k) for k, d in self._dues.items()]
+                heapq.heapify(self._heap)
+            if due - self.lead < self._wake_at:
+                self._cond.notify()
+
+    @property
+    def helper_pid(self) -> int | None:
+        helper = self._helper
+        return helper.pid if helper is not None else None
+
+    def upcoming(self) -> float | None:
+        """The earliest due instant (epoch seconds) whose window has not ended, if any."""
+        with self._cond:
+            return self._next_due(time.time())
+
+    def joining(self) -> None:
+        """A run's shell is about to join its cgroup: that keeps the fast path open too."""
+        self._last_move = time.monotonic()
+
+    def describe(self) -> str:
+        if self.problem:
+            return f"cgroup joins not kept warm ({self.problem})"
+        return f"cgroup joins kept warm around timers ({self.moves} moves)"
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        self._stop_helper()
+        for name in self._names():
+            _rmdir_quietly(self.base / name)
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopping:
+                        return
+                    now = time.time()
+                    due = self._next_due(now)
+                    if due is None:
+                        self._wake_at = float("inf")
+                        self._cond.wait()
+                        continue
+                    if now < due - self.lead:
+                        self._wake_at = due - self.lead
+                        self._cond.wait(due - self.lead - now)
+                        continue
+                    self._wake_at = now + self.period
+                    break
+            if time.monotonic() - self._last_move >= self.period * 0.8:
+                self._move()
+            with self._cond:
+                if not self._stopping:
+                    self._cond.wait(self.period)
+
+    def _next_due(self, now: float) -> float | None:
+        """The earliest due instant whose window has not ended (windows ended are dropped)."""
+        heap = self._heap
+        while heap:
+            due, _, key = heap[0]
+            if self._dues.get(key) != due:
+                heapq.heappop(heap)  # cancelled or re-armed since
+            elif due + self.tail < now:
+                heapq.heappop(heap)
+                del self._dues[key]
+            else:
+                return due
+        return None
+
+    def _move(self) -> None:
+        if not self._targets:
+            if time.monotonic() < self._retry_at:
+                return
+            self._start_helper()
+            if not self._targets:
+                return
+        helper = self._helper
+        if helper is not None and helper.poll() is not None:  # a dead one would "move" fine
+            self._fail(f"the helper (pid {helper.pid}) ended: {helper.returncode}")
+            return
+        self._flip ^= 1
+        try:
+            os.write(self._targets[self._flip], self._pid)
+        except OSError as exc:
+            self._fail(
+                f"cannot move the helper into {self.base / self._names()[self._flip]}: "
+                f"{exc.strerror}"
+            )
+            return
+        self._last_move = time.monotonic()
+        self.recent_moves.append(time.time())
+        self.moves += 1
+
+    # ------------------------------------------------------------ the helper
+
+    def _names(self) -> tuple[str, str]:
+        return (f"warm-{os.getpid()}-a", f"warm-{os.getpid()}-b")
+
+    def _start_helper(self) -> None:
+        self._stop_helper()
+        try:
+            for name in self._names():
+                (self.base / name).mkdir(exist_ok=True)
+            # It waits for the end of its pipe: the daemon's exit, however it exits.
+            self._helper = subprocess.Popen(
+                ["/bin/sh", "-c", "read -r _"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": "/usr/bin:/bin"},
+                start_new_session=True,
+            )
+            self._pid = str(self._helper.pid).encode()
+            for name in self._names():
+                fd = os.open(self.base / name / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+                self._targets.append(fd)
+            os.write(self._targets[0], self._pid)
+        except OSError as exc:
+            self._fail(f"cannot start the helper in {self.base}: {exc.strerror or exc}")
+            return
+        if self.problem:
+            log.info("cgroup joins are kept warm again around timers")
+        self.problem = ""
+
+    def _stop_helper(self) -> None:
+        for fd in self._targets:
+            os.close(fd)
+        self._targets = []
+        helper, self._helper = self._helper, None
+        if helper is None:
+            return
+        if helper.stdin is not None:
+            helper.stdin.close()
+        helper.kill()  # it holds nothing; stopped (SIGSTOP) or not, it goes now
+        helper.wait()
+
+    def _fail(self, problem: str) -> None:
+        self.failures += 1
+        if not self.problem:
+            log.warning("%s; runs due by timers may start milliseconds late (retrying)", problem)
+        self.problem = problem
+        self._retry_at = time.monotonic() + self.retry_every
+        self._stop_helper()
 
 
 def resolve_mode(environ: Mapping[str, str]) -> str:

@@ -44,7 +44,12 @@ class ManualClock:
             self._now = when
 
 
+# Told of every timer armed (its key and instant) or cancelled (None).
+TimerListener = Callable[[Hashable, "datetime | None"], None]
+
+
 class TimerService(Protocol):
+    def watch(self, listener: TimerListener) -> None: ...
     def start(self) -> None: ...
     def shutdown(self) -> None: ...
     def arm(self, key: Hashable, when: datetime, callback: Callable[[], None]) -> None: ...
@@ -70,6 +75,11 @@ class APSchedulerTimers:
         )
         self._armed: dict[Hashable, datetime] = {}
         self._lock = threading.Lock()
+        self._listeners: list[TimerListener] = []
+
+    def watch(self, listener: TimerListener) -> None:
+        """Tell ``listener`` of every arm and cancel from now on (on the caller's thread)."""
+        self._listeners.append(listener)
 
     def start(self) -> None:
         self._scheduler.start()
@@ -91,6 +101,8 @@ class APSchedulerTimers:
 
         with self._lock:
             self._armed[key] = when
+        for listener in self._listeners:
+            listener(key, when)
         self._scheduler.add_job(
             fire, DateTrigger(run_date=when, timezone=UTC), id=repr(key), replace_existing=True
         )
@@ -99,6 +111,8 @@ class APSchedulerTimers:
         with self._lock:
             if self._armed.pop(key, None) is None:
                 return
+        for listener in self._listeners:
+            listener(key, None)
         try:
             self._scheduler.remove_job(repr(key))
         except Exception:  # already fired: nothing to cancel
@@ -117,6 +131,10 @@ class ManualTimers:
         self._armed: dict[Hashable, tuple[datetime, int, Callable[[], None]]] = {}
         self._seq = itertools.count()
         self._lock = threading.Lock()
+        self._listeners: list[TimerListener] = []
+
+    def watch(self, listener: TimerListener) -> None:
+        self._listeners.append(listener)
 
     def start(self) -> None:
         pass
@@ -128,10 +146,15 @@ class ManualTimers:
     def arm(self, key: Hashable, when: datetime, callback: Callable[[], None]) -> None:
         with self._lock:
             self._armed[key] = (when, next(self._seq), callback)
+        for listener in self._listeners:
+            listener(key, when)
 
     def cancel(self, key: Hashable) -> None:
         with self._lock:
-            self._armed.pop(key, None)
+            if self._armed.pop(key, None) is None:
+                return
+        for listener in self._listeners:
+            listener(key, None)
 
     def armed(self) -> dict[Hashable, datetime]:
         with self._lock:

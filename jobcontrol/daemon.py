@@ -481,6 +481,7 @@ class Daemon:
             metrics=self.metrics,
             database=runtime.database,
             containment=runtime.containment_view,
+            gauges=runtime.gauges,
             disk=self.opts.disk_space,
         )
         self.api = ApiServer(

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from jobcontrol.cgroups import Containment
+from jobcontrol.cgroups import Containment, JoinWarmer
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.filemodes import LogAccess
@@ -74,6 +74,7 @@ class Runtime:
             log.info("task runs are contained by %s", self.containment.describe())
             if self.containment.advice:
                 log.warning("%s", self.containment.advice)
+            self._warm_joins(d)
         # The host's half of recovery, before any work is taken (worker/recovery.py).
         local_recovery.kill_leftovers(
             d.instance_id,
@@ -106,6 +107,18 @@ class Runtime:
             self.worker.wake()  # runs queued before it listened
         return d
 
+    def _warm_joins(self, d: Dispatcher) -> None:
+        """Where a run's cgroup join may wait for the kernel, keep it cheap around each
+        timer's due instant (``JoinWarmer``): the embedded worker starts those runs."""
+        c = self.containment
+        if c is None or c.base is None or not c.joins_wait():
+            return
+        c.warmer = JoinWarmer(c.base).start()
+        d.timers.watch(c.warmer.timer_changed)
+        for key, when in d.timers.armed().items():  # armed by recovery, before the watch
+            c.warmer.timer_changed(key, when)
+        log.info("cgroup joins are kept warm around each timer's due instant")
+
     def _relay_listening(self) -> bool:
         return self.relay is not None and self.relay.listening
 
@@ -126,8 +139,25 @@ class Runtime:
         """How this daemon's worker contains task runs (for status)."""
         if self.containment is None:
             return "none: this daemon runs no tasks (--slots 0)"
-        advice = self.containment.advice
-        return self.containment.describe() + (f"; {advice}" if advice else "")
+        c = self.containment
+        warm = f"; {c.warmer.describe()}" if c.warmer is not None else ""
+        return c.describe() + warm + (f"; {c.advice}" if c.advice else "")
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The runtime's own series for ``/metrics`` (name -> (help, value))."""
+        warmer = self.containment.warmer if self.containment is not None else None
+        if warmer is None:
+            return {}
+        return {
+            "jobcontrol_cgroup_warm_moves_total": (
+                "Moves of the helper that keeps cgroup joins cheap around timers.",
+                warmer.moves,
+            ),
+            "jobcontrol_cgroup_warm_failures_total": (
+                "Helper starts or moves that failed (cgroup joins may wait meanwhile).",
+                warmer.failures,
+            ),
+        }
 
     def database(self) -> dict[str, Any]:
         """Whether the database answers, as the dispatcher and the worker see it."""

@@ -77,6 +77,8 @@ class ApiContext:
     database: Callable[[], dict[str, Any]] | None = None
     # How the daemon's worker contains task runs (``Runtime.containment_view``).
     containment: Callable[[], str] | None = None
+    # More series for /metrics from the daemon's runtime (``Runtime.gauges``).
+    gauges: Callable[[], dict[str, tuple[str, float]]] | None = None
     # Who authenticated (token hash -> user): answers status reads during an outage.
     known_users: dict[str, User] = field(default_factory=dict)
     # Free space of the state directory and log root (``DaemonOptions.disk_space``).

@@ -336,6 +336,7 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             d["failures"],
         ),
         **_disk_gauges(ctx),
+        **(ctx.gauges() if ctx.gauges is not None else {}),
         "jobcontrol_api_connections": ("Connections the admin API holds open.", conns.open),
         "jobcontrol_api_connections_limit": (
             "The most connections the admin API holds open at once.",

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from jobcontrol import procs
@@ -241,3 +243,72 @@ def test_an_unknown_cgroups_setting_is_refused_before_anything_starts(
     )
     assert jc.live_daemons() == []
     assert list(jc.state_dir.glob("daemon-*.pid")) == []
+
+
+TICK = """\
+jobs:
+  - name: Tick
+    timer: every 1s
+    active: true
+    children:
+      - name: tick
+        active: true
+        command: "true"
+"""
+
+
+def _helpers(base: Path, daemon: int) -> list[int]:
+    """The processes in the daemon's two warm-up cgroups (its helper)."""
+    pids: list[int] = []
+    for half in "ab":
+        procs_file = base / f"warm-{daemon}-{half}" / "cgroup.procs"
+        if procs_file.exists():
+            pids += [int(p) for p in procs_file.read_text().split()]
+    return pids
+
+
+def _warm_moves(jc: JobControl) -> int:
+    url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    auth = {"Authorization": f"Bearer {jc.token_file.read_text().strip()}"}
+    text = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
+    found = re.search(r"^jobcontrol_cgroup_warm_moves_total (\d+)$", text, re.M)
+    assert found, text
+    assert re.search(r"^jobcontrol_cgroup_warm_failures_total 0$", text, re.M), text
+    return int(found.group(1))
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_cgroup_joins_are_kept_warm_around_timers_by_a_helper_that_dies_with_the_daemon(
+    jc_sqlite: JobControl,
+) -> None:
+    jc = jc_sqlite
+    probe = Containment.setup("acc-warm-probe")
+    probe.close()
+    jc.upgraded().load(write(jc.base / "tick.yaml", TICK))
+    first = pid_from(jc.ok("daemon", "start").stdout)
+    containment = json.loads(jc.ok("status", "--json").stdout)["containment"]
+    if not probe.joins_wait():  # favordynmods, or expedited grace periods: nothing to do
+        assert "kept warm" not in containment, containment
+        return
+    assert "; cgroup joins kept warm around timers (" in containment, containment
+    base = Path(containment.split()[1])
+    (helper,) = _helpers(base, first)
+    assert procs.pid_alive(helper)
+
+    # The helper moves around each of Tick's due instants, and Tick's runs succeed.
+    assert wait_until(lambda: _warm_moves(jc) > 0, START_WAIT)
+    assert wait_until(
+        lambda: sum(r["state"] == "succeeded" for r in jc.history("tick")) >= 2, START_WAIT
+    ), jc.history("tick")
+
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(helper), START_WAIT), "the helper outlived it"
+
+    second = pid_from(jc.ok("daemon", "start").stdout)
+    left = sorted(p.name for p in base.glob("warm-*"))
+    assert left == [f"warm-{second}-a", f"warm-{second}-b"], "the killed daemon's are gone"
+    (new_helper,) = _helpers(base, second)
+    jc.ok("daemon", "stop")
+    assert wait_until(lambda: not procs.pid_alive(new_helper), START_WAIT)
+    assert list(base.glob("warm-*")) == []

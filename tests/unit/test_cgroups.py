@@ -12,8 +12,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -371,3 +373,127 @@ def test_the_advice_follows_this_machines_own_mount_and_kernel() -> None:
         assert bool(containment.advice) is expected, (options, containment.advice)
     finally:
         containment.close()
+
+
+# ---------------------------------------------------------------- joins kept warm
+
+
+def _v2_cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line.split(":", 2)[2]
+    raise AssertionError(f"pid {pid} is in no cgroup v2")
+
+
+@pytest.fixture
+def warmer(containment: Containment) -> Iterator[cgroups.JoinWarmer]:
+    assert containment.base is not None
+    made = cgroups.JoinWarmer(containment.base, lead=0.05, tail=0.05, retry_every=0.0)
+    containment.warmer = made.start()
+    yield made
+    made.close()
+
+
+@needs_cgroups
+def test_the_helper_waits_in_its_own_cgroup_and_moves_only_from_just_before_a_due_instant(
+    containment: Containment, warmer: cgroups.JoinWarmer
+) -> None:
+    pid = warmer.helper_pid
+    assert pid is not None
+    assert procs.pid_alive(pid)
+    assert containment.base is not None
+    assert _v2_cgroup_of(pid).endswith(f"/{containment.base.name}/warm-{os.getpid()}-a")
+    assert warmer.moves == 0, "nothing is due: the helper stays put"
+    assert warmer.describe() == "cgroup joins kept warm around timers (0 moves)"
+
+    when = datetime.fromtimestamp(time.time() + 0.3, UTC)
+    due = when.timestamp()
+    warmer.timer_changed(("tree", 1), when)
+    assert warmer.upcoming() == due
+    assert wait_until(lambda: warmer.moves >= 3, WAIT), warmer.moves
+    assert min(warmer.recent_moves) >= due - warmer.lead, "no move before the window opens"
+    assert wait_until(lambda: warmer.upcoming() is None, WAIT), "the window closes after the tail"
+    assert _v2_cgroup_of(pid).split("/")[-1] in {f"warm-{os.getpid()}-a", f"warm-{os.getpid()}-b"}
+
+
+@needs_cgroups
+def test_a_cancelled_timer_opens_no_window(warmer: cgroups.JoinWarmer) -> None:
+    now = time.time()
+    warmer.timer_changed(("tree", 1), datetime.fromtimestamp(now + 0.2, UTC))
+    warmer.timer_changed(("tree", 1), None)  # cancelled
+    fence_at = datetime.fromtimestamp(now + 0.6, UTC)
+    fence = fence_at.timestamp()
+    warmer.timer_changed(("tree", 2), fence_at)
+    assert warmer.upcoming() == fence
+    assert wait_until(lambda: warmer.moves >= 1, WAIT)
+    assert min(warmer.recent_moves) >= fence - warmer.lead, "moved for the cancelled timer"
+
+
+@needs_cgroups
+def test_a_killed_helper_is_counted_reported_and_replaced_at_the_next_due_instant(
+    warmer: cgroups.JoinWarmer,
+) -> None:
+    first = warmer.helper_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(first), WAIT)
+    warmer.timer_changed(("tree", 1), datetime.fromtimestamp(time.time() + 0.1, UTC))
+    assert wait_until(lambda: warmer.failures == 1, WAIT), warmer.describe()
+    assert warmer.problem == f"the helper (pid {first}) ended: -9", warmer.problem
+    # The next window starts a new helper and warms again.
+    warmer.timer_changed(("tree", 2), datetime.fromtimestamp(time.time() + 0.3, UTC))
+    assert wait_until(lambda: warmer.problem == "" and warmer.moves >= 1, WAIT), warmer.describe()
+    second = warmer.helper_pid
+    assert second is not None
+    assert second != first
+    assert procs.pid_alive(second)
+    assert warmer.failures == 1
+
+
+@needs_cgroups
+def test_close_ends_the_helper_and_removes_its_cgroups(containment: Containment) -> None:
+    assert containment.base is not None
+    warmer = cgroups.JoinWarmer(containment.base).start()
+    containment.warmer = warmer
+    pid = warmer.helper_pid
+    assert pid is not None
+    names = sorted(p.name for p in containment.base.glob("warm-*"))
+    assert names == [f"warm-{os.getpid()}-a", f"warm-{os.getpid()}-b"]
+    containment.close()  # closes the warmer first, so the base can go too
+    assert not procs.pid_alive(pid)
+    assert not containment.base.exists()
+
+
+@needs_cgroups
+def test_the_helper_of_a_killed_daemon_ends_and_the_next_start_removes_its_cgroups() -> None:
+    name = f"unit-warm-{uuid.uuid4().hex[:8]}"
+    script = (
+        "import signal\n"
+        "from jobcontrol.cgroups import Containment, JoinWarmer\n"
+        f"c = Containment.setup({name!r})\n"
+        "w = JoinWarmer(c.base).start()\n"
+        "print(w.helper_pid, c.base, flush=True)\n"
+        "signal.pause()\n"
+    )
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    try:
+        assert daemon.stdout is not None
+        helper_text, base_text = daemon.stdout.readline().split()
+        helper, base = int(helper_text), Path(base_text)
+        assert procs.pid_alive(helper)
+        daemon.kill()
+        daemon.wait(WAIT)
+        assert wait_until(lambda: not procs.pid_alive(helper), WAIT), "the helper outlived it"
+        assert sorted(p.name for p in base.glob("warm-*")) == [
+            f"warm-{daemon.pid}-a",
+            f"warm-{daemon.pid}-b",
+        ]
+        again = Containment.setup(name)
+        assert list(base.glob("warm-*")) == []
+        again.close()
+        assert not base.exists()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
