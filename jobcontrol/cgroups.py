@@ -470,7 +470,7 @@ class JoinWarmer:
                 (self.base / name).mkdir(exist_ok=True)
             # It waits for the end of its pipe: the daemon's exit, however it exits.
             self._helper = subprocess.Popen(
-                ["/bin/sh", "-c", "read -r _"],
+                ["/bin/sh", "-c", "read -r _", "jobcontrol-cgroup-warmer"],  # $0, for ps
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -482,8 +482,9 @@ class JoinWarmer:
                 fd = os.open(self.base / name / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
                 self._targets.append(fd)
             os.write(self._targets[0], self._pid)
-        except OSError as exc:
-            self._fail(f"cannot start the helper in {self.base}: {exc.strerror or exc}")
+        except (OSError, subprocess.SubprocessError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self._fail(f"cannot start the helper in {self.base}: {reason}")
             return
         if self.problem:
             log.info("cgroup joins are kept warm again around timers")

@@ -101,8 +101,7 @@ class APSchedulerTimers:
 
         with self._lock:
             self._armed[key] = when
-        for listener in self._listeners:
-            listener(key, when)
+        self._tell(key, when)
         self._scheduler.add_job(
             fire, DateTrigger(run_date=when, timezone=UTC), id=repr(key), replace_existing=True
         )
@@ -111,8 +110,7 @@ class APSchedulerTimers:
         with self._lock:
             if self._armed.pop(key, None) is None:
                 return
-        for listener in self._listeners:
-            listener(key, None)
+        self._tell(key, None)
         try:
             self._scheduler.remove_job(repr(key))
         except Exception:  # already fired: nothing to cancel
@@ -121,6 +119,13 @@ class APSchedulerTimers:
     def armed(self) -> dict[Hashable, datetime]:
         with self._lock:
             return dict(self._armed)
+
+    def _tell(self, key: Hashable, when: datetime | None) -> None:
+        for listener in self._listeners:
+            try:
+                listener(key, when)
+            except Exception:  # a watcher's fault must not stop the timer itself
+                log.exception("timer listener %r failed on %r", listener, key)
 
 
 class ManualTimers:
