@@ -26,7 +26,6 @@ Target: p99 latency < 10 ms. Ratios are ours / bare for the median and p99.
 
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
 import sys
@@ -42,7 +41,6 @@ import _common as c
 from sqlalchemy import bindparam, select, update
 
 from jobcontrol import Batch, DispatcherConfig, Engine, Kind, NewJob, Store, events
-from jobcontrol.cgroups import Containment
 from jobcontrol.runtime import Runtime
 from jobcontrol.store.schema import job, run
 
@@ -63,6 +61,10 @@ def ns(when: datetime) -> int:
 
 
 # ---------------------------------------------------------------- the engine
+
+
+# What the engine's runtime said about its containment (status's ``containment``).
+seen_containment: list[str] = []
 
 
 def engine_latencies(
@@ -126,6 +128,7 @@ def engine_latencies(
                     run.c.job_id, run.c.log_path, run.c.exit_status, run.c.created, run.c.started
                 ).where(run.c.kind == "task")
             ).all()
+        seen_containment.append(runtime.containment_view())
     finally:
         events.run_finished.disconnect(on_finished)
         runtime.stop(timeout=30)
@@ -233,14 +236,8 @@ def bench(
     ours = phases["process"]
     rep = c.Report("bench_timer_accuracy", store_name)
     rep.notes.append(f"cgroup per task run: {cgroups}")
-    if cgroups != "off":
-        advice = Containment.setup(f"bench-probe-{os.getpid()}")
-        advice.close()
-        rep.notes.append(
-            "cgroup joins: " + (advice.advice or "fast at any time (favordynmods, or not offered)")
-            if advice.enabled
-            else f"cgroup joins: none ({advice.describe()})"
-        )
+    if seen_containment:
+        rep.notes.append(f"containment: {seen_containment[-1]}")
     rep.add("firings", n, "")
     for label, values in (
         ("engine", ours),
