@@ -34,10 +34,11 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from jobcontrol.errors import OptionError
 
@@ -190,7 +191,8 @@ class Containment:
             memory = f"no peak memory: {self.reason}"
         else:
             memory = "memory.peak"
-        return f"cgroup {self.base} (cgroup.kill; {memory})"
+        warm = f"; {self.warmer.describe()}" if self.warmer is not None else ""
+        return f"cgroup {self.base} (cgroup.kill; {memory}){warm}"
 
     def create(self, run_id: int) -> RunCgroup | None:
         """A fresh cgroup for ``run_id`` (None under the fallback); ContainmentError if
@@ -300,44 +302,54 @@ class JoinWarmer:
     the host mounts cgroup2 with ``favordynmods``, this keeps the lock's fast path open
     from ``lead`` before each due instant until ``tail`` after it by moving a parked
     helper process (``/bin/sh`` waiting on a pipe) between two cgroups of its own under
-    the containment's base every ``period``; a run's own join (``joining``) counts as one.
-    The first move of a window may itself wait the grace period: ``lead`` covers it.
+    ``base`` every ``period``; a run's own join (``joining``) counts as one. The first
+    move of a window may itself wait the grace period: ``lead`` covers it.
 
-    Fed with the dispatcher's timers (``timer_changed``, the timer service's listener);
-    the helper ends with the daemon, even a killed one (end of file on its pipe), and its
-    cgroups go with ``close`` or with the next start's ``Containment.setup``. A move that
-    fails is logged once, counted in ``failures`` and ``problem``, and tried again at the
-    next due instant with a new helper.
+    Fed with the dispatcher's timers (``timer_changed``, the timer service's listener).
+    ``announce`` (PostgreSQL: the relay) tells worker processes, which do not know the
+    timers, as each window opens how long to keep their own joins warm; theirs hear it
+    as ``keep_warm_for``. With ``base`` None it only announces (a daemon that runs no
+    task, or whose joins never wait). The helper ends with its process, even a killed
+    one (end of file on its pipe), and its cgroups go with ``close`` or with the next
+    ``Containment.setup``. A move that fails is logged once, counted in ``failures``
+    and ``problem``, and tried again after ``retry_every`` with a new helper.
     """
 
     LEAD = 0.030
     TAIL = 0.050
     PERIOD = 0.005
     RETRY_EVERY = 30.0  # seconds between attempts to start a helper after a failure
+    HORIZON = 0.1  # an announcement covers this much past the window it was made for
 
     def __init__(
         self,
-        base: Path,
+        base: Path | None,
         *,
+        announce: Callable[[float], None] | None = None,
         lead: float = LEAD,
         tail: float = TAIL,
         period: float = PERIOD,
         retry_every: float = RETRY_EVERY,
     ) -> None:
         self.base = base
+        self.announce = announce
         self.lead, self.tail, self.period = lead, tail, period
         self.retry_every = retry_every
         self.moves = 0  # helper moves made
         self.recent_moves: deque[float] = deque(maxlen=64)  # when (epoch seconds), newest last
+        self.announced = 0  # announcements made
         self.failures = 0  # moves or helper starts that failed
         self.problem = ""  # why warming is off now ("" while it works)
-        self._dues: dict[Hashable, float] = {}  # timer key -> due (epoch seconds)
-        self._heap: list[tuple[float, int, Hashable]] = []  # (due, seq, key), lazily pruned
+        # Windows (start, end) in epoch seconds, by timer key; the heap holds them by
+        # start, with entries of windows replaced or cancelled since left to drop lazily.
+        self._windows: dict[Hashable, tuple[float, float]] = {}
+        self._heap: list[tuple[float, float, int, Hashable]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._wake_at = float("inf")  # when the thread wakes next (epoch seconds)
         self._stopping = False
         self._last_move = 0.0  # monotonic, a move or a run's join
+        self._told_until = 0.0  # the end of the last announcement (epoch seconds)
         self._helper: subprocess.Popen[bytes] | None = None
         self._targets: list[int] = []  # open cgroup.procs of the two cgroups
         self._pid = b""
@@ -346,34 +358,34 @@ class JoinWarmer:
         self._thread = threading.Thread(target=self._run, name="cgroup-warmer", daemon=True)
 
     def start(self) -> JoinWarmer:
-        self._start_helper()
+        if self.base is not None:
+            self._start_helper()
         self._thread.start()
         return self
 
     def timer_changed(self, key: Hashable, when: datetime | None) -> None:
         """A timer was armed for ``when`` (None: cancelled); the timer service's listener."""
-        with self._cond:
-            if when is None:
-                self._dues.pop(key, None)  # its heap entry goes when it comes up
-                return
-            due = when.timestamp()
-            self._dues[key] = due
-            heapq.heappush(self._heap, (due, next(self._seq), key))
-            if len(self._heap) > 2 * len(self._dues) + 64:
-                self._heap = [(d, next(self._seq), k) for k, d in self._dues.items()]
-                heapq.heapify(self._heap)
-            if due - self.lead < self._wake_at:
-                self._cond.notify()
+        if when is None:
+            with self._cond:
+                self._windows.pop(key, None)  # its heap entry goes when it comes up
+            return
+        due = when.timestamp()
+        self._add(key, due - self.lead, due + self.tail)
+
+    def keep_warm_for(self, seconds: float, **_: Any) -> None:
+        """Runs are due within ``seconds`` (another process's timers): warm until then."""
+        now = time.time()
+        self._add(("announced", next(self._seq)), now, now + min(max(seconds, 0.0), 10.0))
 
     @property
     def helper_pid(self) -> int | None:
         helper = self._helper
         return helper.pid if helper is not None else None
 
-    def upcoming(self) -> float | None:
-        """The earliest due instant (epoch seconds) whose window has not ended, if any."""
+    def upcoming(self) -> tuple[float, float] | None:
+        """The earliest window (start, end; epoch seconds) that has not ended, if any."""
         with self._cond:
-            return self._next_due(time.time())
+            return self._next_window(time.time())
 
     def joining(self) -> None:
         """A run's shell is about to join its cgroup: that keeps the fast path open too."""
@@ -382,7 +394,7 @@ class JoinWarmer:
     def describe(self) -> str:
         if self.problem:
             return f"cgroup joins not kept warm ({self.problem})"
-        return f"cgroup joins kept warm around timers ({self.moves} moves)"
+        return "cgroup joins kept warm around timers"
 
     def close(self) -> None:
         with self._cond:
@@ -391,10 +403,21 @@ class JoinWarmer:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(5.0)
         self._stop_helper()
-        for name in self._names():
-            _rmdir_quietly(self.base / name)
+        if self.base is not None:
+            for name in self._names():
+                _rmdir_quietly(self.base / name)
 
     # ------------------------------------------------------------ the thread
+
+    def _add(self, key: Hashable, start: float, end: float) -> None:
+        with self._cond:
+            self._windows[key] = (start, end)
+            heapq.heappush(self._heap, (start, end, next(self._seq), key))
+            if len(self._heap) > 2 * len(self._windows) + 64:
+                self._heap = [(s, e, next(self._seq), k) for k, (s, e) in self._windows.items()]
+                heapq.heapify(self._heap)
+            if start < self._wake_at:
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -403,36 +426,50 @@ class JoinWarmer:
                     if self._stopping:
                         return
                     now = time.time()
-                    due = self._next_due(now)
-                    if due is None:
+                    window = self._next_window(now)
+                    if window is None:
                         self._wake_at = float("inf")
                         self._cond.wait()
                         continue
-                    if now < due - self.lead:
-                        self._wake_at = due - self.lead
-                        self._cond.wait(due - self.lead - now)
+                    if now < window[0]:
+                        self._wake_at = window[0]
+                        self._cond.wait(window[0] - now)
                         continue
                     self._wake_at = now + self.period
                     break
-            if time.monotonic() - self._last_move >= self.period * 0.8:
+            if self.announce is not None and window[1] > self._told_until:
+                self._announce(now, window[1])
+            if self.base is not None and time.monotonic() - self._last_move >= self.period * 0.8:
                 self._move()
             with self._cond:
                 if not self._stopping:
                     self._cond.wait(self.period)
 
-    def _next_due(self, now: float) -> float | None:
-        """The earliest due instant whose window has not ended (windows ended are dropped)."""
+    def _next_window(self, now: float) -> tuple[float, float] | None:
+        """The window with the earliest start that has not ended (ended ones are dropped)."""
         heap = self._heap
         while heap:
-            due, _, key = heap[0]
-            if self._dues.get(key) != due:
+            start, end, _, key = heap[0]
+            if self._windows.get(key) != (start, end):
                 heapq.heappop(heap)  # cancelled or re-armed since
-            elif due + self.tail < now:
+            elif end < now:
                 heapq.heappop(heap)
-                del self._dues[key]
+                del self._windows[key]
             else:
-                return due
+                return start, end
         return None
+
+    def _announce(self, now: float, end: float) -> None:
+        assert self.announce is not None
+        seconds = end - now + self.HORIZON
+        self._told_until = now + seconds
+        try:
+            self.announce(seconds)
+        except Exception:  # a hint only: the workers' joins may wait, nothing else
+            log.exception("cannot tell worker processes that timers are due")
+            self.failures += 1  # last: a reader that sees the count sees the rest
+            return
+        self.announced += 1
 
     def _move(self) -> None:
         if not self._targets:
@@ -449,10 +486,7 @@ class JoinWarmer:
         try:
             os.write(self._targets[self._flip], self._pid)
         except OSError as exc:
-            self._fail(
-                f"cannot move the helper into {self.base / self._names()[self._flip]}: "
-                f"{exc.strerror}"
-            )
+            self._fail(f"cannot move the helper into {self._dirs()[self._flip]}: {exc.strerror}")
             return
         self._last_move = time.monotonic()
         self.recent_moves.append(time.time())
@@ -463,12 +497,16 @@ class JoinWarmer:
     def _names(self) -> tuple[str, str]:
         return (f"warm-{os.getpid()}-a", f"warm-{os.getpid()}-b")
 
+    def _dirs(self) -> list[Path]:
+        assert self.base is not None
+        return [self.base / name for name in self._names()]
+
     def _start_helper(self) -> None:
         self._stop_helper()
         try:
-            for name in self._names():
-                (self.base / name).mkdir(exist_ok=True)
-            # It waits for the end of its pipe: the daemon's exit, however it exits.
+            for path in self._dirs():
+                path.mkdir(exist_ok=True)
+            # It waits for the end of its pipe: its parent's exit, however it exits.
             self._helper = subprocess.Popen(
                 ["/bin/sh", "-c", "read -r _", "jobcontrol-cgroup-warmer"],  # $0, for ps
                 stdin=subprocess.PIPE,
@@ -478,9 +516,8 @@ class JoinWarmer:
                 start_new_session=True,
             )
             self._pid = str(self._helper.pid).encode()
-            for name in self._names():
-                fd = os.open(self.base / name / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-                self._targets.append(fd)
+            for path in self._dirs():
+                self._targets.append(os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
             os.write(self._targets[0], self._pid)
         except (OSError, subprocess.SubprocessError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -503,12 +540,12 @@ class JoinWarmer:
         helper.wait()
 
     def _fail(self, problem: str) -> None:
-        self.failures += 1
         if not self.problem:
             log.warning("%s; runs due by timers may start milliseconds late (retrying)", problem)
         self.problem = problem
         self._retry_at = time.monotonic() + self.retry_every
         self._stop_helper()
+        self.failures += 1  # last: a reader that sees the count sees the rest
 
 
 def resolve_mode(environ: Mapping[str, str]) -> str:

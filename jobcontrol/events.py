@@ -38,3 +38,6 @@ lanes_changed = _signals.signal("lanes-changed")  # names: lanes edited, resumed
 # The lane table was written, by anyone (PostgreSQL's trigger ``lane_notify``, heard by a
 # ``Relay``): workers re-read it. Not an edit of ours to log: no arguments.
 lane_rows_written = _signals.signal("lane-rows-written")
+# Timers queue runs within ``seconds``: workers keep their cgroup joins warm until then
+# (``cgroups.JoinWarmer``; the daemon's relay carries it to worker processes).
+timers_due = _signals.signal("timers-due")

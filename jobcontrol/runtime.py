@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from jobcontrol import events
 from jobcontrol.cgroups import Containment, JoinWarmer
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
@@ -57,6 +58,7 @@ class Runtime:
         self.task_open_files = task_open_files
         self.log_store, self.spool_dir = log_store, spool_dir
         self.containment: Containment | None = None
+        self.warmer: JoinWarmer | None = None  # keeps cgroup joins cheap around timers
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
         # PostgreSQL: the wake-ups to and from workers in other processes (LISTEN/NOTIFY).
@@ -74,7 +76,7 @@ class Runtime:
             log.info("task runs are contained by %s", self.containment.describe())
             if self.containment.advice:
                 log.warning("%s", self.containment.advice)
-            self._warm_joins(d)
+        self._warm_joins(d)
         # The host's half of recovery, before any work is taken (worker/recovery.py).
         local_recovery.kill_leftovers(
             d.instance_id,
@@ -108,16 +110,26 @@ class Runtime:
         return d
 
     def _warm_joins(self, d: Dispatcher) -> None:
-        """Where a run's cgroup join may wait for the kernel, keep it cheap around each
-        timer's due instant (``JoinWarmer``): the embedded worker starts those runs."""
+        """Keep cgroup joins cheap around each timer's due instant (``JoinWarmer``): here,
+        where the embedded worker's joins may wait for the kernel, and in worker
+        processes, told through the relay (PostgreSQL) as each due instant comes."""
         c = self.containment
-        if c is None or c.base is None or not c.joins_wait():
+        local = c is not None and c.base is not None and c.joins_wait()
+        if not local and self.relay is None:
             return
-        c.warmer = JoinWarmer(c.base).start()
-        d.timers.watch(c.warmer.timer_changed)
+        announce = None if self.relay is None else self._announce_timers_due
+        self.warmer = JoinWarmer(c.base if local and c is not None else None, announce=announce)
+        if local and c is not None:
+            c.warmer = self.warmer
+        d.timers.watch(self.warmer.timer_changed)
         for key, when in d.timers.armed().items():  # armed by recovery, before the watch
-            c.warmer.timer_changed(key, when)
-        log.info("cgroup joins are kept warm around each timer's due instant")
+            self.warmer.timer_changed(key, when)
+        self.warmer.start()
+        if local:
+            log.info("cgroup joins are kept warm around each timer's due instant")
+
+    def _announce_timers_due(self, seconds: float) -> None:
+        events.timers_due.send(self.store, seconds=round(seconds, 4))
 
     def _relay_listening(self) -> bool:
         return self.relay is not None and self.relay.listening
@@ -130,6 +142,8 @@ class Runtime:
                 if kill_running:
                     self.worker.kill_all("killed: the daemon stopped")
                 self.worker.stop(timeout)
+            if self.warmer is not None:
+                self.warmer.close()
             if self.containment is not None:
                 self.containment.close()  # the worker closed it too, unless it was replaced
             if self.relay is not None:
@@ -139,13 +153,12 @@ class Runtime:
         """How this daemon's worker contains task runs (for status)."""
         if self.containment is None:
             return "none: this daemon runs no tasks (--slots 0)"
-        c = self.containment
-        warm = f"; {c.warmer.describe()}" if c.warmer is not None else ""
-        return c.describe() + warm + (f"; {c.advice}" if c.advice else "")
+        advice = self.containment.advice
+        return self.containment.describe() + (f"; {advice}" if advice else "")
 
     def gauges(self) -> dict[str, tuple[str, float]]:
         """The runtime's own series for ``/metrics`` (name -> (help, value))."""
-        warmer = self.containment.warmer if self.containment is not None else None
+        warmer = self.warmer
         if warmer is None:
             return {}
         return {
@@ -153,8 +166,12 @@ class Runtime:
                 "Moves of the helper that keeps cgroup joins cheap around timers.",
                 warmer.moves,
             ),
+            "jobcontrol_cgroup_warm_announcements_total": (
+                "Times worker processes were told that timers are about to queue runs.",
+                warmer.announced,
+            ),
             "jobcontrol_cgroup_warm_failures_total": (
-                "Helper starts or moves that failed (cgroup joins may wait meanwhile).",
+                "Helper starts, moves or announcements that failed (joins may wait meanwhile).",
                 warmer.failures,
             ),
         }

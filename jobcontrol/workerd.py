@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from jobcontrol import events, filemodes, places, slotgroups
-from jobcontrol.cgroups import Containment
+from jobcontrol.cgroups import Containment, JoinWarmer
 from jobcontrol.clock import Clock, SystemClock
 from jobcontrol.daemon import PidFile, StopSignals, serve
 from jobcontrol.dispatch.recovery import worker_alive
@@ -164,6 +164,7 @@ class RemoteWorker:
         self.relay: Relay | None = None
         self.worker: Worker | None = None
         self.containment: Containment | None = None
+        self._on_timers_due: Any = None  # the receiver of ``timers_due``, while connected
         self.stop_requested = threading.Event()
         self.kill_requested = threading.Event()
         self._serving = threading.Event()  # set once start() is through
@@ -192,6 +193,7 @@ class RemoteWorker:
         log.info("task runs are contained by %s", self.containment.describe())
         if self.containment.advice:
             log.warning("%s", self.containment.advice)
+        self._warm_joins(self.containment)
         self._recover(instance, marker, previous)
         self.relay = relay = Relay(self.store, name=f"worker {self.opts.name}")
         relay.start()
@@ -227,6 +229,20 @@ class RemoteWorker:
             redact(self.store.url),
         )
         return self.worker
+
+    def _warm_joins(self, containment: Containment) -> None:
+        """Where a run's join may wait for the kernel, keep it cheap whenever the daemon
+        says its timers are about to queue runs (``timers_due``, through the relay)."""
+        if containment.base is None or not containment.joins_wait():
+            return
+        containment.warmer = warmer = JoinWarmer(containment.base).start()
+
+        def on_timers_due(_sender: object, *, seconds: float, **_: Any) -> None:
+            warmer.keep_warm_for(seconds)
+
+        events.timers_due.connect(on_timers_due, sender=self.store, weak=False)
+        self._on_timers_due = on_timers_due
+        log.info("cgroup joins are kept warm whenever the daemon's timers come due")
 
     def _refuse_live_namesake(self) -> dict[str, Any] | None:
         """The registry row of an earlier worker of this name, refused if it still lives."""
@@ -289,8 +305,10 @@ class RemoteWorker:
                 self.worker.stop(timeout)
             if self.relay is not None:
                 self.relay.stop()  # after the worker: its last ends are announced
+            if self._on_timers_due is not None:
+                events.timers_due.disconnect(self._on_timers_due, sender=self.store)
             if self.containment is not None:
-                self.containment.close()
+                self.containment.close()  # its warmer too
         finally:
             if self._drain is not None:
                 self._drain.cancel()

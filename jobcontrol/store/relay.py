@@ -4,7 +4,8 @@ Within one process the run-queue signals of ``events`` (``runs_queued``,
 ``kill_requested``, ``task_finished``, ``lanes_changed``, sent with the ``Store``
 as sender) reach the dispatcher and the embedded worker directly. A remote worker
 is another process, usually on another host: the ``Relay`` of each process sends
-every such signal of its own to the database's ``jobcontrol`` channel, and sends
+every such signal of its own (and ``timers_due``: the daemon's timers are about to
+queue runs) to the database's ``jobcontrol`` channel, and sends
 every one it hears from another process to its own receivers, as if it had been
 sent locally (with ``relayed=True``).
 
@@ -51,6 +52,7 @@ _SIGNALS = {
     "kill_requested": events.kill_requested,
     "task_finished": events.task_finished,
     "lanes_changed": events.lanes_changed,
+    "timers_due": events.timers_due,
 }
 # Sent by the database itself, never by a relay: the lane table's trigger (migration
 # 0009) announces every write to it, whoever made it.

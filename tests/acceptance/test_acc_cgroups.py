@@ -22,6 +22,7 @@ import pytest
 from jobcontrol import procs
 from jobcontrol.cgroups import Containment
 from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
+from tests.acceptance.test_acc_full_disk import metrics
 
 START_WAIT = 30.0
 
@@ -291,7 +292,7 @@ def test_cgroup_joins_are_kept_warm_around_timers_by_a_helper_that_dies_with_the
     if not probe.joins_wait():  # favordynmods, or expedited grace periods: nothing to do
         assert "kept warm" not in containment, containment
         return
-    assert "; cgroup joins kept warm around timers (" in containment, containment
+    assert "; cgroup joins kept warm around timers" in containment, containment
     base = Path(containment.split()[1])
     (helper,) = _helpers(base, first)
     assert procs.pid_alive(helper)
@@ -311,4 +312,51 @@ def test_cgroup_joins_are_kept_warm_around_timers_by_a_helper_that_dies_with_the
     (new_helper,) = _helpers(base, second)
     jc.ok("daemon", "stop")
     assert wait_until(lambda: not procs.pid_alive(new_helper), START_WAIT)
+    assert list(base.glob("warm-*")) == []
+
+
+def _cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line.split(":", 2)[2]
+    return ""
+
+
+@needs_cgroups
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_a_worker_process_keeps_its_joins_warm_when_the_daemons_timers_come_due(
+    jcpg: JobControl,
+) -> None:
+    """The worker knows no timer: the daemon tells it, through PostgreSQL, as each comes due."""
+    jc = jcpg
+    probe = Containment.setup("acc-warm-probe")
+    probe.close()
+    if not probe.joins_wait():
+        pytest.skip("cgroup joins never wait here (favordynmods, or expedited grace periods)")
+    jc.load(write(jc.base / "tick.yaml", TICK))
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w1", "--slots", "2")
+    (pid_file,) = jc.state_dir.glob("worker-w1-*.pid")
+    worker = int(pid_file.read_text().split()[0])
+    (w1,) = [w for w in jc.json("workers") if w["name"] == "w1"]
+    assert w1["containment"].endswith("; cgroup joins kept warm around timers"), w1
+    base = Path(w1["containment"].split()[1])
+    (helper,) = _helpers(base, worker)
+
+    # Tick comes due every second: the daemon announces it, the worker's helper moves.
+    assert wait_until(
+        lambda: _cgroup_of(helper).endswith(f"/warm-{worker}-b"), START_WAIT
+    ), _cgroup_of(helper)
+    assert wait_until(
+        lambda: sum(r["state"] == "succeeded" for r in jc.history("tick")) >= 2, START_WAIT
+    ), jc.history("tick")
+    assert {r["worker"] for r in jc.history("tick")} == {"w1"}
+    found = metrics(jc)
+    assert found["jobcontrol_cgroup_warm_announcements_total"] >= 1, found
+    assert found["jobcontrol_cgroup_warm_moves_total"] == 0, "the daemon runs no task here"
+    assert found["jobcontrol_cgroup_warm_failures_total"] == 0, found
+
+    jc.ok("worker", "stop", "--name", "w1")
+    assert wait_until(lambda: not procs.pid_alive(helper), START_WAIT)
     assert list(base.glob("warm-*")) == []

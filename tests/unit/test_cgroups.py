@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -404,12 +404,13 @@ def test_the_helper_waits_in_its_own_cgroup_and_moves_only_from_just_before_a_du
     assert containment.base is not None
     assert _v2_cgroup_of(pid).endswith(f"/{containment.base.name}/warm-{os.getpid()}-a")
     assert warmer.moves == 0, "nothing is due: the helper stays put"
-    assert warmer.describe() == "cgroup joins kept warm around timers (0 moves)"
+    assert warmer.describe() == "cgroup joins kept warm around timers"
+    assert containment.describe().endswith("; cgroup joins kept warm around timers")
 
     when = datetime.fromtimestamp(time.time() + 0.3, UTC)
     due = when.timestamp()
     warmer.timer_changed(("tree", 1), when)
-    assert warmer.upcoming() == due
+    assert warmer.upcoming() == (due - warmer.lead, due + warmer.tail)
     assert wait_until(lambda: warmer.moves >= 3, WAIT), warmer.moves
     assert min(warmer.recent_moves) >= due - warmer.lead, "no move before the window opens"
     assert wait_until(lambda: warmer.upcoming() is None, WAIT), "the window closes after the tail"
@@ -424,9 +425,62 @@ def test_a_cancelled_timer_opens_no_window(warmer: cgroups.JoinWarmer) -> None:
     fence_at = datetime.fromtimestamp(now + 0.6, UTC)
     fence = fence_at.timestamp()
     warmer.timer_changed(("tree", 2), fence_at)
-    assert warmer.upcoming() == fence
+    assert warmer.upcoming() == (fence - warmer.lead, fence + warmer.tail)
     assert wait_until(lambda: warmer.moves >= 1, WAIT)
     assert min(warmer.recent_moves) >= fence - warmer.lead, "moved for the cancelled timer"
+
+
+@needs_cgroups
+def test_told_that_timers_elsewhere_are_due_it_moves_at_once_for_that_long(
+    warmer: cgroups.JoinWarmer,
+) -> None:
+    before = time.time()
+    warmer.keep_warm_for(0.2)  # a worker process hears this from the daemon's relay
+    window = warmer.upcoming()
+    assert window is not None
+    assert before <= window[0] <= time.time()
+    assert window[1] - window[0] == pytest.approx(0.2)
+    assert wait_until(lambda: warmer.moves >= 3, WAIT), warmer.moves
+    assert min(warmer.recent_moves) >= window[0]
+    assert wait_until(lambda: warmer.upcoming() is None, WAIT)
+
+
+def test_the_daemon_tells_worker_processes_once_per_window_how_long_to_keep_warm() -> None:
+    told: list[tuple[float, float]] = []  # (when, seconds)
+    announcer = cgroups.JoinWarmer(None, announce=lambda s: told.append((time.time(), s)))
+    announcer.start()
+    try:
+        first = datetime.fromtimestamp(time.time() + 0.2, UTC)
+        announcer.timer_changed(("tree", 1), first)
+        # Due 20 ms later: inside what the first announcement covers, so not told again.
+        announcer.timer_changed(("tree", 2), first + timedelta(milliseconds=20))
+        assert wait_until(lambda: announcer.upcoming() is None, WAIT)
+        assert announcer.helper_pid is None, "no helper where it only announces"
+        assert announcer.moves == 0
+        assert len(told) == 1, told
+        when, seconds = told[0]
+        assert when >= first.timestamp() - announcer.lead
+        end = first.timestamp() + announcer.tail
+        assert when + seconds == pytest.approx(end + announcer.HORIZON, abs=0.01)
+        assert announcer.announced == 1
+    finally:
+        announcer.close()
+
+
+def test_an_announcement_that_fails_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(seconds: float) -> None:
+        raise ConnectionError("relay gone")
+
+    announcer = cgroups.JoinWarmer(None, announce=broken).start()
+    try:
+        announcer.timer_changed(("tree", 1), datetime.fromtimestamp(time.time() + 0.05, UTC))
+        assert wait_until(lambda: announcer.failures == 1, WAIT)
+        assert announcer.announced == 0
+        assert "cannot tell worker processes that timers are due" in caplog.text
+    finally:
+        announcer.close()
 
 
 @needs_cgroups
