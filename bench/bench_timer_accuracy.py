@@ -21,11 +21,17 @@ posting to the same kind of queue).
 
 Target: p99 latency < 10 ms. Ratios are ours / bare for the median and p99.
 
-    .venv/bin/python bench/bench_timer_accuracy.py [--firings N] [--spacing-ms MS] [--pg] [--json]
+With ``--pg --worker-process`` the dispatcher runs no task (0 slots) and a ``jobcontrol
+worker`` process (8 slots) runs them, as a site with workers of its own does (the task's
+time is then read from its output kept in the database).
+
+    .venv/bin/python bench/bench_timer_accuracy.py [--firings N] [--spacing-ms MS]
+        [--pg [--worker-process]] [--cgroups auto|off] [--json]
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import subprocess
 import sys
@@ -38,11 +44,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
+import _daemon as d
 from sqlalchemy import bindparam, select, update
 
 from jobcontrol import Batch, DispatcherConfig, Engine, Kind, NewJob, Store, events
 from jobcontrol.runtime import Runtime
-from jobcontrol.store.schema import job, run
+from jobcontrol.store.schema import job, run, run_log
 
 TARGET_P99_MS = 10.0
 COMMAND = "date +%s%N"
@@ -68,10 +75,19 @@ seen_containment: list[str] = []
 
 
 def engine_latencies(
-    url: str, logs: Path, n: int, spacing_ms: float, cgroups: str = "auto"
+    url: str,
+    logs: Path,
+    n: int,
+    spacing_ms: float,
+    cgroups: str = "auto",
+    worker_process: bool = False,
 ) -> dict[str, list[float]]:
     """Per firing, in ms after its due time: run row created (the dispatcher handled the
-    timer), run claimed by an executor slot, and the task's process started."""
+    timer), run claimed by an executor slot, and the task's process started.
+
+    ``worker_process`` (PostgreSQL): the dispatcher runs no task (0 slots) and a
+    ``jobcontrol worker`` process of its own, 8 slots, runs them; their output is kept
+    in the database (``run_log``), where the task's time is read from."""
     store = Store(url)
     store.upgrade()
     names = [f"timer-{i:04d}" for i in range(n)]
@@ -107,9 +123,15 @@ def engine_latencies(
             done.set()
 
     events.run_finished.connect(on_finished, weak=False)
-    runtime = Runtime(store, DispatcherConfig(log_root=logs), cgroups=cgroups)
+    slots = 0 if worker_process else DispatcherConfig().slots
+    runtime = Runtime(store, DispatcherConfig(log_root=logs, slots=slots), cgroups=cgroups)
     dispatcher = runtime.dispatcher
+    workers = d.CliDaemon(url, logs.parent / "worker-cli")
+    if worker_process:
+        workers.env["JOBCONTROL_CGROUPS"] = cgroups
     try:
+        if worker_process:
+            workers.start_worker("bench-worker", 8)
         runtime.start()
         armed = {top_id: a.when for top_id, a in dispatcher.tree_timers.armed.items()}
         with store.read() as conn:
@@ -125,20 +147,33 @@ def engine_latencies(
         with store.read() as conn:
             rows = conn.execute(
                 select(
-                    run.c.job_id, run.c.log_path, run.c.exit_status, run.c.created, run.c.started
+                    run.c.id,
+                    run.c.job_id,
+                    run.c.log_path,
+                    run.c.exit_status,
+                    run.c.created,
+                    run.c.started,
                 ).where(run.c.kind == "task")
             ).all()
+            kept = {r.run_id: bytes(r.data) for r in conn.execute(select(run_log)) if r.seq == 0}
         seen_containment.append(runtime.containment_view())
+        if worker_process:
+            listed = json.loads(workers.jc("workers", "--json"))
+            seen_containment.extend(
+                f"worker process: {w['containment']}" for w in listed if w["name"] == "bench-worker"
+            )
     finally:
         events.run_finished.disconnect(on_finished)
+        workers.stop()
         runtime.stop(timeout=30)
         store.dispose()
     due_ns = {ids[name]: ns(due) for name, due in zip(names, dues, strict=False)}
     out: dict[str, list[float]] = {"created": [], "claimed": [], "process": []}
     for r in rows:
-        if r.exit_status != 0 or not r.log_path:
+        if r.exit_status != 0 or not (r.log_path or r.id in kept):
             raise SystemExit(f"job {r.job_id}: exit {r.exit_status}, log {r.log_path}")
-        started = int(Path(r.log_path).read_text().split()[0])
+        text = kept[r.id].decode() if r.id in kept else Path(r.log_path).read_text()
+        started = int(text.split()[0])
         due = due_ns[r.job_id]
         out["process"].append((started - due) / 1e6)
         out["created"].append((ns(r.created) - due) / 1e6)
@@ -223,7 +258,13 @@ def bare_apscheduler(outdir: Path, n: int, spacing_ms: float) -> list[float]:
 
 
 def bench(
-    store_name: str, url: str, tmp: Path, n: int, spacing_ms: float, cgroups: str = "auto"
+    store_name: str,
+    url: str,
+    tmp: Path,
+    n: int,
+    spacing_ms: float,
+    cgroups: str = "auto",
+    worker_process: bool = False,
 ) -> c.Report:
     print(
         f"[{store_name}] bare threading.Timer: {n} firings {spacing_ms:g} ms apart ...", flush=True
@@ -232,12 +273,16 @@ def bench(
     print(f"[{store_name}] bare APScheduler: {n} firings ...", flush=True)
     aps = bare_apscheduler(tmp / f"{store_name}-aps", n, spacing_ms)
     print(f"[{store_name}] engine: {n} trees, one firing each ...", flush=True)
-    phases = engine_latencies(url, tmp / f"{store_name}-logs", n, spacing_ms, cgroups)
+    phases = engine_latencies(
+        url, tmp / f"{store_name}-logs", n, spacing_ms, cgroups, worker_process
+    )
     ours = phases["process"]
     rep = c.Report("bench_timer_accuracy", store_name)
     rep.notes.append(f"cgroup per task run: {cgroups}")
-    if seen_containment:
-        rep.notes.append(f"containment: {seen_containment[-1]}")
+    if worker_process:
+        rep.notes.append("the daemon ran no task: a `jobcontrol worker` process (8 slots) did")
+    rep.notes += [f"containment: {line}" for line in seen_containment]
+    seen_containment.clear()
     rep.add("firings", n, "")
     for label, values in (
         ("engine", ours),
@@ -267,14 +312,22 @@ def main() -> int:
         default="auto",
         help="a cgroup per task run where the machine allows (the daemon's default), or off",
     )
+    p.add_argument(
+        "--worker-process",
+        action="store_true",
+        help="PostgreSQL only: the daemon runs no task; a `jobcontrol worker` process does",
+    )
     args = p.parse_args()
+    if args.worker_process and not args.pg:
+        p.error("--worker-process needs --pg: a worker process of its own is PostgreSQL's")
     more = (args.firings, args.spacing_ms, args.cgroups)
     reports = []
     with c.temp_dir("timer") as tmp:
-        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp, *more))
+        if not args.worker_process:
+            reports.append(bench("sqlite", c.sqlite_url(tmp), tmp, *more))
         if args.pg:
             with c.postgres("bench_timer") as url:
-                reports.append(bench("postgresql", url, tmp, *more))
+                reports.append(bench("postgresql", url, tmp, *more, args.worker_process))
     for rep in reports:
         rep.print(as_json=args.json)
     return 0
