@@ -435,15 +435,18 @@ class JoinWarmer:
                         self._wake_at = window[0]
                         self._cond.wait(window[0] - now)
                         continue
-                    self._wake_at = now + self.period
                     break
             if self.announce is not None and window[1] > self._told_until:
                 self._announce(now, window[1])
-            if self.base is not None and time.monotonic() - self._last_move >= self.period * 0.8:
+            pause = self.period
+            if self.base is None:  # it only announces: next when what it told runs out
+                pause = max(pause, self._told_until - self.lead - time.time())
+            elif time.monotonic() - self._last_move >= self.period * 0.8:
                 self._move()
             with self._cond:
+                self._wake_at = time.time() + pause
                 if not self._stopping:
-                    self._cond.wait(self.period)
+                    self._cond.wait(pause)
 
     def _next_window(self, now: float) -> tuple[float, float] | None:
         """The window with the earliest start that has not ended (ended ones are dropped)."""
