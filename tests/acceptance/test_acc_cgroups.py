@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from jobcontrol import procs
@@ -269,13 +267,9 @@ def _helpers(base: Path, daemon: int) -> list[int]:
 
 
 def _warm_moves(jc: JobControl) -> int:
-    url = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
-    auth = {"Authorization": f"Bearer {jc.token_file.read_text().strip()}"}
-    text = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
-    found = re.search(r"^jobcontrol_cgroup_warm_moves_total (\d+)$", text, re.M)
-    assert found, text
-    assert re.search(r"^jobcontrol_cgroup_warm_failures_total 0$", text, re.M), text
-    return int(found.group(1))
+    found = metrics(jc)
+    assert found["jobcontrol_cgroup_warm_failures_total"] == 0, found
+    return int(found["jobcontrol_cgroup_warm_moves_total"])
 
 
 @needs_cgroups
