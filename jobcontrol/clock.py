@@ -12,6 +12,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -57,14 +58,62 @@ class TimerService(Protocol):
     def armed(self) -> dict[Hashable, datetime]: ...
 
 
+def _scheduler_class() -> type:
+    """APScheduler's ``BackgroundScheduler``, woken only when a new job is due sooner.
+
+    As shipped, adding a job always wakes the scheduler's thread, which then looks
+    through its jobs and goes back to sleep until the earliest. A daemon re-arms a
+    tree's timer at the end of each of its runs, nearly always later than the earliest
+    due instant: with 500 trees every second those wake-ups were half the passes of
+    the scheduler's loop, each taking the interpreter lock from the dispatcher
+    (bench/README.md). Here a job whose first run is no sooner than the instant the
+    loop already sleeps until does not wake it; the loop finds it when it wakes.
+
+    ``_asleep_until`` is "wake for anything" (-inf) from the start of a pass until the
+    pass has chosen its next wake-up: a job added during a pass always wakes the loop,
+    and one added after it is compared with the instant the loop will wake at. The
+    scheduler holds its job stores' lock both while a pass reads the earliest job and
+    while a job is added, so no job falls between the two.
+    """
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    class LazyWakeScheduler(BackgroundScheduler):
+        _asleep_until = float("-inf")
+        _adding: tuple[int, object] | None = None  # (thread, job) while a job is added
+
+        def _process_jobs(self) -> float | None:
+            self._asleep_until = float("-inf")
+            wait: float | None = super()._process_jobs()
+            self._asleep_until = float("inf") if wait is None else time.time() + wait
+            return wait
+
+        def _real_add_job(self, job: object, jobstore_alias: str, replace: bool) -> None:
+            # Called with the job stores' lock held (``add_job``); it works out the
+            # job's first run, then wakes the loop.
+            self._adding = (threading.get_ident(), job)
+            try:
+                super()._real_add_job(job, jobstore_alias, replace)
+            finally:
+                self._adding = None
+
+        def wakeup(self) -> None:
+            adding = self._adding
+            if adding is not None and adding[0] == threading.get_ident():
+                due = getattr(adding[1], "next_run_time", None)
+                if due is not None and due.timestamp() >= self._asleep_until:
+                    return  # the loop wakes no later than this job is due
+            super().wakeup()
+
+    return LazyWakeScheduler
+
+
 class APSchedulerTimers:
     """One APScheduler ``DateTrigger`` job per key; no job store, no cron triggers."""
 
     def __init__(self) -> None:
         from apscheduler.executors.debug import DebugExecutor
-        from apscheduler.schedulers.background import BackgroundScheduler
 
-        self._scheduler = BackgroundScheduler(
+        self._scheduler = _scheduler_class()(
             timezone=UTC,
             # A timer's callback only posts an event to the dispatcher's queue, so it runs
             # on the scheduler's own thread: no pool thread and no future per firing.

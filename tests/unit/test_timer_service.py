@@ -57,3 +57,77 @@ def test_a_failing_watcher_is_logged_and_the_timer_still_fires(
     assert len(failures) == 1, caplog.text
     assert "('tree', 7)" in failures[0].getMessage()
     assert failures[0].exc_info is not None
+
+
+def _count_passes(timers: APSchedulerTimers) -> tuple[list[int], threading.Event]:
+    """Count the passes of the scheduler's loop (each one a wake-up of its thread)."""
+    scheduler = timers._scheduler
+    passes = [0]
+    passed = threading.Event()
+    real = scheduler._process_jobs
+
+    def counted() -> float | None:
+        wait: float | None = real()
+        passes[0] += 1
+        passed.set()
+        return wait
+
+    scheduler._process_jobs = counted
+    return passes, passed
+
+
+def test_a_timer_due_later_than_the_earliest_does_not_wake_the_scheduler() -> None:
+    timers = APSchedulerTimers()
+    passes, passed = _count_passes(timers)
+    timers.start()
+    try:
+        now = datetime.now(UTC)
+        passed.clear()
+        timers.arm(("tree", 0), now + timedelta(hours=1), lambda: None)
+        assert passed.wait(WAIT), "arming the first timer did not wake the scheduler"
+        before = passes[0]
+        for n in range(1, 11):  # re-armed trees, all after the one it sleeps until
+            passed.clear()
+            timers.arm(("tree", n), now + timedelta(hours=2, seconds=n), lambda: None)
+            # As APScheduler ships, each arm wakes its thread for a pass at once.
+            passed.wait(0.05)
+        assert passes[0] == before, f"{passes[0] - before} passes for 10 later timers"
+        fired = threading.Event()
+        timers.arm(("tree", "soon"), datetime.now(UTC) + timedelta(milliseconds=50), fired.set)
+        assert fired.wait(WAIT), "a timer due sooner than the earliest did not fire"
+        assert passes[0] - before in (1, 2), passes[0] - before  # woken, then fired
+        assert len(timers.armed()) == 11
+    finally:
+        timers.shutdown()
+
+
+def test_timers_armed_from_many_threads_at_close_instants_all_fire(
+    timers: APSchedulerTimers,
+) -> None:
+    """Arms racing the scheduler's passes: none is left asleep past its instant."""
+    count = 4 * 150
+    fired: list[Hashable] = []
+    lock = threading.Lock()
+    all_fired = threading.Event()
+
+    def fire(key: Hashable) -> None:
+        with lock:
+            fired.append(key)
+            if len(fired) == count:
+                all_fired.set()
+
+    def arm_many(t: int) -> None:
+        for n in range(150):
+            when = datetime.now(UTC) + timedelta(milliseconds=(n * 7 + t * 3) % 200)
+            timers.arm((t, n), when, lambda key=(t, n): fire(key))
+
+    threads = [threading.Thread(target=arm_many, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(WAIT)
+    assert all_fired.wait(WAIT), f"{count - len(fired)} timers never fired"
+    assert sorted(fired, key=repr) == sorted(
+        ((t, n) for t in range(4) for n in range(150)), key=repr
+    )
+    assert timers.armed() == {}
