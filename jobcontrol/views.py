@@ -48,8 +48,13 @@ def job_view(rec: JobRecord, depth: int, state: str, started: Any) -> dict[str, 
     }
 
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+
+
 def jsonable(value: Any) -> Any:
     """A value as JSON can carry it: ISO datetimes, enum values, nested mappings and lists."""
+    if type(value) in _PLAIN:  # most values: no ``Mapping`` check (an ABC's, slow) for them
+        return value
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, enum.Enum):
