@@ -262,6 +262,7 @@ class Producer(threading.Thread):
         self.batches = 0
         self.finished = 0
         self.moved_kinds = 0  # run.finished with a new next run (the row may move)
+        self.error: BaseException | None = None
 
     def _event(self, type_: str, data: dict[str, Any]) -> Event:
         self.seq += 1
@@ -325,6 +326,13 @@ class Producer(threading.Thread):
         ]
 
     def run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:  # reported by streaming(): a dead producer measures nothing
+            self.error = exc
+            raise
+
+    def _produce(self) -> None:
         t0 = time.monotonic()
         i = 0
         while True:
@@ -341,7 +349,7 @@ class Producer(threading.Thread):
                     batch += self._finish(now)
                 else:
                     batch += self._start(now)
-            self.feed._post("events", batch)
+            self.feed._reader.post("events", batch)  # as the feed's reader thread hands them over
             self.posted += len(batch)
             self.batches += 1
             i += 1
@@ -411,6 +419,8 @@ def streaming(
         producer.start()
         late, wall, cpu = Ticker().measure(STREAM_S)
         producer.join(30)
+        if producer.error is not None:
+            raise SystemExit(f"the event producer failed: {producer.error!r}")
         deadline = time.monotonic() + 60
         while (
             inside["events"] < producer.posted or window.model.unordered

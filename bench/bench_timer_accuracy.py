@@ -31,6 +31,7 @@ time is then read from its output kept in the database).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import subprocess
@@ -123,8 +124,10 @@ def engine_latencies(
             done.set()
 
     events.run_finished.connect(on_finished, weak=False)
-    slots = 0 if worker_process else DispatcherConfig().slots
-    runtime = Runtime(store, DispatcherConfig(log_root=logs, slots=slots), cgroups=cgroups)
+    config = DispatcherConfig(log_root=logs)  # the production defaults
+    if worker_process:
+        config = dataclasses.replace(config, slots=0)  # the worker process runs the tasks
+    runtime = Runtime(store, config, cgroups=cgroups)
     dispatcher = runtime.dispatcher
     workers = d.CliDaemon(url, logs.parent / "worker-cli")
     if worker_process:
