@@ -37,6 +37,7 @@ from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
+from jobcontrol.logbatch import HoldingStreamHandler
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, queries, redact
 from jobcontrol.taskenv import PassEnv
@@ -341,7 +342,8 @@ def configure_logging(level: str, stream: TextIO | None = None, fmt: str = "text
         raise JobControlError(f"--log-format {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
     root = logging.getLogger()
     root.handlers.clear()
-    handler = logging.StreamHandler(stream or sys.stderr)
+    # Lines the dispatcher writes after a transaction go out together (logbatch).
+    handler = HoldingStreamHandler(stream or sys.stderr)
     handler.setFormatter(
         JsonFormatter()
         if fmt == "json"

@@ -28,7 +28,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events, procs
+from jobcontrol import events, logbatch, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
 from jobcontrol.dispatch.runs import Held, TreeRuns, Tx
@@ -427,11 +427,12 @@ class Dispatcher:
             raise
         if tx.offers:
             events.runs_queued.send(self.store, run_ids=tx.offers)
-        for after in tx.after_commit:
-            try:
-                after()
-            except Exception:
-                log.exception("after-commit action failed")
+        with logbatch.held():  # the lines they log, written at once
+            for after in tx.after_commit:
+                try:
+                    after()
+                except Exception:
+                    log.exception("after-commit action failed")
         if pending is not None and not pending.done.done():
             pending.done.set_result(None)
         if fut is not None:

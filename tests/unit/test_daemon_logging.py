@@ -124,3 +124,67 @@ def test_each_text_line_carries_its_own_time_to_the_millisecond() -> None:
         for second, ms in instants
     ]
     assert written == expected
+
+
+class CountingStream(io.StringIO):
+    """A text stream that counts the writes reaching it (each one a system call on a file)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        return super().write(s)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_lines_logged_inside_held_are_written_together_at_its_end() -> None:
+    from jobcontrol import logbatch
+
+    stream = CountingStream()
+    configure_logging("INFO", stream)
+    log = logging.getLogger("jobcontrol.test")
+    other_wrote = threading.Event()
+
+    def other_thread() -> None:
+        log.info("from another thread")
+        other_wrote.set()
+
+    with logbatch.held():
+        log.info("Running Task %s", "t1")
+        with logbatch.held():  # nested: still one write, at the outer end
+            log.info("Job %s completed exit status %s", "t1", 0)
+        th = threading.Thread(target=other_thread)
+        th.start()
+        assert other_wrote.wait(10)
+        th.join(10)
+        # Not this thread's: written at once. This thread's: not yet.
+        assert "from another thread" in stream.getvalue()
+        assert "Running Task" not in stream.getvalue()
+        writes = stream.writes
+    assert stream.writes == writes + 1
+    text = stream.getvalue().splitlines()
+    mine = [line for line in text if "jobcontrol.test" in line]
+    assert [m.split(": ", 1)[1] for m in mine] == [
+        "from another thread",
+        "Running Task t1",
+        "Job t1 completed exit status 0",
+    ]
+    log.info("after the block")  # written at once again
+    assert stream.writes == writes + 2
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_held_lines_are_written_when_the_block_raises_and_a_bad_line_is_reported() -> None:
+    from jobcontrol import logbatch
+
+    stream = CountingStream()
+    configure_logging("INFO", stream)
+    log = logging.getLogger("jobcontrol.test")
+    with pytest.raises(RuntimeError), logbatch.held():
+        log.info("before the failure")
+        log.info("a bad line %d", "not a number")  # formatting fails: reported, not raised
+        raise RuntimeError("handler bug")
+    mine = [line for line in stream.getvalue().splitlines() if "jobcontrol.test" in line]
+    assert [m.split(": ", 1)[1] for m in mine] == ["before the failure"]
