@@ -30,6 +30,7 @@ from sqlalchemy import (
     bindparam,
     case,
     literal,
+    literal_column,
     null,
     select,
     update,
@@ -680,6 +681,8 @@ class RunQueue:
             stale: list[str] = []
             if values.get("log_path") is not None and m["job_id"] is not None:
                 stale = _prune(conn, m["job_id"], m["max_log_files"] or default_max_log_files)
+            if not m["ahead"]:
+                return Finished(True, stale)
             if take_next is None:
                 _RELEASE_NEXT[ok].execute(conn, {"w_id": run_id})
                 return Finished(True, stale)
@@ -791,7 +794,16 @@ def _finish_stmt(columns: tuple[str, ...], returning: bool = False) -> Prepared:
     )
     if not returning:
         return Prepared(stmt)
-    returns = (run.c.job_id, run.c.max_log_files)
+    # Whether a run waits queued ahead after this one (``_successor``, whatever the
+    # status): none after a lone task or a box's last, and then the finish reads no lane
+    # rule. Written out: in RETURNING, SQLAlchemy drops the table names that tell the two
+    # rows apart.
+    waits = literal_column(
+        "EXISTS (SELECT 1 FROM run AS ahead WHERE ahead.after_run_id = run.id"
+        f" AND ahead.state = '{RunState.PENDING}')",
+        Boolean(),
+    )
+    returns = (run.c.job_id, run.c.max_log_files, waits.label("ahead"))
     return Prepared(stmt.returning(*returns), returns)
 
 
