@@ -182,9 +182,14 @@ def test_held_lines_are_written_when_the_block_raises_and_a_bad_line_is_reported
     stream = CountingStream()
     configure_logging("INFO", stream)
     log = logging.getLogger("jobcontrol.test")
-    with pytest.raises(RuntimeError), logbatch.held():
-        log.info("before the failure")
-        log.info("a bad line %d", "not a number")  # formatting fails: reported, not raised
-        raise RuntimeError("handler bug")
+
+    def handle() -> None:
+        with logbatch.held():
+            log.info("before the failure")
+            log.info("a bad line %d", "not a number")  # formatting fails: reported, not raised
+            raise RuntimeError("handler bug")
+
+    with pytest.raises(RuntimeError, match="handler bug"):
+        handle()
     mine = [line for line in stream.getvalue().splitlines() if "jobcontrol.test" in line]
     assert [m.split(": ", 1)[1] for m in mine] == ["before the failure"]
