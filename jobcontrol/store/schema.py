@@ -161,14 +161,14 @@ run = Table(
     Index("ix_run_parent", "parent_run_id"),
     Index("ix_run_worker", "worker", "state"),
     Index("ix_run_after", "after_run_id"),
-    # The queued runs in claim order, and no others (migration 0008).
+    # The queued runs in claim order: on PostgreSQL a partial index of them alone
+    # (migration 0008); on SQLite the ``state = 'queued'`` range of a whole index, since a
+    # partial index on ``state`` made SQLite prepare again, at every execution, each
+    # statement that binds a state (migration 0010).
     Index(
-        "ix_run_queued",
-        text("priority DESC"),
-        "id",
-        postgresql_where=text("state = 'queued'"),
-        sqlite_where=text("state = 'queued'"),
-    ),
+        "ix_run_queued", text("priority DESC"), "id", postgresql_where=text("state = 'queued'")
+    ).ddl_if(dialect="postgresql"),
+    Index("ix_run_state_order", "state", text("priority DESC"), "id").ddl_if(dialect="sqlite"),
 )
 
 # The output of task runs whose worker keeps it in the database (``log_path`` = ``db:``,
