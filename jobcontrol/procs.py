@@ -14,11 +14,10 @@ import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, NamedTuple
+from typing import IO, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -51,66 +50,6 @@ class _ProcStat(NamedTuple):
     state: str
 
 
-class Child:
-    """A task's process started by ``os.posix_spawn``: the part of ``Popen`` the worker
-    uses (``pid``, ``poll``, ``wait``, ``returncode``), reaped exactly once whichever
-    thread waits (the slot thread, a killer)."""
-
-    def __init__(self, pid: int, args: str) -> None:
-        self.pid = pid
-        self.args = args
-        self.returncode: int | None = None
-        self._lock = threading.Lock()
-
-    def poll(self) -> int | None:
-        """The exit status if the process has ended (reaping it), else None."""
-        if self.returncode is None and self._lock.acquire(blocking=False):
-            try:
-                if self.returncode is None:
-                    self._reap(os.WNOHANG)
-            finally:
-                self._lock.release()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """The exit status, once the process ended; ``subprocess.TimeoutExpired`` if
-        ``timeout`` passes first (as ``Popen.wait``)."""
-        if timeout is None:
-            with self._lock:
-                while self.returncode is None:
-                    self._reap(0)
-            return self.returncode
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        while (rc := self.poll()) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.05)
-        return rc
-
-    def _reap(self, options: int) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, options)
-        except ChildProcessError:
-            # Reaped by someone else (SIGCHLD ignored): its status is gone. Popen says 0
-            # here; so do we, as the runs always have.
-            self.returncode = 0
-            return
-        if pid == self.pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
-
-
-# What a task's shell must not inherit from the daemon: Python ignores SIGPIPE (and
-# SIGXFSZ), and an ignored signal stays ignored across exec (``Popen`` resets them too).
-_SIGDEF = (signal.SIGPIPE, signal.SIGXFSZ)
-_SHELL = "/bin/sh"
-# A task's shell, however it was started.
-Process = Child | subprocess.Popen[bytes]
-_FD_DIR = "/proc/self/fd"
-
-
 def spawn(
     command: str,
     *,
@@ -118,42 +57,16 @@ def spawn(
     cwd: str | None,
     env: Mapping[str, str],
     prelude: str = "",
-) -> Process:
+) -> subprocess.Popen[bytes]:
     """Run ``/bin/sh -c command`` in a new session, stdout and stderr both to ``stdout``.
 
     ``env`` is the complete environment; ``prelude`` is shell text run first, on the
     command's line (a cgroup's join script). OSError (a missing ``cwd``, ...) propagates.
-
-    Without a ``cwd`` the shell starts by ``os.posix_spawn``: the same vfork and exec as
-    ``Popen`` without its Python around them (half the parent's CPU per task, a tenth
-    of a short task's time from one task to the next; bench/README.md). Like ``Popen``
-    here it gets a new session, stdin from /dev/null, SIGPIPE and SIGXFSZ at their
-    defaults, no blocked signal, and no descriptor but 0, 1 and 2: the ones this process
-    could pass on are closed in the child. ``posix_spawn`` cannot change directory, so a
-    task with a ``cwd`` starts through ``Popen``.
     """
-    argv = [_SHELL, "-c", prelude + command]
-    out = stdout if isinstance(stdout, int) else stdout.fileno()
-    if cwd is None and out >= 0:
-        actions: list[tuple[Any, ...]] = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, out, 1),
-            (os.POSIX_SPAWN_DUP2, out, 2),
-        ]
-        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()]
-        pid = os.posix_spawn(
-            _SHELL,
-            argv,
-            env,
-            file_actions=actions,
-            setsid=True,
-            setsigdef=_SIGDEF,
-            setsigmask=(),
-        )
-        return Child(pid, argv[2])
-    # No preexec_fn and nothing else that would stop CPython from using vfork.
+    # No preexec_fn and nothing else that would stop CPython from using vfork: the
+    # benchmark compares this against a bare subprocess.run of /bin/sh.
     return subprocess.Popen(
-        argv,
+        ["/bin/sh", "-c", prelude + command],
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=subprocess.STDOUT,
@@ -164,22 +77,7 @@ def spawn(
     )
 
 
-def _inheritable_fds() -> list[int]:
-    """This process's descriptors above 2 that a child would inherit (not close-on-exec):
-    Python opens none, but a library or the daemon's parent may have."""
-    found = []
-    for name in os.listdir(_FD_DIR):
-        fd = int(name)
-        if fd > 2:
-            try:
-                if os.get_inheritable(fd):
-                    found.append(fd)
-            except OSError:  # the listing's own descriptor, closed by now
-                pass
-    return found
-
-
-def wait_child(proc: Process, timeout: float | None) -> int | None:
+def wait_child(proc: subprocess.Popen[bytes], timeout: float | None) -> int | None:
     """Wait for a child to exit; its return code, or None if ``timeout`` passed first.
 
     ``Popen.wait(timeout)`` polls with sleeps (0.5 ms, then doubling), which adds

@@ -147,7 +147,7 @@ class GroupView:
 @dataclass
 class _Active:
     run: RunRecord
-    proc: procs.Process | None = None
+    proc: subprocess.Popen[bytes] | None = None
     kill_reason: str | None = None
     pid: int | None = None
     finishing: bool = False
@@ -553,7 +553,7 @@ class Worker:
             daemon=True,
         ).start()
 
-    def _kill_processes(self, active: _Active, proc: procs.Process) -> None:
+    def _kill_processes(self, active: _Active, proc: subprocess.Popen[bytes]) -> None:
         """TERM, grace, KILL: the process group, the marked processes and the run's cgroup;
         then ``cgroup.kill`` for whatever forked meanwhile."""
         cg = active.cgroup
@@ -993,7 +993,9 @@ class Worker:
             return TaskOutcome(outcome.exit_status, RunState.FAILED, None, refused)
         return replace(outcome, cpu_us=usage.cpu_us, mem_peak_bytes=usage.mem_peak_bytes)
 
-    def _wait_recording_pid(self, proc: procs.Process, run: RunRecord, log_path: str) -> int:
+    def _wait_recording_pid(
+        self, proc: subprocess.Popen[bytes], run: RunRecord, log_path: str
+    ) -> int:
         """Wait for the task; record its pid once it has run ``PID_RECORD_DELAY``.
 
         Raises ``subprocess.TimeoutExpired`` when the run's timeout passes first.
@@ -1170,7 +1172,7 @@ def _delete_logs(paths: list[str]) -> None:
             log.exception("could not prune log file %s", path)
 
 
-def _wait(proc: procs.Process, timeout: float) -> bool:
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     try:
         proc.wait(timeout)
         return True

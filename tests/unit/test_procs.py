@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -370,83 +369,3 @@ def test_sd_notify_logs_instead_of_raising_when_nobody_listens(
     with caplog.at_level(logging.WARNING, logger="jobcontrol.procs"):
         assert sd_notify("READY=1") is False
     assert "READY=1" in caplog.text
-
-
-# ---------------------------------------------------------------- posix_spawn (no cwd)
-
-
-def _status_mask(output: str, field: str) -> int:
-    """A signal mask (``SigIgn``, ``SigBlk``) from the /proc status lines a task printed."""
-    line = next(line for line in output.splitlines() if line.startswith(f"{field}:"))
-    return int(line.split()[1], 16)
-
-
-def test_spawn_without_cwd_is_a_posix_spawned_shell_like_popens(tmp_path: Path) -> None:
-    """No cwd: the shell starts by posix_spawn with what Popen gave it: the whole env and
-    nothing else, its own session, stdin from /dev/null, stdout and stderr to the log,
-    SIGPIPE not ignored, no signal blocked, and the exit status."""
-    output = tmp_path / "out.log"
-    env = {"PATH": os.environ["PATH"], "GREETING": "hello"}
-    command = (
-        'echo "$GREETING"; echo "home=${HOME-unset}"; echo oops >&2; '
-        "grep -E '^Sig(Ign|Blk):' /proc/$$/status; "
-        'echo "sid=$(cut -d" " -f6 /proc/$$/stat) pid=$$"; '
-        "readlink /proc/$$/fd/0; exit 3"
-    )
-    # The daemon's threads may have signals blocked: the task must not inherit them.
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
-    try:
-        with output.open("wb") as out:
-            proc = spawn(command, stdout=out, cwd=None, env=env)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    assert not isinstance(proc, subprocess.Popen)
-    assert proc.wait() == 3
-    assert proc.returncode == 3
-    text = output.read_text()
-    assert text.startswith("hello\nhome=unset\noops\n"), text
-    assert not _status_mask(text, "SigIgn") & (1 << (signal.SIGPIPE - 1)), text
-    assert _status_mask(text, "SigBlk") == 0, text
-    assert f"sid={proc.pid} pid={proc.pid}" in text
-    assert text.rstrip().endswith(os.devnull)
-
-
-def test_spawn_without_cwd_passes_on_no_inheritable_descriptor(tmp_path: Path) -> None:
-    output = tmp_path / "out.log"
-    r, w = os.pipe()
-    os.set_inheritable(w, True)  # as a library, or the daemon's parent, may leave one
-    try:
-        with output.open("wb") as out:
-            proc = spawn("ls /proc/$$/fd", stdout=out, cwd=None, env=dict(os.environ))
-        assert proc.wait() == 0
-    finally:
-        os.close(r)
-        os.close(w)
-    assert sorted(int(fd) for fd in output.read_text().split()) == [0, 1, 2]
-
-
-def test_spawn_without_cwd_wait_times_out_then_reports_the_signal(tmp_path: Path) -> None:
-    with (tmp_path / "out.log").open("wb") as out:
-        proc = spawn("exec sleep 1000", stdout=out, cwd=None, env=dict(os.environ))
-    assert proc.poll() is None
-    with pytest.raises(subprocess.TimeoutExpired):
-        proc.wait(timeout=0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait(timeout=WAIT) == -signal.SIGKILL
-    assert proc.poll() == -signal.SIGKILL  # reaped once: asking again is no error
-
-
-def test_spawn_without_cwd_two_waiters_both_see_the_one_status(tmp_path: Path) -> None:
-    """The slot thread waits without a timeout while a killer waits with one: whichever
-    reaps, both get the status, and the pid is reaped once."""
-    with (tmp_path / "out.log").open("wb") as out:
-        proc = spawn("exec sleep 1000", stdout=out, cwd=None, env=dict(os.environ))
-    seen: list[int] = []
-    blocking = threading.Thread(target=lambda: seen.append(proc.wait()))
-    blocking.start()
-    with pytest.raises(subprocess.TimeoutExpired):
-        proc.wait(timeout=0.05)
-    os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=WAIT) == -signal.SIGTERM
-    blocking.join(WAIT)
-    assert seen == [-signal.SIGTERM]
