@@ -68,6 +68,8 @@ class Runtime:
         """Recover, start the dispatcher, kill what lost runs left on this host, then
         start the embedded worker (none with 0 slots)."""
         d = self.dispatcher
+        # SQLite: the WAL's checkpoints off the timers' and tasks' paths (store/checkpoint.py).
+        self.store.checkpoint_in_background()
         if self.relay is not None:
             self.relay.start()  # before the dispatcher queues anything other workers must hear
         d.start()
@@ -148,6 +150,7 @@ class Runtime:
                 self.containment.close()  # the worker closed it too, unless it was replaced
             if self.relay is not None:
                 self.relay.stop()
+            self.store.stop_checkpointing()
 
     def containment_view(self) -> str:
         """How this daemon's worker contains task runs (for status)."""
@@ -158,10 +161,21 @@ class Runtime:
 
     def gauges(self) -> dict[str, tuple[str, float]]:
         """The runtime's own series for ``/metrics`` (name -> (help, value))."""
+        series: dict[str, tuple[str, float]] = {}
+        checkpointer = self.store.checkpointer
+        if checkpointer is not None:
+            series["jobcontrol_sqlite_checkpoints_total"] = (
+                "WAL checkpoints run by the daemon's checkpoint thread.",
+                checkpointer.checkpoints,
+            )
+            series["jobcontrol_sqlite_checkpoint_failures_total"] = (
+                "WAL checkpoints of the daemon's checkpoint thread that failed (retried).",
+                checkpointer.failures,
+            )
         warmer = self.warmer
         if warmer is None:
-            return {}
-        return {
+            return series
+        return series | {
             "jobcontrol_cgroup_warm_moves_total": (
                 "Moves of the helper that keeps cgroup joins cheap around timers.",
                 warmer.moves,

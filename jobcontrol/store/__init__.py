@@ -33,7 +33,8 @@ from sqlalchemy.pool import NullPool
 from jobcontrol import filemodes
 from jobcontrol.errors import StoreError, StoreUnavailable
 from jobcontrol.places import normalise_url
-from jobcontrol.store import schema
+from jobcontrol.store import checkpoint, schema
+from jobcontrol.store.checkpoint import WalCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,9 @@ class Store:
         self.is_sqlite = self.url.startswith("sqlite")
         # Set once this store has created its SQLite file (see ``unprepared_file``).
         self.created_file = threading.Event()
+        # Checkpoints of the WAL: by the COMMITs past 1,000 pages, or by a thread.
+        self._wal_pages = 1000
+        self._checkpointer: WalCheckpointer | None = None
         self.engine = self._make_engine(pool_size)
         # Taken before a connection is checked out, so a waiter holds no connection.
         self._write_lock = threading.RLock() if self.is_sqlite else None
@@ -180,6 +184,8 @@ class Store:
                 _create_private(engine, path, self.created_file)
             busy_ms = int(self.busy_timeout * 1000)
             event.listen(engine, "connect", lambda c, r: _sqlite_pragmas(c, r, busy_ms))
+            # Each connection as it is handed out: who checkpoints the WAL now.
+            event.listen(engine, "checkout", lambda c, r, _: self._wal_setting(c, r))
             # We issue BEGIN ourselves (deferred or IMMEDIATE), so the driver must not.
             return engine.execution_options(isolation_level="AUTOCOMMIT")
         # libpq waits for a server that does not answer as long as TCP does (minutes):
@@ -241,6 +247,42 @@ class Store:
         finally:
             if lock is not None:
                 lock.release()
+        checkpointer = self._checkpointer
+        if checkpointer is not None:  # committed
+            checkpointer.wrote()
+
+    def _wal_setting(self, dbapi_conn: Any, record: Any) -> None:
+        """The WAL size at which this connection's COMMITs checkpoint: SQLite's 1,000
+        pages, or far out while a thread does it (``checkpoint_in_background``). Set
+        when it changed since the connection last had it: a dict look-up otherwise."""
+        pages = self._wal_pages
+        if record.info.get("wal_pages", 1000) != pages:
+            dbapi_conn.execute(f"PRAGMA wal_autocheckpoint={int(pages)}")
+            record.info["wal_pages"] = pages
+
+    def checkpoint_in_background(self) -> WalCheckpointer | None:
+        """SQLite file: from now on its WAL is checkpointed by a thread of its own, not
+        by the COMMIT that finds it past 1,000 pages (``store/checkpoint.py``). The
+        daemon's; None where there is no WAL (PostgreSQL, in-memory)."""
+        path = self.sqlite_file
+        if path is None or self._checkpointer is not None:
+            return self._checkpointer
+        self._wal_pages = checkpoint.SAFETY_PAGES
+        self._checkpointer = WalCheckpointer(
+            path, int(self.busy_timeout * 1000), lock=self._write_lock
+        ).start()
+        return self._checkpointer
+
+    @property
+    def checkpointer(self) -> WalCheckpointer | None:
+        return self._checkpointer
+
+    def stop_checkpointing(self) -> None:
+        """Back to checkpoints in the COMMITs (for connections opened from now on)."""
+        checkpointer, self._checkpointer = self._checkpointer, None
+        self._wal_pages = 1000
+        if checkpointer is not None:
+            checkpointer.stop()
 
     @contextmanager
     def single(self) -> Iterator[Connection]:
@@ -443,6 +485,7 @@ class Store:
             return value
 
     def dispose(self) -> None:
+        self.stop_checkpointing()
         self.engine.dispose()
 
 
