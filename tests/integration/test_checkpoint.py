@@ -8,26 +8,16 @@ Every wait is bounded; the figures asserted are ones a user would see: the size 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from jobcontrol.store import Store
 from jobcontrol.store.checkpoint import EVERY, SAFETY_PAGES, WalCheckpointer
+from tests.acceptance.harness import wait_until
 
 WAIT = 20.0
 ROW = "x" * 3000  # about a page of the WAL per write
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _writes(store: Store, n: int) -> None:
@@ -57,7 +47,7 @@ def test_the_thread_checkpoints_and_keeps_the_wal_small(tmp_path: Path) -> None:
         for _ in range(30):
             _writes(store, 100)
             # Paced like a daemon's writes, which leave the thread time to catch up.
-            assert wait_until(lambda: cp._writes < EVERY and not cp.behind), "it fell behind"
+            assert wait_until(lambda: cp._writes < EVERY and not cp.behind, WAIT), "it fell behind"
         # At least one turn for each 100 writes (more when writers overtook one).
         assert cp.checkpoints >= 30, cp.checkpoints
         assert cp.failures == 0
@@ -94,7 +84,7 @@ def test_a_failing_checkpoint_is_counted_logged_once_and_retried(
         for expected in (1, 2, 3):
             cp.wrote()
             cp.wrote()
-            assert wait_until(lambda e=expected: cp.failures == e), cp.failures  # type: ignore[misc]
+            assert wait_until(lambda e=expected: cp.failures == e, WAIT), cp.failures  # type: ignore[misc]
         assert cp.checkpoints == 0
         assert cp.problem is not None
         assert "unable to open" in cp.problem
@@ -107,7 +97,7 @@ def test_a_failing_checkpoint_is_counted_logged_once_and_retried(
         Path(tmp_path / "db.sqlite").rename(path)
         cp.wrote()
         cp.wrote()
-        assert wait_until(lambda: cp.checkpoints == 1), (cp.checkpoints, cp.failures)
+        assert wait_until(lambda: cp.checkpoints == 1, WAIT, 0.01), (cp.checkpoints, cp.failures)
         assert cp.failures == 3
         assert cp.problem is None
         assert any("works again" in r.getMessage() for r in caplog.records)
