@@ -33,8 +33,8 @@ from sqlalchemy.pool import NullPool
 from jobcontrol import filemodes
 from jobcontrol.errors import StoreError, StoreUnavailable
 from jobcontrol.places import normalise_url
-from jobcontrol.store import checkpoint, schema
-from jobcontrol.store.checkpoint import WalCheckpointer
+from jobcontrol.store import schema
+from jobcontrol.store.checkpoint import SAFETY_PAGES, SQLITE_DEFAULT_PAGES, WalCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class Store:
         # Set once this store has created its SQLite file (see ``unprepared_file``).
         self.created_file = threading.Event()
         # Checkpoints of the WAL: by the COMMITs past 1,000 pages, or by a thread.
-        self._wal_pages = 1000
+        self._wal_pages = SQLITE_DEFAULT_PAGES
         self._checkpointer: WalCheckpointer | None = None
         self.engine = self._make_engine(pool_size)
         # Taken before a connection is checked out, so a waiter holds no connection.
@@ -256,7 +256,7 @@ class Store:
         pages, or far out while a thread does it (``checkpoint_in_background``). Set
         when it changed since the connection last had it: a dict look-up otherwise."""
         pages = self._wal_pages
-        if record.info.get("wal_pages", 1000) != pages:
+        if record.info.get("wal_pages", SQLITE_DEFAULT_PAGES) != pages:
             dbapi_conn.execute(f"PRAGMA wal_autocheckpoint={int(pages)}")
             record.info["wal_pages"] = pages
 
@@ -267,7 +267,7 @@ class Store:
         path = self.sqlite_file
         if path is None or self._checkpointer is not None:
             return self._checkpointer
-        self._wal_pages = checkpoint.SAFETY_PAGES
+        self._wal_pages = SAFETY_PAGES
         self._checkpointer = WalCheckpointer(
             path, int(self.busy_timeout * 1000), lock=self._write_lock
         ).start()
@@ -280,7 +280,7 @@ class Store:
     def stop_checkpointing(self) -> None:
         """Back to checkpoints in the COMMITs (for connections opened from now on)."""
         checkpointer, self._checkpointer = self._checkpointer, None
-        self._wal_pages = 1000
+        self._wal_pages = SQLITE_DEFAULT_PAGES
         if checkpointer is not None:
             checkpointer.stop()
 

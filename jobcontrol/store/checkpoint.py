@@ -35,7 +35,9 @@ _PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)"
 LOCK_WAIT = 0.01
 # After a checkpoint that writers overtook, the next one this much later (seconds).
 AGAIN = 0.05
-# The writers' own checkpoint while this thread runs (pages; SQLite's default is 1,000).
+# The WAL size at which a COMMIT checkpoints: SQLite's own, and the writers' while this
+# thread runs (pages).
+SQLITE_DEFAULT_PAGES = 1000
 SAFETY_PAGES = 10_000
 
 
@@ -45,8 +47,8 @@ class WalCheckpointer:
     def __init__(
         self, path: str, busy_ms: int, every: int = EVERY, lock: threading.RLock | None = None
     ) -> None:
-        """``lock``: the store's turn to write in this process, taken (never waited
-        for) to copy the last few frames with no writer of ours adding more."""
+        """``lock``: the store's turn to write in this process, taken (waiting at most
+        ``LOCK_WAIT``) to copy the last few frames with no writer of ours adding more."""
         self.path = path
         self.lock = lock
         self.busy_ms = busy_ms
@@ -80,27 +82,24 @@ class WalCheckpointer:
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
-        behind = False
         try:
             while True:
                 with self._cond:
-                    if behind:  # writes came in during the last one: go on shortly
+                    if self.behind:  # writes came in during the last one: go on shortly
                         self._cond.wait(AGAIN)
-                    while not behind and not self._stop and self._writes < self.every:
+                    while not self.behind and not self._stop and self._writes < self.every:
                         self._cond.wait()
                     if self._stop:
                         return
                     self._writes = 0
-                conn, behind = self._checkpoint(conn)
+                conn = self._checkpoint(conn)
         finally:
             if conn is not None:
                 conn.close()
 
-    def _checkpoint(
-        self, conn: sqlite3.Connection | None
-    ) -> tuple[sqlite3.Connection | None, bool]:
+    def _checkpoint(self, conn: sqlite3.Connection | None) -> sqlite3.Connection | None:
         """One PASSIVE checkpoint: the connection to use next time (None after an
-        error), and whether frames written meanwhile are left to copy."""
+        error); ``behind`` says whether frames written meanwhile are left to copy."""
         try:
             if conn is None:
                 # mode=rw: never create the file (it exists: the store made it).
@@ -138,10 +137,11 @@ class WalCheckpointer:
             self.problem = str(exc)
             if conn is not None:
                 conn.close()
-            return None, False
+            self.behind = False  # retried after the next writes, not in a loop
+            return None
         self.checkpoints += 1
         if self.problem is not None:
             log.info("background WAL checkpoint of %s works again", self.path)
             self.problem = None
         self.behind = behind
-        return conn, behind
+        return conn
