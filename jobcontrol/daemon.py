@@ -39,7 +39,7 @@ from jobcontrol.errors import AlreadyRunningError, JobControlError
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.logbatch import HoldingStreamHandler
 from jobcontrol.runtime import Runtime
-from jobcontrol.store import Store, queries, redact
+from jobcontrol.store import Store, pool_size_for, queries, redact
 from jobcontrol.taskenv import PassEnv
 
 if TYPE_CHECKING:
@@ -393,7 +393,8 @@ class Daemon:
 
     def __init__(self, opts: DaemonOptions, store: Store | None = None) -> None:
         self.opts = opts
-        self.store = store or Store(opts.db_url)
+        groups = len(slotgroups.parse(opts.queues)) if opts.queues else 1
+        self.store = store or Store(opts.db_url, pool_size=pool_size_for(opts.slots, groups))
         self.lease = DatabaseLease(self.store)
         self.pid_file = PidFile(opts.pid_file)
         self.runtime: Runtime | None = None

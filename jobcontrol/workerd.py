@@ -49,7 +49,7 @@ from jobcontrol.errors import JobControlError
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import KILLED_STATUS, RunState
 from jobcontrol.slotgroups import SlotGroup
-from jobcontrol.store import Store, driver_message, queries, redact
+from jobcontrol.store import Store, driver_message, pool_size_for, queries, redact
 from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue, get_worker
 from jobcontrol.taskenv import PassEnv
@@ -156,7 +156,9 @@ class RemoteWorker:
     ) -> None:
         check_name(opts.name)
         self.opts = opts
-        self.store = store or Store(opts.db_url, pool_size=max(4, opts.slots + 2))
+        self.store = store or Store(
+            opts.db_url, pool_size=pool_size_for(opts.slots, len(opts.groups))
+        )
         self.clock = clock or SystemClock()
         self.host = socket.gethostname()
         self.runqueue = RunQueue(self.store)

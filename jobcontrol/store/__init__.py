@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import NullPool
 
 from jobcontrol import filemodes
@@ -48,9 +49,23 @@ PG_CONNECT_TIMEOUT = 10
 _SQLITE_TRANSIENT = ("locked", "busy", "disk i/o", "disk is full", "unable to open")
 
 
+def pool_size_for(slots: int, groups: int = 1) -> int:
+    """The connections a process with ``slots`` task slots in ``groups`` slot groups may
+    hold at once: each slot's thread keeps one once it has written, and so does each
+    running task's output uploader (the database log store); each group's claimer
+    keeps one; the dispatcher, the heartbeat, the relay and API requests a few more.
+
+    Too few, and a writer that holds the process's turn to write waits for a
+    connection that threads waiting for that turn hold: everything stalls.
+    """
+    return 2 * slots + groups + 10
+
+
 def wrap_error(exc: Exception) -> StoreError:
     """A driver error as ``StoreUnavailable`` when retrying can succeed, else ``StoreError``."""
     message = f"database error: {exc}"
+    if isinstance(exc, PoolTimeout):  # every connection of this process is in use, for now
+        return StoreUnavailable(f"database error: no free connection in this process: {exc}")
     if isinstance(exc, sqlite3.Error) or "sqlite" in type(getattr(exc, "orig", None)).__module__:
         text_ = str(exc).lower()
         if any(word in text_ for word in _SQLITE_TRANSIENT):
@@ -542,4 +557,4 @@ def alembic_config(url: str) -> Any:
     return cfg
 
 
-__all__ = ["Store", "alembic_config", "redact", "schema"]
+__all__ = ["Store", "alembic_config", "pool_size_for", "redact", "schema"]

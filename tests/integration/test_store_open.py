@@ -92,3 +92,16 @@ def test_a_write_held_up_behind_another_of_its_process_says_so(tmp_path: Path) -
     store.dispose()
     assert "first_writer" in names
     assert "second_writer" not in names
+
+
+def test_a_process_out_of_connections_is_an_outage_to_ride_out_not_a_crash() -> None:
+    """SQLAlchemy's pool, every connection checked out past its wait: the threads that
+    retry through outages retry this too (a connection frees up), instead of dying
+    with the runs they hold."""
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from jobcontrol.store import wrap_error
+
+    err = wrap_error(PoolTimeout("QueuePool limit of size 10 overflow 20 reached"))
+    assert isinstance(err, StoreUnavailable)
+    assert "no free connection in this process" in str(err)
