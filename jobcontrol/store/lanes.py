@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,6 +40,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from jobcontrol.model import Kind, RunRecord, RunState
 from jobcontrol.store.access_queries import insert_audit
+from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import UTCDateTime, lane, run, worker, worker_end
 
 DEFAULT_LANE = "default"
@@ -135,22 +136,27 @@ class Lanes:
         )
 
 
-def _lane(row: Any) -> Lane:
+def _lane(row: Mapping[Any, Any]) -> Lane:
     return Lane(
-        name=row.name,
-        max_slots=row.max_slots,
-        poll_interval_s=float(row.poll_interval_s),
-        stale_timeout_s=float(row.stale_timeout_s),
-        enabled=bool(row.enabled),
-        stopped_at=row.stopped_at,
-        stopped_reason=row.stopped_reason,
-        updated_at=row.updated_at,
-        updated_by=row.updated_by,
+        name=row["name"],
+        max_slots=row["max_slots"],
+        poll_interval_s=float(row["poll_interval_s"]),
+        stale_timeout_s=float(row["stale_timeout_s"]),
+        enabled=bool(row["enabled"]),
+        stopped_at=row["stopped_at"],
+        stopped_reason=row["stopped_reason"],
+        updated_at=row["updated_at"],
+        updated_by=row["updated_by"],
     )
 
 
+# Read by every worker at each heartbeat (PostgreSQL) and whenever the table changed:
+# on the driver, like the heartbeat itself (runqueue.py).
+_ALL_LANES = Prepared(select(lane).order_by(lane.c.name), list(lane.c))
+
+
 def load(conn: Connection) -> Lanes:
-    return Lanes(_lane(r) for r in conn.execute(select(lane).order_by(lane.c.name)))
+    return Lanes(_lane(r) for r in _ALL_LANES.all(conn, {}))
 
 
 def lock(conn: Connection, names: Iterable[str]) -> list[Lane]:
@@ -159,7 +165,7 @@ def lock(conn: Connection, names: Iterable[str]) -> list[Lane]:
     stmt = (
         select(lane).where(lane.c.name.in_(sorted(names))).order_by(lane.c.name).with_for_update()
     )
-    return [_lane(r) for r in conn.execute(stmt)]
+    return [_lane(r._mapping) for r in conn.execute(stmt)]
 
 
 def running_per_lane(conn: Connection, lanes: Lanes) -> Counter[str]:
@@ -246,7 +252,7 @@ def remove(conn: Connection, name: str) -> bool:
 
 def get(conn: Connection, name: str) -> Lane | None:
     row = conn.execute(select(lane).where(lane.c.name == name)).first()
-    return _lane(row) if row is not None else None
+    return _lane(row._mapping) if row is not None else None
 
 
 def active_per_queue(conn: Connection) -> list[Any]:
