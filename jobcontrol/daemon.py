@@ -393,7 +393,9 @@ class Daemon:
 
     def __init__(self, opts: DaemonOptions, store: Store | None = None) -> None:
         self.opts = opts
-        groups = len(slotgroups.parse(opts.queues)) if opts.queues else 1
+        # The embedded worker's slot groups (--queues), parsed once: they size the pool.
+        self.slot_groups = slotgroups.parse(opts.queues) if opts.queues else None
+        groups = len(self.slot_groups) if self.slot_groups else 1
         self.store = store or Store(opts.db_url, pool_size=pool_size_for(opts.slots, groups))
         self.lease = DatabaseLease(self.store)
         self.pid_file = PidFile(opts.pid_file)
@@ -421,8 +423,8 @@ class Daemon:
             from jobcontrol import __version__
 
             config = DispatcherConfig(log_root=self.opts.task_logs, slots=self.opts.slots)
-            if self.opts.queues:
-                config.slot_groups = slotgroups.parse(self.opts.queues)
+            if self.slot_groups:
+                config.slot_groups = self.slot_groups
             self.runtime = Runtime(
                 self.store,
                 config,

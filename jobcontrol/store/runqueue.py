@@ -218,8 +218,8 @@ _RECORD_PID = (
 )
 # Each run's lease renewed for its own lane's length, in one statement.
 _RENEW = {
-    True: update(run).where(_HELD).values(lease_until=bindparam("v_lease")),
-    False: update(run).where(_HELD).values(lease_until=lanes.run_lease("v_now")),
+    True: Prepared(update(run).where(_HELD).values(lease_until=bindparam("v_lease"))),
+    False: Prepared(update(run).where(_HELD).values(lease_until=lanes.run_lease("v_now"))),
 }
 
 
@@ -298,8 +298,8 @@ _RELEASE_NEXT = {
 _BEAT = update(worker).where(worker.c.name == bindparam("w_worker"))
 # The heartbeat's statements, prepared: an idle worker's heartbeat is most of what an
 # idle daemon does, and Core's statement building and caching touched enough memory to
-# cost 10-30 ms of CPU after a few seconds asleep on a host that reclaims it, against
-# ~1 ms for the driver alone (bench/README.md, twelfth round).
+# cost twice the driver's CPU after a few seconds asleep on a host that takes back
+# memory left alone (bench/README.md, twelfth round).
 _BEAT_ONLY = Prepared(_BEAT.values(heartbeat=bindparam("v_beat")))
 _BEAT_PROBLEMS = Prepared(
     _BEAT.values(
@@ -308,13 +308,12 @@ _BEAT_PROBLEMS = Prepared(
         log_problem=bindparam("v_problem"),
     )
 )
-_RENEW_PREPARED = {k: Prepared(v) for k, v in _RENEW.items()}
+_HELD_ROWS = Prepared(
+    select(run.c.id, run.c.kill_requested).where(_HELD), [run.c.id, run.c.kill_requested]
+)
 # Whether any run at all is queued: an idle group's back-off look, answered on the driver.
 _SOME_QUEUED = Prepared(
     select(run.c.id).where(run.c.state == str(RunState.QUEUED)).limit(1), [run.c.id]
-)
-_HELD_ROWS = Prepared(
-    select(run.c.id, run.c.kill_requested).where(_HELD), [run.c.id, run.c.kill_requested]
 )
 
 
@@ -413,9 +412,7 @@ class RunQueue:
                     conn,
                     {"w_worker": name, "v_beat": now, "v_problems": problems, "v_problem": problem},
                 )
-            _RENEW_PREPARED[self.lease is not None].execute(
-                conn, {"w_worker": name, **self._times(now)}
-            )
+            _RENEW[self.lease is not None].execute(conn, {"w_worker": name, **self._times(now)})
             rows = _HELD_ROWS.all(conn, {"w_worker": name})
             kill = [r["id"] for r in rows if r["kill_requested"]]
             held = {r["id"] for r in rows}
