@@ -123,7 +123,15 @@ def _create_private(engine: Engine, path: str, created: threading.Event | None =
     -shm files with the same mode. ``created`` is set when this made the file."""
 
     def before_connect(*_: Any) -> None:
-        if not os.path.exists(path) and filemodes.create_file(path) and created is not None:
+        try:
+            made = not os.path.exists(path) and filemodes.create_file(path)
+        except OSError as exc:
+            # Its directory gone (moved, unmounted): as SQLite's own "unable to open", an
+            # outage to ride out until it is back, not a crash of the thread that met it.
+            raise StoreUnavailable(
+                f"database error: cannot open {path}: {exc.strerror or exc}"
+            ) from exc
+        if made and created is not None:
             created.set()
 
     event.listen(engine, "do_connect", before_connect)

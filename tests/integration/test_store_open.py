@@ -105,3 +105,25 @@ def test_a_process_out_of_connections_is_an_outage_to_ride_out_not_a_crash() -> 
     err = wrap_error(PoolTimeout("QueuePool limit of size 10 overflow 20 reached"))
     assert isinstance(err, StoreUnavailable)
     assert "no free connection in this process" in str(err)
+
+
+def test_a_database_whose_directory_went_is_an_outage_until_it_is_back(tmp_path: Path) -> None:
+    """The directory moved away (an unmount, an admin): a thread that opens a connection
+    meets an outage it can ride out, named with the file, not an OSError that kills it;
+    and nothing is created where the database was."""
+    place = tmp_path / "state"
+    place.mkdir()
+    store = Store(f"sqlite:///{place}/jobcontrol.db")
+    store.upgrade()
+    try:
+        store.engine.dispose()  # no connection kept: the next one is opened anew
+        place.rename(tmp_path / "away")
+        with pytest.raises(StoreUnavailable, match=f"cannot open {place}/jobcontrol.db"):
+            with store.pinned(), store.write() as conn:  # a thread's first connection
+                conn.execute(text("SELECT 1"))
+        assert not place.exists()
+        (tmp_path / "away").rename(place)
+        with store.pinned(), store.write() as conn:
+            assert conn.execute(text("SELECT count(*) FROM job")).scalar() == 0
+    finally:
+        store.dispose()
