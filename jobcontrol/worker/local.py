@@ -26,13 +26,17 @@ it serves) without a restart: it re-reads it when told that it changed
 (``lanes_changed`` from its own process, ``lane_rows_written`` from the database
 on PostgreSQL, where a trigger announces every write to the table, whoever made
 it) and, as a back-up, every poll interval, or only every heartbeat while such
-announcements reach it (``lane_pushes``: its relay listens).
+announcements reach it (``lane_pushes``: its relay listens). On SQLite, where a
+change made by another process is announced by no one, the kernel says when a file of
+the database was written (``ChangeWatch``): an idle worker then sleeps from one
+heartbeat to the next instead of waking every poll interval to find nothing new.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal as signals
 import socket
 import subprocess
@@ -61,6 +65,7 @@ from jobcontrol.model import (
 from jobcontrol.outage import Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
 from jobcontrol.store import queries
+from jobcontrol.store.changewatch import ChangeWatch
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
 from jobcontrol.taskenv import PassEnv
@@ -144,6 +149,46 @@ class GroupView:
     next_poll: float = 0.0  # when its back-off lets it look again (the worker's monotonic)
 
 
+class _Bell:
+    """A ``threading.Event`` whose one waiter can wait for a file descriptor as well."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def set(self) -> None:
+        self._set = True
+        if self._fd >= 0:
+            os.eventfd_write(self._fd, 1)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def clear(self) -> None:
+        self._set = False
+
+    def wait(self, timeout: float, also: int | None = None) -> bool:
+        """Until set or ``timeout``; or until ``also`` is readable: whether it is."""
+        if self._set:
+            return False
+        fds = [self._fd] if also is None else [self._fd, also]
+        ready = select.select(fds, [], [], timeout)[0]
+        if self._fd in ready:
+            try:
+                os.eventfd_read(self._fd)
+            except BlockingIOError:
+                pass
+        return also is not None and also in ready
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
 @dataclass
 class _Active:
     run: RunRecord
@@ -206,7 +251,8 @@ class Worker:
         ``lane_pushes``: whether every write to the lane table is announced to it now (a
         relay that listens, on PostgreSQL); while it is, the table is re-read when
         announced and only every heartbeat besides, not every poll interval. None: never
-        (SQLite: a change made outside this process is found by polling)."""
+        (SQLite: a change made outside this process is found by the database's
+        ``ChangeWatch``, or, where there is none, by polling)."""
         if log_store not in LOG_STORES:
             raise ValueError(f"log_store {log_store!r}: not one of {', '.join(LOG_STORES)}")
         self.log_store = log_store
@@ -275,8 +321,11 @@ class Worker:
         self._watching = 0  # threads in ``wait_for``, which re-read at every change
         self._stop = threading.Event()
         # Set when the lane table is to be re-read now (a change announced) or on stop:
-        # what the heartbeat thread sleeps on.
-        self._lanes_news = threading.Event()
+        # what the heartbeat thread sleeps on, with the database's watch (SQLite).
+        self._lanes_news = _Bell()
+        self._watch: ChangeWatch | None = None
+        self.lane_looks = 0  # looks at the lane table so far (what the tests watch)
+        self.beats = 0  # heartbeats recorded so far
         self._threads: list[threading.Thread] = []
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
@@ -397,13 +446,19 @@ class Worker:
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return False
-        return lanes is not None and self._follow_lanes(lanes)
+        changed = lanes is not None and self._follow_lanes(lanes)
+        with self._cond:
+            self.lane_looks += 1
+            if self._watching:
+                self._cond.notify_all()
+        return changed
 
     def start(self) -> None:
         self.log_access.make_root(self.log_root)
         if self.log_store == "database":
             filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
         self._reread_lanes()
+        self._watch = self._watch_database()
         joined = self._retry("join the worker registry", self._join)
         if joined is None:
             return  # stopped while it waited for the database: nothing claimed, nothing to run
@@ -471,6 +526,8 @@ class Worker:
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
+        if self._watch is not None:
+            self._watch.close()
         self.containment.close()
         try:
             self.runqueue.deregister(self.name, self.clock.now())
@@ -576,30 +633,57 @@ class Worker:
 
     # ---------------------------------------------------------- heartbeat and back-up poll
 
+    def _watch_database(self) -> ChangeWatch | None:
+        """SQLite, with no announcements of lane writes: the kernel's word that the
+        database was written, so that the lane table is looked at when it may have
+        changed rather than every poll interval. None: poll (said once, with why)."""
+        path = self.store.sqlite_file
+        if path is None or self._lane_pushes is not None:
+            return None
+        try:
+            return ChangeWatch(path)
+        except OSError as exc:
+            log.warning(
+                "worker %s: cannot watch %s for changes (%s): the lane table is read "
+                "every poll interval instead",
+                self.name,
+                path,
+                exc,
+            )
+            return None
+
     def _lanes_every(self) -> float:
         """How often the lane table is re-read unasked: every poll interval, or only every
-        heartbeat while each write to it is announced (``lane_pushes``)."""
-        if self._lane_pushes is not None and self._lane_pushes():
+        heartbeat while each write to it is announced (``lane_pushes``) or the database
+        is watched for writes (``ChangeWatch``)."""
+        if self._watch is not None or (self._lane_pushes is not None and self._lane_pushes()):
             return max(self.poll_interval, self.heartbeat_interval)
         return self.poll_interval
 
     def _heartbeat_loop(self) -> None:
         next_beat = next_lanes = time.monotonic()
+        looked = float("-inf")  # when the lane table was last looked at
         while True:
             stopping = self._stop.is_set()
             announced = not stopping and self._lanes_news.is_set()
             if announced:
                 self._lanes_news.clear()
+            if self._watch is not None and time.monotonic() >= next_beat:
+                # Awake anyway: what was written until now is covered by a look now.
+                self._written()
+                next_lanes = 0.0
             if not stopping and (announced or time.monotonic() >= next_lanes):
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
                 self._reread_lanes(unless_unwritten=not announced)
                 self._report_groups()
-                next_lanes = time.monotonic() + self._lanes_every()
+                looked = time.monotonic()
+                next_lanes = looked + self._lanes_every()
             if time.monotonic() >= next_beat:
                 self._beat()
                 self._report_groups()
                 next_beat = time.monotonic() + self.heartbeat_interval
+                self._written()  # the beat's own write: the look above covers it
             if self._stop.is_set():
                 # Stopping: keep the leases of the runs still in hand until they are recorded.
                 with self._cond:
@@ -607,7 +691,39 @@ class Worker:
                         return
                     self._cond.wait(min(self.poll_interval, max(0.0, next_beat - time.monotonic())))
                 continue
-            self._lanes_news.wait(max(0.0, min(next_beat, next_lanes) - time.monotonic()))
+            next_lanes = self._sleep(next_beat, next_lanes, looked + self.poll_interval)
+
+    def _sleep(self, next_beat: float, next_lanes: float, soonest: float) -> float:
+        """Until the next beat or look at the lanes, news of a lane, or (``ChangeWatch``)
+        a write to the database by anyone, which brings the look forward to ``soonest``
+        (a busy daemon writes all the time: a look a poll interval at most). The time
+        of the next look."""
+        watch = self._watch
+        timeout = max(0.0, min(next_beat, next_lanes) - time.monotonic())
+        if watch is None or next_lanes <= soonest:
+            self._lanes_news.wait(timeout)  # a look comes as soon as one may anyway
+            return next_lanes
+        if not self._lanes_news.wait(timeout, watch.fileno()) or not self._written():
+            return next_lanes
+        return max(time.monotonic(), soonest)
+
+    def _written(self) -> bool:
+        """What the database's watch queued: whether it was written since the last call.
+        A watch whose directory went is dropped, and the lanes are polled again."""
+        watch = self._watch
+        if watch is None:
+            return False
+        written = watch.changed()
+        if watch.lost:
+            log.warning(
+                "worker %s: %s is no longer watched (the directory went): the lane table "
+                "is read every poll interval instead",
+                self.name,
+                watch.directory,
+            )
+            watch.close()
+            self._watch = None
+        return written
 
     def _report_groups(self) -> None:
         """Which runs each group holds, in the registry, when that changed (``workers``)."""
@@ -633,6 +749,10 @@ class Worker:
             self.outage.failed(exc)
             return
         self.outage.recovered()
+        with self._cond:
+            self.beats += 1
+            if self._watching:
+                self._cond.notify_all()
         self._release_strays(beat.held)
         for run_id in beat.kill:
             self.kill(run_id, "killed")
