@@ -665,13 +665,18 @@ class Worker:
         looked = float("-inf")  # when the lane table was last looked at
         while True:
             stopping = self._stop.is_set()
+            if time.monotonic() >= next_beat:
+                self._beat()
+                self._report_groups()
+                next_beat = time.monotonic() + self.heartbeat_interval
+                if self._watch is not None:
+                    # Awake anyway: what was written until now (this beat's own write
+                    # among it) is covered by a look at the lanes now.
+                    self._written()
+                    next_lanes = 0.0
             announced = not stopping and self._lanes_news.is_set()
             if announced:
                 self._lanes_news.clear()
-            if self._watch is not None and time.monotonic() >= next_beat:
-                # Awake anyway: what was written until now is covered by a look now.
-                self._written()
-                next_lanes = 0.0
             if not stopping and (announced or time.monotonic() >= next_lanes):
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
@@ -679,11 +684,6 @@ class Worker:
                 self._report_groups()
                 looked = time.monotonic()
                 next_lanes = looked + self._lanes_every()
-            if time.monotonic() >= next_beat:
-                self._beat()
-                self._report_groups()
-                next_beat = time.monotonic() + self.heartbeat_interval
-                self._written()  # the beat's own write: the look above covers it
             if self._stop.is_set():
                 # Stopping: keep the leases of the runs still in hand until they are recorded.
                 with self._cond:
