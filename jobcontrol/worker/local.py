@@ -525,9 +525,9 @@ class Worker:
         self._lanes_news.set()
         for t in self._threads:
             t.join(timeout)
+        if self._watch is not None and not any(t.is_alive() for t in self._threads):
+            self._watch.close()  # (a heartbeat thread still waiting on it keeps it)
         self._threads.clear()
-        if self._watch is not None:
-            self._watch.close()
         self.containment.close()
         try:
             self.runqueue.deregister(self.name, self.clock.now())
