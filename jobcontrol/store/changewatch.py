@@ -5,15 +5,16 @@ data_version``) every lane poll interval, 2 s by default, only to notice a lane 
 another process changed behind the daemon's back. On this project's machines a
 wake-up after a quiet spell costs milliseconds of CPU however little it does, and
 those reads were four wake-ups in five of an idle daemon (bench/README.md, thirteenth
-round). A ``ChangeWatch`` (inotify on the database's directory) lets the worker sleep
-until a file of the database is written instead: whoever writes it, a commit appends
-to the WAL (or, without one, rewrites the database file), and the kernel says so. The
-worker then compares ``data_version`` as before, at most once a poll interval.
+round). A ``ChangeWatch`` (inotify on the database's files and its directory) lets the
+worker sleep
+until a file of the database is written instead: whoever writes it, a commit appends to
+the WAL (or, without one, rewrites the database file), and the kernel says so. The worker
+then compares ``data_version`` as before, at most once a poll interval.
 
 The watch only ever says "look": it never says what changed, so losing none of its
 events is not needed for correctness, only for timeliness, and a queue overflow counts
-as a change. Where inotify cannot be had (a limit reached, no inotify) ``open`` raises
-``OSError`` and the worker polls as before.
+as a change. Where inotify cannot be had (a limit reached, no inotify) the constructor
+raises ``OSError`` and the worker polls as before.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class ChangeWatch:
         # The database and its companions: -wal, -journal (-shm is written through a
         # mapping, which inotify does not see, and only says who reads).
         self._names = (path.name, f"{path.name}-wal", f"{path.name}-journal")
-        self._files: dict[int, str] = {}  # watch descriptor -> the file's name
+        self._files: set[int] = set()  # the files' watch descriptors
         self._fd = -1
         self.lost = False  # the directory's watch is gone: the worker polls instead
         try:
@@ -111,7 +112,7 @@ class ChangeWatch:
                 elif wd in self._files:
                     seen = True
                     if mask & IN_IGNORED:  # removed: watched again if it comes back
-                        del self._files[wd]
+                        self._files.discard(wd)
         return seen
 
     def close(self) -> None:
@@ -128,7 +129,7 @@ class ChangeWatch:
 
     def _watch_file(self, name: str) -> None:
         try:
-            self._files[self._watch(self.directory / name, _FILE_MASK)] = name
+            self._files.add(self._watch(self.directory / name, _FILE_MASK))
         except FileNotFoundError:
             pass  # not there (yet): the directory's watch says when it is
 

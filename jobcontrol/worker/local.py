@@ -158,8 +158,7 @@ class _Bell:
 
     def set(self) -> None:
         self._set = True
-        if self._fd >= 0:
-            os.eventfd_write(self._fd, 1)
+        os.eventfd_write(self._fd, 1)
 
     def is_set(self) -> bool:
         return self._set
@@ -180,13 +179,8 @@ class _Bell:
                 pass
         return also is not None and also in ready
 
-    def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
     def __del__(self) -> None:
-        self.close()
+        os.close(self._fd)
 
 
 @dataclass
