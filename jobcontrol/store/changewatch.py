@@ -6,10 +6,10 @@ another process changed behind the daemon's back. On this project's machines a
 wake-up after a quiet spell costs milliseconds of CPU however little it does, and
 those reads were four wake-ups in five of an idle daemon (bench/README.md, thirteenth
 round). A ``ChangeWatch`` (inotify on the database's files and its directory) lets the
-worker sleep
-until a file of the database is written instead: whoever writes it, a commit appends to
-the WAL (or, without one, rewrites the database file), and the kernel says so. The worker
-then compares ``data_version`` as before, at most once a poll interval.
+worker sleep until a file of the database is written instead: whoever writes it, a
+commit appends to the WAL (or, without one, rewrites the database file), and the kernel
+says so. The worker then compares ``data_version`` as before, at most once a poll
+interval.
 
 The watch only ever says "look": it never says what changed, so losing none of its
 events is not needed for correctness, only for timeliness, and a queue overflow counts
