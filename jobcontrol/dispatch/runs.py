@@ -136,6 +136,10 @@ class TreeRuns:
         # While ``task_done`` reacts: the row of the run queued after the task, read with
         # the task's end (``_adopt_ahead`` takes it instead of reading it again).
         self._read_ahead: tuple[int, queries.RunEnd] | None = None
+        # While ``_task_ended`` reacts: when the task ended, as its worker recorded it. The
+        # boxes that end with it end then too, not when the reaction comes (after an
+        # outage, or a dispatcher away, that is later by as long).
+        self._ended_at: datetime | None = None
 
     def start_run(
         self,
@@ -409,6 +413,8 @@ class TreeRuns:
         if tr.killed and node.job.kind is Kind.BOX:
             status = KILLED_STATUS
         now = self.d.clock.now()
+        if self._ended_at is not None:  # never before it started, nor after now (a clock
+            now = max(frame.started, min(now, self._ended_at))  # skewed elsewhere)
         duration = max(0, int((now - frame.started).total_seconds() * 1000))
         job = node.job
         job.last_ran, job.exit_status, job.last_duration_ms = frame.started, status, duration
@@ -486,7 +492,11 @@ class TreeRuns:
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
-        self._propagate(frame, self._finish(frame, status, row.state, row))
+        self._ended_at = row.ended
+        try:
+            self._propagate(frame, self._finish(frame, status, row.state, row))
+        finally:
+            self._ended_at = None
 
     def reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""

@@ -346,10 +346,14 @@ class RunEnd(NamedTuple):
     exit_status: int | None
     cpu_us: int | None = None  # from the run's cgroup, for the finished event
     mem_peak_bytes: int | None = None
+    ended: datetime | None = None  # as its worker recorded it: a box ends when it did
 
 
-_END_COLUMNS = (run.c.state, run.c.exit_status, run.c.cpu_us, run.c.mem_peak_bytes)
-_GET_RUN_END = Prepared(select(*_END_COLUMNS).where(run.c.id == bindparam("w_id")))
+_END_COLUMNS = (run.c.state, run.c.exit_status, run.c.cpu_us, run.c.mem_peak_bytes, run.c.ended)
+_GET_RUN_END = Prepared(
+    select(run.c.id, *_END_COLUMNS).where(run.c.id == bindparam("w_id")),
+    (run.c.id, *_END_COLUMNS),
+)
 
 
 def ended_runs(conn: Connection, run_ids: Sequence[int]) -> dict[int, RunEnd]:
@@ -363,32 +367,38 @@ def ended_runs(conn: Connection, run_ids: Sequence[int]) -> dict[int, RunEnd]:
                 run.c.id.in_(ids[start : start + 500]), run.c.state.not_in(active)
             )
         )
-        found.update((r[0], _run_end(r[1:])) for r in rows)
+        found.update((r.id, _run_end(r._mapping)) for r in rows)
     return found
 
 
 def run_end(conn: Connection, run_id: int) -> RunEnd | None:
     """A run's state and exit status: what the dispatcher reacts to (a narrow read)."""
-    rows = _GET_RUN_END.execute(conn, {"w_id": run_id}).fetchall()
-    return _run_end(rows[0]) if rows else None
+    row = _GET_RUN_END.first(conn, {"w_id": run_id})
+    return _run_end(row) if row else None
 
 
 _GET_TWO_RUN_ENDS = Prepared(
-    select(run.c.id, *_END_COLUMNS).where(run.c.id.in_([bindparam("w_a"), bindparam("w_b")]))
+    select(run.c.id, *_END_COLUMNS).where(run.c.id.in_([bindparam("w_a"), bindparam("w_b")])),
+    (run.c.id, *_END_COLUMNS),
 )
 
 
 def two_run_ends(conn: Connection, first: int, second: int) -> dict[int, RunEnd]:
     """``run_end`` of two runs in one statement (one snapshot, one round trip): a task's
     end and the run its end released, as one commit of the worker left them."""
-    rows = _GET_TWO_RUN_ENDS.execute(conn, {"w_a": first, "w_b": second}).fetchall()
-    return {r[0]: _run_end(r[1:]) for r in rows}
+    rows = _GET_TWO_RUN_ENDS.all(conn, {"w_a": first, "w_b": second})
+    return {r["id"]: _run_end(r) for r in rows}
 
 
-def _run_end(values: Sequence[Any]) -> RunEnd:
-    """A ``RunEnd`` from the values of ``_END_COLUMNS``, in that order."""
-    state, *rest = values
-    return RunEnd(RunState(state), *rest)
+def _run_end(row: Mapping[str, Any]) -> RunEnd:
+    """A ``RunEnd`` from a row of ``_END_COLUMNS`` (result processing applied)."""
+    return RunEnd(
+        RunState(row["state"]),
+        row["exit_status"],
+        row["cpu_us"],
+        row["mem_peak_bytes"],
+        row["ended"],
+    )
 
 
 @functools.lru_cache(maxsize=256)

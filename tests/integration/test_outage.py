@@ -215,3 +215,39 @@ def test_an_end_whose_batch_is_rolled_back_is_still_reacted_to_and_retried(
     done = jc.rec.run_finished("flaky", since=mark)
     assert (done["id"], done["state"], done["attempt"]) == (retry.id, "succeeded", 2)
     assert jc.dispatcher.stats.failures == 1  # the bug, and nothing else
+
+
+def test_boxes_end_when_their_last_task_ended_not_when_the_dispatcher_heard_of_it(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """A task that ends during an outage is reacted to once the database is back, 20 s
+    later here. Its boxes ended when it did: their run rows, and the jobs' last duration
+    in the tree view, must not count the outage as time they ran."""
+    jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
+    jc.create(
+        box("Outer", active=True),
+        box("Inner", "Outer", active=True),
+        task("through", "true", "Inner", active=True),
+    )
+    worker = _Worker(jc)
+    mark = jc.rec.mark()
+    root = jc.run_now("Outer")
+    started = jc.clock.now()
+    run = worker.claim("through")
+    jc.clock.set(started + timedelta(seconds=12))
+    worker.finish(run.id, 0)  # its end, at 12 s
+    jc.clock.set(started + timedelta(seconds=32))  # heard of 20 s later
+    worker.announce(run.id)
+
+    finished = jc.rec.run_finished("Outer", since=mark, timeout=30)
+    assert (finished["id"], finished["duration_ms"]) == (root, 12_000)
+    runs = jc.tree_run(root)
+    ends = {n: (r.ended, r.duration_ms) for n, r in runs.items()}
+    twelve = started + timedelta(seconds=12)
+    assert ends == {
+        "Outer": (twelve, 12_000),
+        "Inner": (twelve, 12_000),
+        "through": (twelve, 5),  # the worker's own figure (_Worker.finish)
+    }
+    assert jc.job("Outer").last_duration_ms == 12_000
+    assert jc.job("through").last_duration_ms == 12_000
