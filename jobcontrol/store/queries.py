@@ -367,7 +367,7 @@ def ended_runs(conn: Connection, run_ids: Sequence[int]) -> dict[int, RunEnd]:
                 run.c.id.in_(ids[start : start + 500]), run.c.state.not_in(active)
             )
         )
-        found.update((r.id, _run_end(r._mapping)) for r in rows)
+        found.update((r.id, _run_end(dict(r._mapping))) for r in rows)
     return found
 
 
