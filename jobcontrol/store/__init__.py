@@ -62,8 +62,12 @@ def pool_size_for(slots: int, groups: int = 1) -> int:
 
 
 def wrap_error(exc: Exception) -> StoreError:
-    """A driver error as ``StoreUnavailable`` when retrying can succeed, else ``StoreError``."""
-    message = f"database error: {exc}"
+    """A driver error as ``StoreUnavailable`` when retrying can succeed, else ``StoreError``.
+
+    Its message is the driver's own, on one line: not SQLAlchemy's wrapping of it, whose
+    statement and parameters would reach logs and API answers, and whose link to its
+    documentation tells an operator nothing."""
+    message = f"database error: {driver_message(exc)}"
     if isinstance(exc, PoolTimeout):  # every connection of this process is in use, for now
         return StoreUnavailable(f"database error: no free connection in this process: {exc}")
     if isinstance(exc, sqlite3.Error) or "sqlite" in type(getattr(exc, "orig", None)).__module__:

@@ -127,3 +127,34 @@ def test_a_database_whose_directory_went_is_an_outage_until_it_is_back(tmp_path:
             assert conn.execute(text("SELECT count(*) FROM job")).scalar() == 0
     finally:
         store.dispose()
+
+
+def test_a_refused_statement_says_the_drivers_words_not_its_sql_or_values(db_url: str) -> None:
+    """A database error reaches logs and API answers: it says what the database said, on
+    one line, never the statement with its values (a token's hash, a command's secret)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from jobcontrol.errors import StoreError
+
+    store = Store(db_url)
+    store.upgrade()
+    try:
+        secret = "s3cret-value-0451"
+        with store.write() as conn:
+            conn.execute(text("CREATE TABLE probe (name VARCHAR(40) PRIMARY KEY)"))
+            conn.execute(text("INSERT INTO probe VALUES (:v)"), {"v": secret})
+        with pytest.raises(StoreError) as raised:
+            with store.write() as conn:
+                conn.execute(text("INSERT INTO probe VALUES (:v)"), {"v": secret})
+        assert type(raised.value) is StoreError  # not transient: retrying cannot help
+        assert isinstance(raised.value.__cause__, DBAPIError)
+        message = str(raised.value)
+        assert message.startswith("database error: ")
+        assert "unique" in message.lower() or "duplicate" in message.lower(), message
+        assert "\n" not in message
+        for leaked in ("INSERT", "[SQL", "parameters", "sqlalche.me"):
+            assert leaked not in message, message
+        if store.is_sqlite:  # PostgreSQL's DETAIL names the key's value, as psql shows it
+            assert secret not in message, message
+    finally:
+        store.engine.dispose()
