@@ -22,7 +22,7 @@ from jobcontrol.store import Store
 from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.taskenv import PassEnv
-from jobcontrol.worker import Worker
+from jobcontrol.worker import Worker, keptends
 from jobcontrol.worker import recovery as local_recovery
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class Runtime:
         self.store.checkpoint_in_background()
         if self.relay is not None:
             self.relay.start()  # before the dispatcher queues anything other workers must hear
+        # Ends the worker of an earlier daemon kept on disk (stopped during an outage):
+        # recorded before recovery, which would settle those runs as lost.
+        keptends.record(RunQueue(self.store), self._spool_dir())
         d.start()
         if self.config.slots > 0:
             self.containment = Containment.setup(d.instance_id, self.cgroups)
@@ -103,13 +106,16 @@ class Runtime:
                 containment=self.containment,
                 task_open_files=self.task_open_files,
                 log_store=self.log_store,
-                spool_dir=self.spool_dir,
+                spool_dir=self._spool_dir(),
                 # PostgreSQL: every write to the lane table reaches it through the relay.
                 lane_pushes=None if self.relay is None else self._relay_listening,
             )
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
         return d
+
+    def _spool_dir(self) -> Path:
+        return self.spool_dir or self.config.log_root / "spool"
 
     def _warm_joins(self, d: Dispatcher) -> None:
         """Keep cgroup joins cheap around each timer's due instant (``JoinWarmer``): here,

@@ -97,6 +97,10 @@ _STOP = object()
 # Events (timer fires, task ends) handled in one transaction at most: a burst of due
 # trees costs one commit per batch, not one per tree.
 MAX_BATCH = 200
+# How long a stop waits for a database that does not answer, to record what it does
+# (the kills of ``--kill``, tree runs ending): what it could not record, the next start
+# settles (and the worker keeps its runs' ends on disk, ``worker/keptends.py``).
+STOP_PATIENCE_S = 10.0
 
 
 class Dispatcher:
@@ -135,6 +139,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._idle_runs = threading.Condition()
         self._tx: Tx | None = None
+        self._stopping = threading.Event()  # a stop ends a wait for the database
 
     # ------------------------------------------------------------ life cycle
 
@@ -210,10 +215,25 @@ class Dispatcher:
             return
         log.info("JobControl is shutting down...")
         self.timers.shutdown()
+        deadline = time.monotonic() + timeout
         if kill_running:
-            self.call(self._kill_all).result(timeout)
-        with self._idle_runs:
-            self._idle_runs.wait_for(lambda: not self.runs.tree_runs, timeout)
+            try:
+                killing = self.call(self._kill_all)
+                if self._until(killing.done, deadline):
+                    killing.result()
+                else:
+                    log.warning(
+                        "the kills of the runs in flight are not recorded: %s", self._late()
+                    )
+            except StoreUnavailable as exc:  # their worker kills them all the same
+                log.warning("the kills of the runs in flight are not recorded: %s", exc)
+        if not self._until(lambda: not self.runs.tree_runs, deadline):
+            log.warning(
+                "stopping with %d tree run(s) in flight (%s): the next start settles them",
+                len(self.runs.tree_runs),
+                self._late(),
+            )
+        self._stopping.set()
         self._queue.put(_STOP)
         assert self._thread is not None
         self._thread.join(timeout)
@@ -222,6 +242,30 @@ class Dispatcher:
         self._receivers.clear()
         self.protocol.stop()
         log.info("JobControl terminated.")
+
+    def _until(self, ready: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``ready()`` (checked at each tree run's end, else twice a second),
+        up to ``deadline``, or ``STOP_PATIENCE_S`` into an outage; whether it is."""
+        down_since: float | None = None
+        with self._idle_runs:
+            while not ready():
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                if self.outage.state().down:
+                    down_since = now if down_since is None else down_since
+                    if now - down_since >= STOP_PATIENCE_S:
+                        return False
+                else:
+                    down_since = None
+                self._idle_runs.wait(min(0.5, deadline - now))
+        return True
+
+    def _late(self) -> str:
+        state = self.outage.state()
+        if state.down:
+            return f"the database does not answer: {state.error}"
+        return "the stop's time is up"
 
     def busy_jobs(self) -> list[str]:
         return [tr.root.job.name for tr in list(self.runs.tree_runs.values())]
@@ -340,7 +384,8 @@ class Dispatcher:
         edits = [pending] if pending is not None else []
         delay = 0.05 if exc is not None else 0.0
         while True:
-            time.sleep(delay)
+            if self._stopping.wait(delay):
+                return  # stopped first: the next start rebuilds from the database
             delay = min(max(delay * 2, 0.05), 2.0)
             try:
                 with self.protocol.dispatcher_section() as another:

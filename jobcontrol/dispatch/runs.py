@@ -487,7 +487,15 @@ class TreeRuns:
                 self.stop_lanes_after_worker_ends([full])
         if self._retry(frame, row.state, row.exit_status):
             return
-        frame.tree_run.current_task = None
+        tr = frame.tree_run
+        if row.state is RunState.KILLED and not tr.killed:
+            # Killed on purpose by its worker (a stop with --kill, of the daemon or of a
+            # worker process): the tree run is killed, as ``kill`` would have it, and its
+            # boxes record the kill, whether the dispatcher heard of it now or at its
+            # next start (an end kept on disk through an outage, ``worker/keptends.py``).
+            tr.killed = True
+            self.drop_aheads(tr)
+        tr.current_task = None
         # The task's own outcome stands: the worker records 255 when it killed the
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).

@@ -69,7 +69,7 @@ from jobcontrol.store.changewatch import ChangeWatch
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
 from jobcontrol.taskenv import PassEnv
-from jobcontrol.worker import dblog
+from jobcontrol.worker import dblog, keptends
 from jobcontrol.worker.dblog import DatabaseLog, StoredLog
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 # A task still running after this long gets its pid recorded at once; a shorter
 # one records it with its outcome, saving a write on the path between tasks.
 PID_RECORD_DELAY = 0.05
+STOP_PATIENCE_S = 10.0  # a stop's wait for a database that does not answer (keptends)
 # A group's back-off on empty claims (the slot-group design): from BACKOFF_MIN doubling
 # to BACKOFF_MAX seconds; the poll interval of the lanes it serves, when larger, is the
 # least. While work-available pushes cannot reach the worker (its relay does not listen),
@@ -453,6 +454,11 @@ class Worker:
             filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
         self._reread_lanes()
         self._watch = self._watch_database()
+        # Ends an earlier life of it kept on disk (a stop during an outage), before it
+        # joins: recorded by the daemon already, before its recovery (``Runtime.start``).
+        kept = self._retry("record the ends kept on disk", self.record_kept_ends)
+        if kept is None:
+            return
         joined = self._retry("join the worker registry", self._join)
         if joined is None:
             return  # stopped while it waited for the database: nothing claimed, nothing to run
@@ -472,6 +478,10 @@ class Worker:
                 self._spawn_thread(lambda g=g: self._slot_loop(g), f"jc-slot-{g.index}-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
 
+    def record_kept_ends(self) -> int:
+        """Record the ends kept in the spool directory (``keptends``); how many."""
+        return keptends.record(self.runqueue, self.spool_dir)
+
     def _join(self) -> bool:
         self.runqueue.register(self.info(), self.clock.now())
         return True
@@ -480,6 +490,8 @@ class Worker:
         """Output an earlier life of this worker spooled but could not store (it stopped
         during an outage): stored now, before new work, and its spool deleted."""
         for path in sorted(self.spool_dir.iterdir()):
+            if path.name == keptends.FILE:
+                continue  # ends of another database's daemon (``record_kept_ends``)
             if dblog.spool_run_id(path) is None:
                 log.warning(
                     "worker %s: %s is not a spool file of a run: left as it is", self.name, path
@@ -510,8 +522,9 @@ class Worker:
             self._cond.notify_all()
             for g in self._groups:
                 g.work.notify_all()
-        # An outcome is worth waiting for through an outage, but not past the stop's timeout.
-        self._give_up_at = time.monotonic() + timeout
+        # An outcome is worth waiting for through an outage, but not for long: one the
+        # database did not take by then is kept on disk, recorded at the next start.
+        self._give_up_at = time.monotonic() + min(timeout, STOP_PATIENCE_S)
         for t in self._threads:
             if t.name != "jc-heartbeat":
                 t.join(timeout)
@@ -1208,7 +1221,8 @@ class Worker:
                 self._active.pop(run_id, None)
                 if self._stopping:  # the heartbeat waits for the last run to be recorded
                     self._cond.notify_all()
-        if result is None:
+        if result is None:  # stopped while the database did not answer: on disk instead
+            self._keep_end(run_id, values)
             return None
         if not result.recorded and self._recorded_already(run_id, values):
             log.info(
@@ -1224,6 +1238,39 @@ class Worker:
             )
         _delete_logs(result.stale_logs)
         return result.next
+
+    def _keep_end(self, run_id: int, values: dict[str, Any]) -> None:
+        """The end the database did not take before the stop: kept in the spool directory,
+        recorded at the next start (``keptends``)."""
+        try:
+            keptends.keep(
+                self.spool_dir,
+                self.runqueue,
+                run_id,
+                self.name,
+                values,
+                self.default_max_log_files,
+            )
+        except OSError as exc:
+            log.error(
+                "worker %s: the end of task run %s (%s, exit status %s) could not be kept "
+                "on disk either (%s): the run will be settled as lost",
+                self.name,
+                run_id,
+                values["state"],
+                values["exit_status"],
+                exc,
+            )
+            return
+        log.warning(
+            "worker %s: the end of task run %s (%s, exit status %s) is kept in %s, to be "
+            "recorded when it starts again",
+            self.name,
+            run_id,
+            values["state"],
+            values["exit_status"],
+            self.spool_dir / keptends.FILE,
+        )
 
     def _announce(self, active: _Active) -> None:
         """Wake the dispatcher for the end of the run before ``active`` in its sequence,

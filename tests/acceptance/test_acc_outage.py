@@ -45,7 +45,8 @@ jobs:
 def outage_jc(
     own_server: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[JobControl]:
-    name = f"outage_{request.node.callspec.id}"
+    callspec = getattr(request.node, "callspec", None)
+    name = f"outage_{callspec.id if callspec else 'stop'}"
     own_server.create_database(name)
     jc = JobControl(own_server.url(name), tmp_path / "user")
     try:
@@ -134,3 +135,52 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     metrics = jc.run("daemon", "status")
     assert metrics.returncode == 0, describe(metrics)
     jc.ok("daemon", "stop", "--kill")
+
+
+LONG = """\
+jobs:
+  - name: Long
+    active: true
+    children:
+      - {name: long, active: true, command: "sleep 300"}
+"""
+
+
+def test_a_daemon_stopped_during_an_outage_stops_and_its_runs_keep_their_end(
+    outage_jc: JobControl, own_server: PostgresServer
+) -> None:
+    """``daemon stop --kill`` while PostgreSQL is down: the daemon kills its task, waits a
+    little for the database, keeps the end it could not record on disk and stops (the
+    CLI's own wait is 60 s: it used to give up on a daemon still waiting). The next start
+    records that end before its recovery would call the run lost."""
+    jc = outage_jc
+    jc.upgraded().load(write(jc.base / "trees.yaml", LONG))
+    jc.ok("daemon", "start")
+    jc.ok("run", "Long")
+    assert wait_until(lambda: [r["state"] for r in jc.history("long")] == ["running"], 10)
+    assert jc.marked(), "the task runs"
+    kept = jc.state_dir / "spool" / "ends.jsonl"
+
+    own_server.halt()
+    try:
+        stopped = jc.run("daemon", "stop", "--kill")
+        assert stopped.returncode == 0, describe(stopped) + jc.daemon_log()
+        assert jc.live_daemons() == []
+        jc.assert_no_task_processes()
+        assert kept.stat().st_mode & 0o777 == 0o600
+        (entry,) = [json.loads(line) for line in kept.read_text().splitlines()]
+        assert (entry["values"]["state"], entry["values"]["exit_status"]) == ("killed", 255)
+    finally:
+        own_server.resume()
+
+    jc.ok("daemon", "start")
+    assert not kept.exists(), "recorded at the start, the file goes"
+    (run,) = jc.history("long")
+    assert (run["state"], run["exit_status"]) == ("killed", 255), run
+    assert run["reason"] == "killed: the daemon stopped", run
+    # Its box records the kill, as after a stop whose database answers.
+    ended = wait_until(lambda: [r["state"] for r in jc.history("Long")] != ["running"], 15)
+    assert ended, jc.history("Long")
+    assert [(r["state"], r["exit_status"]) for r in jc.history("Long")] == [("killed", 255)]
+    assert "kept on disk by worker" in jc.daemon_log(200)
+    jc.ok("daemon", "stop")

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from jobcontrol import RunState, events
 from jobcontrol.model import RunRecord
+from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, box, poll_until, task
@@ -251,3 +253,48 @@ def test_boxes_end_when_their_last_task_ended_not_when_the_dispatcher_heard_of_i
     }
     assert jc.job("Outer").last_duration_ms == 12_000
     assert jc.job("through").last_duration_ms == 12_000
+
+
+def test_ends_kept_on_disk_are_recorded_once_and_only_on_their_database(
+    sqlite_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    """What a worker stopped during an outage keeps (``keptends``): recorded by the next
+    start compare-and-set, a settled run left as settled, another database's ends left
+    in the file for its own daemon, and a line no version wrote skipped."""
+    from jobcontrol.worker import keptends
+
+    jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
+    jc.create(task("a", "true", active=True), task("b", "true", active=True))
+    worker = _Worker(jc)
+    runs = {}
+    for name in ("a", "b"):
+        jc.run_now(name)
+        runs[name] = worker.claim(name).id
+    spool = tmp_path / "spool"
+    ended = jc.clock.now() + timedelta(seconds=7)
+    values = {"state": RunState.KILLED, "exit_status": 255, "ended": ended, "duration_ms": 7000}
+    for run_id in runs.values():
+        keptends.keep(spool, worker.rq, run_id, "w-test", dict(values), 5)
+    path = spool / keptends.FILE
+    assert path.stat().st_mode & 0o777 == 0o600
+    elsewhere = Store("postgresql+psycopg://jc:hunter2@db.example/jc")
+    keptends.keep(spool, RunQueue(elsewhere), 4242, "w-other", dict(values), 5)
+    assert "hunter2" not in path.read_text()
+    with path.open("a") as f:
+        f.write("{not json\n")
+    # b was settled meanwhile (its lease ran out): its kept end must not overwrite that.
+    worker.finish(runs["b"], 3)
+
+    assert keptends.record(worker.rq, spool) == 1
+    a, b = jc.run(runs["a"]), jc.run(runs["b"])
+    assert (a.state, a.exit_status, a.ended) == (RunState.KILLED, 255, ended)
+    assert (b.state, b.exit_status) == (RunState.FAILED, 3)
+    (left,) = path.read_text().splitlines()  # the other database's, for its daemon
+    assert '"run_id": 4242' in left
+    assert keptends.record(worker.rq, spool) == 0  # nothing of this database's is left
+    assert path.exists()
+    mark = jc.rec.mark()
+    for run_id in runs.values():
+        worker.announce(run_id)
+    assert jc.rec.run_finished("a", since=mark)["state"] == "killed"
+    jc.errors.records.clear()  # the unreadable line's error is the point
