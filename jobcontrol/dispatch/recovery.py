@@ -61,6 +61,7 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
     now = clock.now()
     with store.write() as conn:
         queries.drop_pending(conn)  # runs queued ahead by the previous dispatcher
+        _mark_gone_workers(conn, host)
     with store.read() as conn:
         active = queries.active_runs(conn)
         workers = {r.worker for r in active if r.worker}
@@ -95,6 +96,18 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
     if keep:
         log.warning("left %d task run(s) to the live workers holding them", len(keep))
     return Recovery(lost=stale, kept=keep)
+
+
+def _mark_gone_workers(conn: Any, host: str) -> None:
+    """Workers of this host whose process is gone without saying so (``kill -9``, a stop
+    during an outage) are marked stopped as of their last heartbeat: ``workers`` and
+    health no longer count them as live."""
+    gone = [w for w in runqueue.unstopped_workers_of(conn, host) if not worker_alive(w, host)]
+    for w in gone:
+        runqueue.mark_stopped(conn, w["name"], w["heartbeat"])
+    if gone:
+        names = ", ".join(w["name"] for w in gone)
+        log.warning("worker(s) %s of this host are gone: marked stopped", names)
 
 
 def _boxes_that_go_on(store: Store, active: list[RunRecord], keep: set[int]) -> set[int]:

@@ -968,6 +968,19 @@ def live_workers(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
+def unstopped_workers_of(conn: Connection, host: str) -> list[dict[str, Any]]:
+    """The registry rows of ``host`` not marked stopped (whether their process lives)."""
+    stmt = select(worker).where(worker.c.host == host, worker.c.stopped.is_(None))
+    return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def mark_stopped(conn: Connection, name: str, when: datetime) -> bool:
+    """Mark a worker stopped at ``when`` (one that could not say so itself); False if it
+    was marked already."""
+    stmt = update(worker).where(worker.c.name == name, worker.c.stopped.is_(None))
+    return conn.execute(stmt.values(stopped=when)).rowcount == 1
+
+
 def get_worker(conn: Connection, name: str) -> dict[str, Any] | None:
     row = conn.execute(select(worker).where(worker.c.name == name)).first()
     return dict(row._mapping) if row else None

@@ -191,3 +191,34 @@ def test_a_worker_killed_but_not_yet_reaped_cannot_vouch_for_its_runs() -> None:
     finally:
         child.kill()
         child.wait(WAIT)
+
+
+def test_a_start_marks_this_hosts_workers_whose_process_is_gone_as_stopped(
+    sqlite_url: str,
+) -> None:
+    """A worker killed with -9, or stopped while the database did not answer, never said
+    it stopped: the next daemon's start marks it (as of its last heartbeat), so that
+    ``workers`` and health stop counting it. A live one, and another host's, stay."""
+    import socket
+
+    from jobcontrol.clock import ManualClock
+    from jobcontrol.dispatch.recovery import recover_lost_runs
+    from jobcontrol.procs import start_time
+    from jobcontrol.store import Store
+    from jobcontrol.store.runqueue import RunQueue, WorkerInfo, list_workers
+
+    host = socket.gethostname()
+    store = Store(sqlite_url)
+    store.upgrade()
+    rq = RunQueue(store)
+    dead = subprocess.Popen(["true"])
+    dead.wait(WAIT)
+    beat = T0 - timedelta(minutes=3)
+    live = os.getpid()
+    for name, on, pid in (("gone", host, dead.pid), ("live", host, live), ("far", "b", 7)):
+        rq.register(WorkerInfo(name, on, pid, 1, "test", beat, proc_start=start_time(pid)), beat)
+    recover_lost_runs(store, ManualClock(T0), host)
+    with store.read() as conn:
+        stopped = {w["name"]: w["stopped"] for w in list_workers(conn, T0)}
+    assert stopped == {"gone": beat, "live": None, "far": None}
+    store.engine.dispose()
