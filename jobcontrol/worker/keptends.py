@@ -58,8 +58,8 @@ def keep(
         os.close(fd)
 
 
-def record(runqueue: RunQueue, directory: Path) -> int:
-    """Record every kept end, then remove the file; how many were recorded.
+def record(runqueue: RunQueue, directory: Path) -> list[int]:
+    """Record every kept end, then remove the file; the runs whose end was recorded.
 
     ``StoreUnavailable`` leaves the file as it is, for the next try (an end recorded
     already is then refused by its compare-and-set, and said so). A line that cannot
@@ -68,8 +68,8 @@ def record(runqueue: RunQueue, directory: Path) -> int:
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        return 0
-    recorded = 0
+        return []
+    recorded: list[int] = []
     others: list[str] = []  # of another database whose daemon shares the state directory
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -89,7 +89,7 @@ def record(runqueue: RunQueue, directory: Path) -> int:
             continue
         result = runqueue.finish(run_id, worker, values, max_log_files)
         if result.recorded:
-            recorded += 1
+            recorded.append(run_id)
             log.warning(
                 "task run %s: its end (%s, exit status %s), kept on disk by worker %s when "
                 "the database did not answer, is recorded",

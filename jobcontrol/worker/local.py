@@ -478,9 +478,13 @@ class Worker:
                 self._spawn_thread(lambda g=g: self._slot_loop(g), f"jc-slot-{g.index}-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
 
-    def record_kept_ends(self) -> int:
-        """Record the ends kept in the spool directory (``keptends``); how many."""
-        return keptends.record(self.runqueue, self.spool_dir)
+    def record_kept_ends(self) -> list[int]:
+        """Record the ends kept in the spool directory (``keptends``), and announce them
+        to the dispatcher as any end; the runs recorded."""
+        recorded = keptends.record(self.runqueue, self.spool_dir)
+        for run_id in recorded:
+            events.task_finished.send(self.store, run_id=run_id)
+        return recorded
 
     def _join(self) -> bool:
         self.runqueue.register(self.info(), self.clock.now())

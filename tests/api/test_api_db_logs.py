@@ -387,21 +387,21 @@ def test_output_kept_by_a_worker_stopped_in_an_outage_is_stored_by_its_next_star
         blocker.rollback()
         blocker.close()
     assert spool.exists()
-    assert jc.run(run_id).state == RunState.RUNNING  # left to its lease, as any lost end
+    assert jc.run(run_id).state == RunState.RUNNING  # its end is kept on disk too
+    assert (first.spool_dir / "ends.jsonl").exists()
     jc.errors.records.clear()  # that error is the point here
 
+    mark = jc.rec.mark()
     second = _worker(api_db, tmp_path, "remote-second")
-    second.start()  # stores the kept output before it takes new work
+    second.start()  # records the kept end and stores the kept output before new work
     try:
         assert not spool.exists()
         r = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
         assert r.content == b"before\nduring the outage\n"
-        assert jc.run(run_id).log_path == DB_LOG
-        # Its lease runs out: the run is settled lost, and keeps its log.
-        mark = jc.rec.mark()
-        jc.advance(120)
-        assert jc.rec.run_finished("late", since=mark)["state"] == "lost"
-        assert jc.run(run_id).log_path == DB_LOG
+        # The run keeps its real outcome, not lost by its lease, and its log.
+        finished = jc.rec.run_finished("late", since=mark)
+        assert (finished["state"], finished["exit_status"]) == ("succeeded", 0)
+        assert (jc.run(run_id).worker, jc.run(run_id).log_path) == ("remote-first", DB_LOG)
     finally:
         second.stop(30)
 

@@ -285,13 +285,13 @@ def test_ends_kept_on_disk_are_recorded_once_and_only_on_their_database(
     # b was settled meanwhile (its lease ran out): its kept end must not overwrite that.
     worker.finish(runs["b"], 3)
 
-    assert keptends.record(worker.rq, spool) == 1
+    assert keptends.record(worker.rq, spool) == [runs["a"]]
     a, b = jc.run(runs["a"]), jc.run(runs["b"])
     assert (a.state, a.exit_status, a.ended) == (RunState.KILLED, 255, ended)
     assert (b.state, b.exit_status) == (RunState.FAILED, 3)
     (left,) = path.read_text().splitlines()  # the other database's, for its daemon
     assert '"run_id": 4242' in left
-    assert keptends.record(worker.rq, spool) == 0  # nothing of this database's is left
+    assert keptends.record(worker.rq, spool) == []  # nothing of this database's is left
     assert path.exists()
     mark = jc.rec.mark()
     for run_id in runs.values():
