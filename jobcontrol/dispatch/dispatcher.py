@@ -140,6 +140,7 @@ class Dispatcher:
         self._idle_runs = threading.Condition()
         self._tx: Tx | None = None
         self._stopping = threading.Event()  # a stop ends a wait for the database
+        self._handling_since: float | None = None  # when the handler under way began
 
     # ------------------------------------------------------------ life cycle
 
@@ -236,7 +237,10 @@ class Dispatcher:
         self._stopping.set()
         self._queue.put(_STOP)
         assert self._thread is not None
-        self._thread.join(timeout)
+        # Held up by the database past the patience, it may be inside a statement that
+        # waits for it: not waited for (the next start rebuilds from the database).
+        held_up = self._held_up(time.monotonic()) >= STOP_PATIENCE_S
+        self._thread.join(0.5 if held_up else timeout)
         for signal, receiver in self._receivers:
             signal.disconnect(receiver)
         self._receivers.clear()
@@ -245,26 +249,30 @@ class Dispatcher:
 
     def _until(self, ready: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``ready()`` (checked at each tree run's end, else twice a second),
-        up to ``deadline``, or ``STOP_PATIENCE_S`` into an outage; whether it is."""
-        down_since: float | None = None
+        up to ``deadline``, or until the dispatcher has been held up by the database for
+        ``STOP_PATIENCE_S`` (``_held_up``); whether it is."""
         with self._idle_runs:
             while not ready():
                 now = time.monotonic()
-                if now >= deadline:
+                if now >= deadline or self._held_up(now) >= STOP_PATIENCE_S:
                     return False
-                if self.outage.state().down:
-                    down_since = now if down_since is None else down_since
-                    if now - down_since >= STOP_PATIENCE_S:
-                        return False
-                else:
-                    down_since = None
                 self._idle_runs.wait(min(0.5, deadline - now))
         return True
+
+    def _held_up(self, now: float) -> float:
+        """How long the dispatcher has been on one handler: a handler takes milliseconds,
+        unless the database does not answer (an outage ridden out, or a SQLite statement
+        waiting out its busy timeout, 30 s, before it calls it one)."""
+        since = self._handling_since
+        return 0.0 if since is None else now - since
 
     def _late(self) -> str:
         state = self.outage.state()
         if state.down:
             return f"the database does not answer: {state.error}"
+        held_up = self._held_up(time.monotonic())
+        if held_up >= STOP_PATIENCE_S:
+            return f"the database has held the dispatcher up for {held_up:.0f}s"
         return "the stop's time is up"
 
     def busy_jobs(self) -> list[str]:
@@ -341,6 +349,7 @@ class Dispatcher:
 
     def _handle_safely(self, fns: list[Callable[[], Any]], fut: Future[Any] | None) -> None:
         self.stats.events += len(fns)
+        self._handling_since = time.monotonic()
         try:
             self._handle(fns, fut)
         except Exception:
@@ -351,6 +360,8 @@ class Dispatcher:
                 # The batch was rolled back: the events of the others are re-derived
                 # from the database, as after an outage (ends, timers by their misfire).
                 self._ride_out(None, None)
+        finally:
+            self._handling_since = None
 
     def _poll(self) -> None:
         """The back-up poll: ends that were not announced, and leases that ran out."""

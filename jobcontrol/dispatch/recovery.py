@@ -61,6 +61,10 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
     now = clock.now()
     with store.write() as conn:
         queries.drop_pending(conn)  # runs queued ahead by the previous dispatcher
+        # ...and those a worker's end released that were not claimed yet: their box goes
+        # on from that end, which nothing reacted to (a daemon killed just after it, or
+        # an end kept on disk through an outage and recorded at this start).
+        queries.drop_released_aheads(conn)
         _mark_gone_workers(conn, host)
     with store.read() as conn:
         active = queries.active_runs(conn)

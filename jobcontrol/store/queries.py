@@ -503,6 +503,14 @@ def drop_pending(conn: Connection, run_id: int | None = None) -> int:
     return int(conn.execute(stmt).rowcount)
 
 
+def drop_released_aheads(conn: Connection) -> int:
+    """Forget the runs queued ahead that their predecessor's end made claimable and no
+    worker claimed yet (start-up recovery: their box goes on from that end instead, and
+    queues its next task again)."""
+    stmt = delete(run).where(run.c.state == str(RunState.QUEUED), run.c.after_run_id.is_not(None))
+    return int(conn.execute(stmt).rowcount)
+
+
 def forget_log(conn: Connection, run_ids: Sequence[int]) -> None:
     if run_ids:
         conn.execute(update(run).where(run.c.id.in_(list(run_ids))).values(log_path=None))

@@ -534,12 +534,21 @@ class Worker:
                 t.join(timeout)
         self._stop.set()  # the heartbeat renews leases until the last run is recorded
         self._lanes_news.set()
+        down = self.outage.down  # its heartbeat may be inside a statement waiting for it
         for t in self._threads:
-            t.join(timeout)
+            t.join(min(timeout, 0.5) if down else timeout)
         if self._watch is not None and not any(t.is_alive() for t in self._threads):
             self._watch.close()  # (a heartbeat thread still waiting on it keeps it)
         self._threads.clear()
         self.containment.close()
+        if down:
+            log.warning(
+                "worker %s could not record that it stopped (the database does not answer): "
+                "its registry row keeps its last heartbeat, and a daemon's start on its host "
+                "marks it stopped",
+                self.name,
+            )
+            return
         try:
             self.runqueue.deregister(self.name, self.clock.now())
         except StoreUnavailable as exc:
