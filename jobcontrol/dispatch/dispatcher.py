@@ -101,6 +101,9 @@ MAX_BATCH = 200
 # (the kills of ``--kill``, tree runs ending): what it could not record, the next start
 # settles (and the worker keeps its runs' ends on disk, ``worker/keptends.py``).
 STOP_PATIENCE_S = 10.0
+# A back-up poll this much later than due (and twice the poll interval) means the
+# dispatcher itself did not run: leases are not judged on that gap (``_was_paused``).
+PAUSE_S = 5.0
 
 
 class Dispatcher:
@@ -306,7 +309,10 @@ class Dispatcher:
 
     def _run_loop(self) -> None:
         next_poll = time.monotonic() + self.config.poll_interval
+        steady = False  # runs in flight at every turn since ``next_poll`` was set
         while True:
+            if not self.runs.tree_runs:
+                steady = False
             timeout = max(0.0, next_poll - time.monotonic()) if self.runs.tree_runs else None
             try:
                 # Only while runs are in flight is there anything to poll for.
@@ -318,8 +324,12 @@ class Dispatcher:
             events_, after = self._take_batch(item) if item is not None else ([], None)
             if item is None or (time.monotonic() >= next_poll and self.runs.tree_runs):
                 # A busy queue must not starve the back-up poll (ends and leases).
+                now = time.monotonic()
+                if steady and now - next_poll > max(PAUSE_S, 2 * self.config.poll_interval):
+                    self._was_paused(now - next_poll)
                 events_.append(self._poll)
-                next_poll = time.monotonic() + self.config.poll_interval
+                next_poll = now + self.config.poll_interval
+                steady = bool(self.runs.tree_runs)
             if events_:
                 self._handle_safely(events_, None)
             if after is _STOP:
@@ -362,6 +372,22 @@ class Dispatcher:
                 self._ride_out(None, None)
         finally:
             self._handling_since = None
+
+    def _was_paused(self, late: float) -> None:
+        """The back-up poll came ``late`` seconds after it was due: the dispatcher did not
+        run (the process stopped, SIGSTOP, or its host paused or starved). Its workers
+        may have been held up as long (the embedded one is the same process): a lease
+        that ran out meanwhile says nothing of them. Leases are judged again once they
+        have had a lease's time to renew them, as after an outage."""
+        self._leases_judged_after = max(
+            self._leases_judged_after, time.monotonic() + self.config.lease
+        )
+        log.warning(
+            "the dispatcher did not run for %.1fs (a stopped process or a paused host): "
+            "leases are judged again in %gs, once workers have renewed them",
+            late,
+            self.config.lease,
+        )
 
     def _poll(self) -> None:
         """The back-up poll: ends that were not announced, and leases that ran out."""
