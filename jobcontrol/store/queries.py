@@ -350,10 +350,7 @@ class RunEnd(NamedTuple):
 
 
 _END_COLUMNS = (run.c.state, run.c.exit_status, run.c.cpu_us, run.c.mem_peak_bytes, run.c.ended)
-_GET_RUN_END = Prepared(
-    select(run.c.id, *_END_COLUMNS).where(run.c.id == bindparam("w_id")),
-    (run.c.id, *_END_COLUMNS),
-)
+_GET_RUN_END = Prepared(select(*_END_COLUMNS).where(run.c.id == bindparam("w_id")), _END_COLUMNS)
 
 
 def ended_runs(conn: Connection, run_ids: Sequence[int]) -> dict[int, RunEnd]:
