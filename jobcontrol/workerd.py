@@ -51,7 +51,7 @@ from jobcontrol.model import KILLED_STATUS, RunState
 from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, driver_message, pool_size_for, queries, redact
 from jobcontrol.store.relay import Relay
-from jobcontrol.store.runqueue import RunQueue, get_worker
+from jobcontrol.store.runqueue import RunQueue, get_worker, heard_of_lately
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import recovery as local_recovery
 from jobcontrol.worker.local import Worker
@@ -259,8 +259,9 @@ class RemoteWorker:
                 )
             return row
         lease = self.runqueue.lanes().default.stale_timeout_s
-        age = (self.clock.now() - row["heartbeat"]).total_seconds()
-        if age < lease:
+        now = self.clock.now()
+        age = (now - row["heartbeat"]).total_seconds()
+        if heard_of_lately(row, now, lease):
             raise JobControlError(
                 f"worker {self.opts.name} is running on host {row['host']} (pid {row['pid']}, "
                 f"last heartbeat {age:.0f}s ago): give this one another --name, or stop that one"

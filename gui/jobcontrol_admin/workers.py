@@ -6,7 +6,8 @@ Three tables side by side, all read from the admin API (``/workers``, ``/lanes``
 * **Workers**: one row per worker, its groups, a slot bar (used / total), the runs it
   holds and since when, its last heartbeat. A worker that stopped is hidden unless
   "Show stopped" is ticked; one whose heartbeat is older than the default lane's stale
-  timeout (its leases have run out) is shown greyed and marked *stale*.
+  timeout (its leases have run out), or than twice the beat it said it would make (an
+  idle worker's, a minute), is shown greyed and marked *stale*.
 * **Lanes**: the rules (max slots, poll, stale), running, queue depth, oldest wait, and
   the state: open, draining (runs still finishing) / drained, or STOPPED with its reason.
   Drain / resume (operator), edit / add / remove (admin).
@@ -146,7 +147,12 @@ def groups_text(worker: Mapping[str, Any]) -> str:
 
 
 def worker_is_stale(worker: Mapping[str, Any], stale_after_s: float) -> bool:
+    """Not heard of for longer than the stale timeout, or than twice the beat it said it
+    would make (an idle worker beats once a minute: ``beat_s``)."""
     age = worker.get("heartbeat_age_s")
+    every = worker.get("beat_s")
+    if isinstance(every, int | float):
+        stale_after_s = max(stale_after_s, 2 * every)
     return worker.get("stopped") is None and isinstance(age, int | float) and age > stale_after_s
 
 

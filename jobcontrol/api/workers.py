@@ -18,7 +18,8 @@ Viewer = Annotated[User, Depends(require(Action.VIEW_WORKERS))]
 @router.get("/workers", summary="Every registered worker, live ones first")
 def list_workers(ctx: Context, _user: Viewer) -> dict[str, Any]:
     """Name, host, pid, slots (used / free), queues (null: every queue), version, when it
-    started, its last heartbeat and how old that is on the daemon's clock, when it stopped
-    (null while it runs), and the task runs it holds."""
+    started, its last heartbeat and how old that is on the daemon's clock, the most it
+    said it would go until its next (``beat_s``: a third of a lease while it holds runs,
+    a minute while idle), when it stopped (null while it runs), and the task runs it holds."""
     workers = ctx.engine.workers()
     return {"workers": [views.jsonable(w) for w in workers]}

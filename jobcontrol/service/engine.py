@@ -656,10 +656,11 @@ class Engine:
 
 
 def _serving(worker: dict[str, Any], now: datetime, host: str) -> bool:
-    """Whether a registered worker takes runs now: not stopped, heard of within a lease
-    (``runqueue.DEFAULT_LEASE``; a stopped process, SIGSTOP, is not heard of), and on
-    this host its process alive (``worker_alive``). The daemon's own embedded worker goes
-    by its process alone: its heartbeat may lag behind a busy daemon, never its claims."""
+    """Whether a registered worker takes runs now: not stopped, heard of lately (within a
+    lease, ``runqueue.DEFAULT_LEASE``, or twice the beat interval an idle worker stated;
+    a stopped process, SIGSTOP, is not heard of), and on this host its process alive
+    (``worker_alive``). The daemon's own embedded worker goes by its process alone: its
+    heartbeat may lag behind a busy daemon, never its claims."""
     if worker["host"] == host:
         if not worker_alive(worker, host):
             return False
@@ -667,7 +668,7 @@ def _serving(worker: dict[str, Any], now: datetime, host: str) -> bool:
             return True
     elif worker["stopped"] is not None:
         return False
-    return now - worker["heartbeat"] <= runqueue.DEFAULT_LEASE
+    return runqueue.heard_of_lately(worker, now, runqueue.DEFAULT_LEASE.total_seconds())
 
 
 def _batch_operation(batch: Batch) -> str:

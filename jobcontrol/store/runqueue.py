@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -88,6 +88,7 @@ class Heartbeat:
     kill: list[int] = field(default_factory=list)
     settled: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)  # every run running under the worker
+    queued: bool = False  # whether any run at all is queued (an idle worker's look)
 
 
 @dataclass(frozen=True)
@@ -300,10 +301,11 @@ _BEAT = update(worker).where(worker.c.name == bindparam("w_worker"))
 # idle daemon does, and Core's statement building and caching touched enough memory to
 # cost twice the driver's CPU after a few seconds asleep on a host that takes back
 # memory left alone (bench/README.md, twelfth round).
-_BEAT_ONLY = Prepared(_BEAT.values(heartbeat=bindparam("v_beat")))
+_BEAT_ONLY = Prepared(_BEAT.values(heartbeat=bindparam("v_beat"), beat_s=bindparam("v_every")))
 _BEAT_PROBLEMS = Prepared(
     _BEAT.values(
         heartbeat=bindparam("v_beat"),
+        beat_s=bindparam("v_every"),
         log_problems=bindparam("v_problems"),
         log_problem=bindparam("v_problem"),
     )
@@ -370,6 +372,7 @@ class RunQueue:
             "version": info.version,
             "started": info.started,
             "heartbeat": now,
+            "beat_s": None,  # said by its first beat, at once
             "stopped": None,
             "containment": info.containment,
             "log_problems": 0,  # a new life: what the last one met is in its log
@@ -399,25 +402,29 @@ class RunQueue:
         mine: Sequence[int] = (),
         *,
         log_problems: tuple[int, str | None] | None = None,
+        every: float | None = None,
     ) -> Heartbeat:
-        """Say the worker lives, renew the lease of every run it holds, and hear of kills
-        and of which of ``mine`` (the runs it thinks it holds) were settled meanwhile.
-        ``log_problems``: (how many runs' output met a problem, the last one), for its row."""
+        """Say the worker lives, renew the lease of every run it holds, and hear of kills,
+        of which of ``mine`` (the runs it thinks it holds) were settled meanwhile and of
+        whether any run is queued at all. ``log_problems``: (how many runs' output met a
+        problem, the last one), for its row. ``every``: the longest it means to go until
+        its next beat (``beat_s``: whoever judges whether it lives goes by it)."""
+        beat = {"w_worker": name, "v_beat": now, "v_every": every}
         with self.store.write() as conn:
             if log_problems is None:
-                _BEAT_ONLY.execute(conn, {"w_worker": name, "v_beat": now})
+                _BEAT_ONLY.execute(conn, beat)
             else:
                 problems, problem = log_problems
-                _BEAT_PROBLEMS.execute(
-                    conn,
-                    {"w_worker": name, "v_beat": now, "v_problems": problems, "v_problem": problem},
-                )
+                _BEAT_PROBLEMS.execute(conn, {**beat, "v_problems": problems, "v_problem": problem})
             _RENEW[self.lease is not None].execute(conn, {"w_worker": name, **self._times(now)})
             rows = _HELD_ROWS.all(conn, {"w_worker": name})
             kill = [r["id"] for r in rows if r["kill_requested"]]
             held = {r["id"] for r in rows}
             return Heartbeat(
-                kill=kill, settled=[r for r in mine if r not in held], held=sorted(held)
+                kill=kill,
+                settled=[r for r in mine if r not in held],
+                held=sorted(held),
+                queued=bool(_SOME_QUEUED.all(conn, {})),
             )
 
     def release_strays(self, name: str, run_ids: Sequence[int]) -> list[int]:
@@ -925,6 +932,7 @@ def list_workers(conn: Connection, now: datetime) -> list[dict[str, Any]]:
                 "started": w.started,
                 "heartbeat": w.heartbeat,
                 "heartbeat_age_s": round((now - w.heartbeat).total_seconds(), 3),
+                "beat_s": w.beat_s,
                 "stopped": w.stopped,
                 "containment": w.containment,
                 "log_problems": w.log_problems,
@@ -955,6 +963,15 @@ def _registry_groups(
         return None, groups
     named = [q for g in value for q in g["queues"]]
     return list(dict.fromkeys(named)), groups
+
+
+def heard_of_lately(row: Mapping[str, Any], now: datetime, lease_s: float) -> bool:
+    """Whether a worker's last beat is recent enough for it to be taken as alive: within
+    the lease, or within twice the interval it said its next beat would come in (an idle
+    worker beats less often than it renews leases: ``beat_s``, migration 0011)."""
+    every = row.get("beat_s")
+    window = lease_s if not every else max(lease_s, 2 * float(every))
+    return (now - row["heartbeat"]).total_seconds() <= window
 
 
 def live_workers(conn: Connection) -> list[dict[str, Any]]:

@@ -202,6 +202,9 @@ worker = Table(
     Column("version", String(64), nullable=False),
     Column("started", UTCDateTime, nullable=False),
     Column("heartbeat", UTCDateTime, nullable=False),
+    # The longest it means to go until its next beat, as it said at this one: a busy
+    # worker renews leases every third of one, an idle one beats less (migration 0011).
+    Column("beat_s", Float),
     Column("stopped", UTCDateTime),
     # How it contains its task runs: a cgroup, or the fallback and why (cgroups.py).
     Column("containment", Text),

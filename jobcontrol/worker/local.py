@@ -86,6 +86,13 @@ STOP_PATIENCE_S = 10.0  # a stop's wait for a database that does not answer (kep
 # benchmarks) backs off from that, doubling up to POLL_BACKOFF of them (at most BACKOFF_MAX).
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 10.0
 POLL_BACKOFF = 5
+# A worker with no run in hand renews no lease: it beats only to say it lives, every
+# IDLE_BEAT_S (stated in its registry row, ``beat_s``, and judged by it). On a watched
+# SQLite database (``ChangeWatch``) its groups then look for work only when the database
+# was written or its beat saw a run queued, or at the latest every QUIET_LOOK_S: an idle
+# daemon wakes once a minute instead of six times (bench/README.md, fifteenth round).
+IDLE_BEAT_S = 60.0
+QUIET_LOOK_S = 600.0
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 # The exit status of a task that could not be started (its log, its command, its cwd).
 NOT_STARTED = 127
@@ -120,6 +127,7 @@ class _Group:
     next_poll: float = 0.0  # when the back-off lets it look again (the worker's monotonic)
     poll: float = BACKOFF_MIN  # its lanes' poll interval: its wait while pushes are cut
     looked: float = 0.0  # when it last looked (the worker's monotonic)
+    news_seen: int = 0  # the worker's news count at that look (``Worker._quiet``)
     looks: int = 0  # claims and polls so far (what the tests watch)
     empty: int = 0  # of which found nothing
     # Its slot threads wait on this one, on the worker's lock: a claim wakes as many as
@@ -148,6 +156,7 @@ class GroupView:
     delay: float
     runs: tuple[int, ...]
     next_poll: float = 0.0  # when its back-off lets it look again (the worker's monotonic)
+    quiet: bool = False  # it looks again only at news of a write (``Worker._quiet``)
 
 
 class _Bell:
@@ -223,6 +232,7 @@ class Worker:
         kill_grace: float = 5.0,
         poll_interval: float | None = None,
         heartbeat_interval: float | None = None,
+        idle_heartbeat: float | None = None,
         version: str = "",
         pass_env: PassEnv | None = None,
         log_access: LogAccess | None = None,
@@ -233,6 +243,7 @@ class Worker:
         spool_dir: Path | None = None,
         pushes: Callable[[], bool] | None = None,
         lane_pushes: Callable[[], bool] | None = None,
+        watch: bool = True,
     ) -> None:
         """``marker``: variables each task gets besides the database's instance marker,
         so that what one worker left is told from another's on the same host (a remote
@@ -243,11 +254,15 @@ class Worker:
         ``pushes``: whether work-available pushes from other processes reach it now (its
         relay listens); while they do not, its groups poll without backing off. None: no
         relay (SQLite: every push is in-process).
+        ``idle_heartbeat``: its beat while it holds no run (default ``IDLE_BEAT_S``, or the
+        ``heartbeat_interval`` given; never less than the busy beat).
         ``lane_pushes``: whether every write to the lane table is announced to it now (a
         relay that listens, on PostgreSQL); while it is, the table is re-read when
         announced and only every heartbeat besides, not every poll interval. None: never
         (SQLite: a change made outside this process is found by the database's
-        ``ChangeWatch``, or, where there is none, by polling)."""
+        ``ChangeWatch``, or, where there is none, by polling).
+        ``watch``: False: no ``ChangeWatch`` even on SQLite (its groups back off and its
+        lanes are polled, as where inotify cannot be had)."""
         if log_store not in LOG_STORES:
             raise ValueError(f"log_store {log_store!r}: not one of {', '.join(LOG_STORES)}")
         self.log_store = log_store
@@ -298,16 +313,25 @@ class Worker:
         self._mono = monotonic
         self._pushes = pushes
         self._lane_pushes = lane_pushes
+        self._may_watch = watch
         self.default_max_log_files = default_max_log_files
         self.kill_grace = kill_grace
         # None: the lanes it serves decide (their smallest poll_interval_s, their leases'
         # third), re-read at each back-up poll, so a lane change needs no restart.
         self._fixed_poll = poll_interval
         self._fixed_beat = heartbeat_interval
+        self._fixed_idle = idle_heartbeat
         self._lanes_seen: tuple[Any, ...] | None = None
         self._lanes_mark: Hashable | None = None  # the database when the lanes were read
         self._capped = False  # whether a lane it serves has max_slots (a count may free up)
         self._follow_lanes(None)
+        self._stated_beat = self.heartbeat_interval  # what its last beat said (``beat_s``)
+        self._beating_idle = False  # its last beat was an idle one: a claim hurries the next
+        self._busy_news = False  # runs claimed since: the heartbeat thread beats sooner
+        self._lanes_told = False  # a lane change announced: the heartbeat thread re-reads
+        # News that work may be waiting (the database written by someone else, a run seen
+        # queued), counted: a group that saw every news at its last look is quiet.
+        self._news = 1
         self.version = version
         self.outage = Outage(f"worker {self.name}")
         self._follow_groups(None)
@@ -315,8 +339,8 @@ class Worker:
         self._stopping = False
         self._watching = 0  # threads in ``wait_for``, which re-read at every change
         self._stop = threading.Event()
-        # Set when the lane table is to be re-read now (a change announced) or on stop:
-        # what the heartbeat thread sleeps on, with the database's watch (SQLite).
+        # Set when the heartbeat thread has news (a lane change announced, runs claimed
+        # while it beat as idle, a stop): what it sleeps on, with the database's watch.
         self._lanes_news = _Bell()
         self._watch: ChangeWatch | None = None
         self.lane_looks = 0  # looks at the lane table so far (what the tests watch)
@@ -368,6 +392,7 @@ class Worker:
                     g.delay,
                     tuple(sorted(g.runs)),
                     g.next_poll,
+                    self._quiet(g),
                 )
                 for g in self._groups
             ]
@@ -429,6 +454,7 @@ class Worker:
                     high = max(BACKOFF_MAX, low)
                 g.low, g.high, g.delay, g.poll = low, high, low, poll
                 g.next_poll = self._mono()
+            self._news += 1  # quiet groups too
             self._cond.notify_all()
 
     def _reread_lanes(self, *, unless_unwritten: bool = False) -> bool:
@@ -594,6 +620,7 @@ class Worker:
         self.kill(run_id, reason)
 
     def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
+        self._lanes_told = True
         self._lanes_news.set()  # its rules may have changed: the heartbeat thread re-reads them
         self.wake()  # a lane resumed or got room: its queued runs may be claimable now
 
@@ -658,7 +685,7 @@ class Worker:
         database was written, so that the lane table is looked at when it may have
         changed rather than every poll interval. None: poll (said once, with why)."""
         path = self.store.sqlite_file
-        if path is None or self._lane_pushes is not None:
+        if path is None or self._lane_pushes is not None or not self._may_watch:
             return None
         try:
             return ChangeWatch(path)
@@ -677,26 +704,53 @@ class Worker:
         heartbeat while each write to it is announced (``lane_pushes``) or the database
         is watched for writes (``ChangeWatch``)."""
         if self._watch is not None or (self._lane_pushes is not None and self._lane_pushes()):
-            return max(self.poll_interval, self.heartbeat_interval)
+            return max(self.poll_interval, self._stated_beat)
         return self.poll_interval
+
+    def _idle_beat(self) -> float:
+        """Its beat while it holds no run: no lease to renew, only its registry row."""
+        idle = self._fixed_idle if self._fixed_idle is not None else self._fixed_beat
+        return max(idle or IDLE_BEAT_S, self.heartbeat_interval)
+
+    def _next_beat_in(self) -> float:
+        """How long until the beat after the one about to be made: every third of a lease
+        while it holds runs, ``_idle_beat`` while it holds none (a claim meanwhile brings
+        the next beat forward: ``_busy_news``). Said in the beat (``beat_s``)."""
+        with self._cond:
+            # Strays (runs held in the database, unknown here) go back at the next beat.
+            busy = bool(self._active or self._strays) or any(
+                g.runs or g.reserved or g.ready for g in self._groups
+            )
+            self._beating_idle = not busy
+        self._stated_beat = self.heartbeat_interval if busy else self._idle_beat()
+        return self._stated_beat
 
     def _heartbeat_loop(self) -> None:
         next_beat = next_lanes = time.monotonic()
-        looked = float("-inf")  # when the lane table was last looked at
+        beaten = looked = float("-inf")  # when it last beat, last looked at the lane table
         while True:
             stopping = self._stop.is_set()
+            if self._lanes_news.is_set():
+                self._lanes_news.clear()
+            with self._cond:
+                announced, self._lanes_told = self._lanes_told and not stopping, False
+                hurried, self._busy_news = self._busy_news, False
+            if hurried:
+                # Runs claimed since an idle beat: their leases want the busy beat.
+                next_beat = min(next_beat, beaten + self.heartbeat_interval)
             if time.monotonic() >= next_beat:
-                self._beat()
+                if self._watch is not None:
+                    self._written()  # what others wrote until now: news for quiet groups
+                every = self._next_beat_in()
+                self._beat(every)
                 self._report_groups()
-                next_beat = time.monotonic() + self.heartbeat_interval
+                beaten = time.monotonic()
+                next_beat = beaten + every
                 if self._watch is not None:
                     # Awake anyway: what was written until now (this beat's own write
                     # among it) is covered by a look at the lanes now.
-                    self._written()
+                    self._written(own=True)
                     next_lanes = 0.0
-            announced = not stopping and self._lanes_news.is_set()
-            if announced:
-                self._lanes_news.clear()
             if not stopping and (announced or time.monotonic() >= next_lanes):
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
@@ -727,13 +781,16 @@ class Worker:
             return next_lanes
         return max(time.monotonic(), soonest)
 
-    def _written(self) -> bool:
-        """What the database's watch queued: whether it was written since the last call.
-        A watch whose directory went is dropped, and the lanes are polled again."""
+    def _written(self, *, own: bool = False) -> bool:
+        """What the database's watch queued: whether it was written since the last call,
+        news for quiet groups (``_quiet``) unless ``own`` (its beat's own write). A watch
+        whose directory went is dropped, and the lanes are polled again."""
         watch = self._watch
         if watch is None:
             return False
         written = watch.changed()
+        if written and not own:
+            self._tell_groups()
         if watch.lost:
             log.warning(
                 "worker %s: %s is no longer watched (the directory went): the lane table "
@@ -743,7 +800,21 @@ class Worker:
             )
             watch.close()
             self._watch = None
+            self._tell_groups()  # its groups back-off as they would unwatched
         return written
+
+    def _tell_groups(self) -> None:
+        """The database was written, or a run is queued: quiet groups look again."""
+        with self._cond:
+            self._news += 1
+            self._cond.notify_all()
+
+    def _quiet(self, g: _Group) -> bool:
+        """Whether a look by ``g`` would find what its last found: the database is watched
+        (SQLite) and neither written by anyone but this worker's beats nor seen to hold
+        a queued run since. Then it looks only at news, or every QUIET_LOOK_S. With the
+        lock held."""
+        return self._watch is not None and self._fixed_poll is None and g.news_seen == self._news
 
     def _report_groups(self) -> None:
         """Which runs each group holds, in the registry, when that changed (``workers``)."""
@@ -758,13 +829,15 @@ class Worker:
             return
         self._reported = text
 
-    def _beat(self) -> None:
+    def _beat(self, every: float | None = None) -> None:
         self.containment.sweep()  # cgroups of ended runs, once what they left behind ended
         with self._cond:
             mine = [rid for rid, a in self._active.items() if not a.finishing]
         try:
             problems = (self.log_problems, self.log_problem) if self.log_problems else None
-            beat = self.runqueue.heartbeat(self.name, self.clock.now(), mine, log_problems=problems)
+            beat = self.runqueue.heartbeat(
+                self.name, self.clock.now(), mine, log_problems=problems, every=every
+            )
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return
@@ -773,6 +846,8 @@ class Worker:
             self.beats += 1
             if self._watching:
                 self._cond.notify_all()
+        if beat.queued:
+            self._tell_groups()
         self._release_strays(beat.held)
         for run_id in beat.kill:
             self.kill(run_id, "killed")
@@ -843,6 +918,8 @@ class Worker:
                 due = g.next_poll
                 if self._pushes is not None and not self._pushes():
                     due = min(due, g.looked + g.poll)  # no push can come: no back-off
+                elif self._quiet(g):
+                    due = max(due, g.looked + QUIET_LOOK_S)
                 wait = due - now
                 if wait <= 0:
                     return ("poll", None, 0)
@@ -879,6 +956,10 @@ class Worker:
                 for run in claimed:
                     g.runs.add(run.id)
                     g.ready.append(run)
+                if claimed and self._beating_idle:
+                    self._beating_idle = False
+                    self._busy_news = True
+                    self._lanes_news.set()
                 if g.offers and claimed and how != "offer":
                     # Announced while it claimed, and taken by it: not to claim again.
                     taken = {run.id for run in claimed}
@@ -929,6 +1010,7 @@ class Worker:
         found work sets it back to the least. Called with the lock held."""
         now = self._mono()
         g.looked = now
+        g.news_seen = self._news
         if empty:
             g.empty += 1
             g.next_poll = now + g.delay

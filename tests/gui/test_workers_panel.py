@@ -359,6 +359,9 @@ def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
                 WorkerInfo(name, "far-host", 4242, 4, "test", long_ago, ["gpu"]), long_ago
             )
         queue.deregister("gone", long_ago + timedelta(minutes=1))
+        # Idle, heard of 90 s ago, having said it beats once a minute: not stale yet.
+        queue.register(WorkerInfo("idler", "far-host", 4243, 1, "test", long_ago), long_ago)
+        queue.heartbeat("idler", datetime.now(UTC) - timedelta(seconds=90), every=60.0)
     finally:
         store.dispose()
     # A read begun before 'gone' stopped (its registration's events start one) may show
@@ -379,7 +382,10 @@ def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
     assert panel.worker_table.item(ghost, 0).font().italic()
     # One filter group of 4 slots, in --queues form (a slot group names its slots).
     assert panel.worker_table.item(ghost, WORKER_COLUMNS.index("Groups")).text() == "gpu:4"
-    live = next(name for name in rows() if name != "ghost")
+    idler = panel.worker_table.item(rows()["idler"], WORKER_COLUMNS.index("Heartbeat")).text()
+    assert not idler.startswith("STALE"), idler
+    assert not panel.worker_table.item(rows()["idler"], 0).font().italic()
+    live = next(name for name in rows() if name not in ("ghost", "idler"))
     assert not panel.worker_table.item(rows()[live], 0).font().italic()
     panel.show_stopped.setChecked(True)
     assert "gone" in rows()

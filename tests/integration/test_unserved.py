@@ -3,9 +3,12 @@ a dispatcher that runs no tasks (``slots=0``) queues runs whatever workers there
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from jobcontrol.store import lanes
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from tests.conftest import MakeJC
 from tests.integration.helpers import JC, task
 
@@ -55,3 +58,28 @@ def test_a_daemon_with_its_own_worker_never_says_so(db_url: str, make_jc: MakeJC
     assert jc.engine.unserved_queues() == []
     gate.open(1)
     assert jc.rec.run_finished("next", since=mark)["exit_status"] == 0
+
+
+def test_a_remote_worker_is_judged_by_the_beat_it_said_it_would_make(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """An idle worker beats once a minute (``IDLE_BEAT_S``) and says so: it serves its
+    queue until twice that has passed unheard of, one that said nothing until the lease."""
+    jc = make_jc(db_url, slots=0)
+    jc.create(task("a", "true", active=True, queue="q1"))
+    jc.run_now("a")
+    queue = RunQueue(jc.store)
+    now = jc.clock.now()
+    queue.register(WorkerInfo("far", "elsewhere", 4242, 1, "t", now, ["q1"]), now)
+    queue.heartbeat("far", now, every=60.0)
+    far = {"name": "far", "heartbeat": now}
+    for after, every, serves in [(45, 60.0, True), (119, 60.0, True), (121, 60.0, False)]:
+        jc.clock.set(now + timedelta(seconds=after))
+        assert _said(jc) == ([] if serves else [("q1", 1, far)]), (after, every)
+
+    # Said nothing of its beat (a worker of an earlier version): the lease, 30 s.
+    queue.heartbeat("far", now, every=None)
+    jc.clock.set(now + timedelta(seconds=29))
+    assert _said(jc) == []
+    jc.clock.set(now + timedelta(seconds=31))
+    assert _said(jc) == [("q1", 1, far)]

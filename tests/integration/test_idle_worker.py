@@ -1,0 +1,152 @@
+"""An idle worker beats once a minute, not every third of a lease, and says so in the
+registry; a claim brings its next beat forward, so the leases of the runs it takes are
+renewed as before. On a watched SQLite database (``ChangeWatch``) its groups look for
+work only when the database was written by someone else or its beat saw a run queued.
+
+Nothing sleeps: a window of time is another worker's beats, on a database of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from jobcontrol.clock import SystemClock
+from jobcontrol.model import RunState
+from jobcontrol.store import Store, queries
+from jobcontrol.store.runqueue import RunQueue, get_worker
+from jobcontrol.worker import Worker
+from tests.integration.helpers import Gate
+from tests.integration.test_slot_groups import queue_run
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT = 10.0
+BEAT = 0.2  # its beat while it holds runs
+IDLE = 600.0  # its beat while it holds none: never, within a test
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[list[Store]]:
+    made: list[Store] = []
+    yield made
+    for s in made:
+        s.dispose()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.kill_all("test over")
+        w.stop(10)
+
+
+def a_store(url: str, stores: list[Store]) -> Store:
+    store = Store(url)
+    store.upgrade()
+    stores.append(store)
+    return store
+
+
+def a_worker(
+    queue: RunQueue, tmp_path: Path, workers: list[Worker], name: str, **kw: float
+) -> Worker:
+    worker = Worker(
+        queue,
+        clock=SystemClock(),
+        log_root=tmp_path / name,
+        instance_id="idle-test",
+        name=name,
+        slots=1,
+        heartbeat_interval=BEAT,
+        **kw,  # type: ignore[arg-type]
+    )
+    worker.start()
+    workers.append(worker)
+    return worker
+
+
+def beat_s(store: Store, name: str) -> float | None:
+    with store.read() as conn:
+        row = get_worker(conn, name)
+    assert row is not None
+    return row["beat_s"]
+
+
+def lease_until(store: Store, run_id: int) -> object:
+    with store.read() as conn:
+        row = queries.get_run(conn, run_id)
+    assert row is not None
+    return row.lease_until
+
+
+def test_an_idle_worker_beats_at_its_idle_interval_and_hurries_when_it_takes_a_run(
+    db_url: str, tmp_path: Path, stores: list[Store], workers: list[Worker]
+) -> None:
+    store = a_store(db_url, stores)
+    queue = RunQueue(store, lease=timedelta(seconds=1))
+    worker = a_worker(queue, tmp_path, workers, "idler", idle_heartbeat=IDLE)
+    worker.wait_for("a first beat", lambda: worker.beats >= 1, WAIT)
+    assert beat_s(store, "idler") == IDLE, "an idle worker says it beats once in IDLE"
+
+    gate = Gate(tmp_path / "gate.fifo")
+    try:
+        run_id = queue_run(store, "held", gate.command, queue="default")
+        worker.wake()
+        worker.wait_for("the run claimed", lambda: run_id in worker.groups()[0].runs, WAIT)
+        first = lease_until(store, run_id)
+        # The claim's lease is 1 s: only a beat hurried by the claim renews it in time.
+        worker.wait_for(
+            "the lease renewed",
+            lambda: lease_until(store, run_id) > first,  # type: ignore[operator]
+            WAIT,
+        )
+        assert beat_s(store, "idler") == BEAT, "a worker with runs says its busy beat"
+        gate.open(1)
+        worker.wait_for("the run ended", lambda: not worker.groups()[0].runs, WAIT)
+    finally:
+        gate.close()
+    with store.read() as conn:
+        row = queries.get_run(conn, run_id)
+    assert row is not None
+    assert row.state == RunState.SUCCEEDED
+    beats = worker.beats
+    worker.wait_for("idle again", lambda: beat_s(store, "idler") == IDLE, WAIT)
+    assert worker.beats <= beats + 1, "one beat to say it is idle again"
+
+
+def test_an_idle_worker_on_a_watched_database_does_not_look_until_it_is_written(
+    sqlite_url: str, tmp_path: Path, stores: list[Store], workers: list[Worker]
+) -> None:
+    store = a_store(sqlite_url, stores)
+    worker = a_worker(RunQueue(store), tmp_path, workers, "quiet", idle_heartbeat=IDLE)
+    assert worker.poll_interval <= 2.0  # unwatched, its group would look within 1 s, 2 s, 4 s
+    # Its start: a look at once, and one more a back-off later if its first beat found
+    # the database written after that look (its joining the registry).
+    worker.wait_for("quiet", lambda: worker.beats >= 1 and worker.groups()[0].quiet, WAIT)
+    looks, beats = worker.groups()[0].looks, worker.beats
+    # A window of time: twenty-five beats (5 s) of a worker on another database, in which
+    # an unwatched group would have looked again (4 s later).
+    other = a_store(f"sqlite:///{tmp_path / 'other.db'}", stores)
+    clock = a_worker(RunQueue(other), tmp_path, workers, "clock")
+    clock.wait_for("twenty-five beats", lambda: clock.beats >= 25, WAIT)
+    assert worker.groups()[0].looks == looks, "nothing written: nothing to look for"
+    assert worker.groups()[0].quiet
+    assert worker.beats == beats == 1
+
+    # A run queued by a write that announces nothing in this process (another process,
+    # the CLI with no daemon): the watch's news makes the group look.
+    run_id = queue_run(store, "quick", "true", queue="default")
+    worker.wait_for("the run claimed", lambda: worker.groups()[0].looks > looks, WAIT)
+
+    def ended() -> bool:
+        with store.read() as conn:
+            row = queries.get_run(conn, run_id)
+        return row is not None and row.state == RunState.SUCCEEDED
+
+    worker.wait_for("the run ended", ended, WAIT)
