@@ -725,6 +725,14 @@ class Worker:
         self._stated_beat = self.heartbeat_interval if busy else self._idle_beat()
         return self._stated_beat
 
+    def _hurry_beat(self) -> None:
+        """Runs were (or may have been) claimed since an idle beat: the next comes a busy
+        beat after the last, to renew their leases. With the lock held."""
+        if self._beating_idle:
+            self._beating_idle = False
+            self._busy_news = True
+            self._lanes_news.set()
+
     def _heartbeat_loop(self) -> None:
         next_beat = next_lanes = time.monotonic()
         beaten = looked = float("-inf")  # when it last beat, last looked at the lane table
@@ -871,8 +879,10 @@ class Worker:
         back to the queue."""
         with self._cond:
             known = set(self._active).union(*(g.runs for g in self._groups))
-        strays = set(held) - known
-        again, self._strays = strays & self._strays, strays
+            strays = set(held) - known
+            again, self._strays = strays & self._strays, strays
+            if strays:
+                self._hurry_beat()  # the second sight of them is a busy beat away
         if not again:
             return
         try:
@@ -956,10 +966,8 @@ class Worker:
                 for run in claimed:
                     g.runs.add(run.id)
                     g.ready.append(run)
-                if claimed and self._beating_idle:
-                    self._beating_idle = False
-                    self._busy_news = True
-                    self._lanes_news.set()
+                if claimed:
+                    self._hurry_beat()
                 if g.offers and claimed and how != "offer":
                     # Announced while it claimed, and taken by it: not to claim again.
                     taken = {run.id for run in claimed}
@@ -998,6 +1006,9 @@ class Worker:
             )
         except StoreUnavailable as exc:
             self.outage.failed(exc)
+            # Its answer may be what was lost: the beats find runs it took (strays).
+            with self._cond:
+                self._hurry_beat()
             return []  # its back-off poll finds the work again once the database is back
         except Exception:
             log.exception("slot group %s: claiming a task run failed", g.spec.key)
