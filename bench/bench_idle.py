@@ -4,11 +4,12 @@ Engine: 1,000 active top-level boxes, each with timer ``cron 0 * * * *`` and one
 active task ``true``, loaded with ``jobcontrol load``; the daemon is started with
 ``jobcontrol daemon start --port 0`` (a separate process, production defaults:
 admin API on, 8 executor slots), which returns once the daemon is ready. After
-``--settle`` seconds (5) its CPU is measured over ``--duration`` seconds (30)
+``--settle`` seconds (5) its CPU is measured over ``--duration`` seconds (120, so
+that the window holds two of an idle worker's once-a-minute beats)
 from ``/proc/<pid>/stat`` (utime + stime of all its threads / CLK_TCK), as % of
 one core; then ``jobcontrol daemon stop --kill``. Nothing of ``jobcontrol`` is
 imported. Also shown: the same CPU from the threads' ``schedstat``
-(nanoseconds; a clock tick is 1/CLK_TCK s, i.e. 0.033 % of a core over 30 s),
+(nanoseconds; a clock tick is 1/CLK_TCK s, i.e. 0.008 % of a core over 120 s),
 context switches per second (wake-ups) and the number of threads.
 
 Baseline (same run, a child process): APScheduler 3 ``BackgroundScheduler``
@@ -16,7 +17,7 @@ with 1,000 ``CronTrigger(minute=0)`` jobs (default ThreadPoolExecutor, memory
 job store), the same settle time and measurement.
 
 The measurement is kept clear of the top of the hour (the script waits, at
-most about a minute and a half, if the hour would fall inside a phase); the
+most about three minutes, if the hour would fall inside a phase); the
 daemon's ``run`` table is checked to be empty afterwards.
 
 Target: daemon < 0.1 % of a core. Ratio engine / APScheduler.
@@ -153,7 +154,12 @@ def main() -> int:
     p = c.parser(__doc__.splitlines()[0])
     p.add_argument("--trees", type=int, default=1000)
     p.add_argument("--settle", type=float, default=5.0, help="seconds after ready (default 5)")
-    p.add_argument("--duration", type=float, default=30.0, help="measured seconds (default 30)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=120.0,
+        help="measured seconds (default 120: two of an idle worker's beats)",
+    )
     args = p.parse_args()
     if args.duration <= 0 or args.trees <= 0 or args.settle < 0:
         p.error("--trees and --duration must be positive, --settle not negative")

@@ -753,6 +753,10 @@ class Worker:
                 self._beat(every)
                 self._report_groups()
                 beaten = time.monotonic()
+                if self.outage.down:
+                    # The database did not answer: try again a busy beat on, idle or not,
+                    # so health says it answers again soon after it does.
+                    every = min(every, self.heartbeat_interval)
                 next_beat = beaten + every
                 if self._watch is not None:
                     # Awake anyway: what was written until now (this beat's own write

@@ -8,6 +8,7 @@ Nothing sleeps: a window of time is another worker's beats, on a database of its
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -150,3 +151,26 @@ def test_an_idle_worker_on_a_watched_database_does_not_look_until_it_is_written(
         return row is not None and row.state == RunState.SUCCEEDED
 
     worker.wait_for("the run ended", ended, WAIT)
+
+
+def test_an_idle_worker_that_met_an_outage_tries_again_at_the_busy_beat(
+    sqlite_url: str, tmp_path: Path, stores: list[Store], workers: list[Worker]
+) -> None:
+    """Health says the database is down while the worker has not heard it answer again:
+    an idle worker that met a locked database must not wait a whole idle beat to retry."""
+    store = Store(sqlite_url, busy_timeout=0.2)
+    store.upgrade()
+    stores.append(store)
+    worker = a_worker(RunQueue(store), tmp_path, workers, "retrier", idle_heartbeat=IDLE)
+    worker.wait_for("a first beat", lambda: worker.beats >= 1, WAIT)
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=WAIT)
+    blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
+    try:
+        worker.wake()  # its claim meets the lock, and the beat it hurries meets it too
+        worker.wait_for("two failures", lambda: worker.outage.state().failures >= 2, WAIT)
+        assert worker.outage.down
+    finally:
+        blocker.rollback()
+        blocker.close()
+    worker.wait_for("the database again", lambda: not worker.outage.down, WAIT)
+    assert worker.beats >= 2
