@@ -661,9 +661,10 @@ class RunQueue:
     def any_queued(self, queues: Sequence[str] | None = None) -> bool:
         """Whether a claim could find work (a read: no write lock is taken). It agrees with
         ``claim``: runs of drained, stopped or full lanes do not count."""
-        with self.store.read() as conn:
+        with self.store.read_one() as conn:  # on PostgreSQL one round trip, no BEGIN
             if not _SOME_QUEUED.all(conn, {}):
-                return False  # nothing queued at all: the lanes need not be read
+                return False  # nothing queued at all, an idle look's usual answer
+        with self.store.read() as conn:
             known = lanes.load(conn)
             excluded = known.blocked()
             capped = known.capped() - excluded
