@@ -21,7 +21,7 @@ from jobcontrol.store import Store, queries
 from jobcontrol.store.runqueue import RunQueue, get_worker
 from jobcontrol.worker import Worker
 from tests.integration.helpers import Gate
-from tests.integration.test_slot_groups import queue_run
+from tests.integration.test_slot_groups import queue_run, state_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,9 +81,7 @@ def beat_s(store: Store, name: str) -> float | None:
 
 def lease_until(store: Store, run_id: int) -> object:
     with store.read() as conn:
-        row = queries.get_run(conn, run_id)
-    assert row is not None
-    return row.lease_until
+        return queries.get_run(conn, run_id).lease_until  # type: ignore[union-attr]
 
 
 def test_an_idle_worker_beats_at_its_idle_interval_and_hurries_when_it_takes_a_run(
@@ -112,10 +110,7 @@ def test_an_idle_worker_beats_at_its_idle_interval_and_hurries_when_it_takes_a_r
         worker.wait_for("the run ended", lambda: not worker.groups()[0].runs, WAIT)
     finally:
         gate.close()
-    with store.read() as conn:
-        row = queries.get_run(conn, run_id)
-    assert row is not None
-    assert row.state == RunState.SUCCEEDED
+    assert state_of(store, run_id) is RunState.SUCCEEDED
     beats = worker.beats
     worker.wait_for("idle again", lambda: beat_s(store, "idler") == IDLE, WAIT)
     assert worker.beats <= beats + 1, "one beat to say it is idle again"
@@ -145,12 +140,7 @@ def test_an_idle_worker_on_a_watched_database_does_not_look_until_it_is_written(
     run_id = queue_run(store, "quick", "true", queue="default")
     worker.wait_for("the run claimed", lambda: worker.groups()[0].looks > looks, WAIT)
 
-    def ended() -> bool:
-        with store.read() as conn:
-            row = queries.get_run(conn, run_id)
-        return row is not None and row.state == RunState.SUCCEEDED
-
-    worker.wait_for("the run ended", ended, WAIT)
+    worker.wait_for("the run ended", lambda: state_of(store, run_id) is RunState.SUCCEEDED, WAIT)
 
 
 def test_an_idle_worker_that_met_an_outage_tries_again_at_the_busy_beat(
