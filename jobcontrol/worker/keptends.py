@@ -13,6 +13,7 @@ worker that ran it, like any end (``RunQueue.finish``): one settled meanwhile
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -50,12 +51,12 @@ def keep(
             for k, v in values.items()
         },
     }
-    fd = filemodes.open_private(directory / FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = _locked(directory / FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, (json.dumps(entry) + "\n").encode())
         os.fsync(fd)
     finally:
-        os.close(fd)
+        os.close(fd)  # and its lock
 
 
 def record(runqueue: RunQueue, directory: Path) -> list[int]:
@@ -66,9 +67,18 @@ def record(runqueue: RunQueue, directory: Path) -> list[int]:
     be read is logged and skipped."""
     path = directory / FILE
     try:
-        lines = path.read_text().splitlines()
+        fd = _locked(path, os.O_RDWR)
     except FileNotFoundError:
         return []
+    try:
+        return _record(runqueue, path, fd)
+    finally:
+        os.close(fd)  # and its lock
+
+
+def _record(runqueue: RunQueue, path: Path, fd: int) -> list[int]:
+    with os.fdopen(os.dup(fd), "rb") as kept:
+        lines = kept.read().decode().splitlines()
     recorded: list[int] = []
     others: list[str] = []  # of another database whose daemon shares the state directory
     for number, line in enumerate(lines, 1):
@@ -111,10 +121,33 @@ def record(runqueue: RunQueue, directory: Path) -> list[int]:
                 values.get("exit_status"),
             )
     if others:
-        filemodes.write_private(path, "".join(f"{line}\n" for line in others))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, "".join(f"{line}\n" for line in others).encode(), 0)
+        os.fsync(fd)
     else:
-        path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)  # under the lock: a writer waiting makes a new file
     return recorded
+
+
+def _locked(path: Path, flags: int) -> int:
+    """``path`` opened and locked (``flock``, exclusive): the file it names once the lock
+    is held. A worker that keeps an end while another process records the file must not
+    append to one the recorder has just read and removed, nor the recorder read one
+    created and not yet written. ``FileNotFoundError`` without ``O_CREAT``."""
+    while True:
+        fd = filemodes.open_private(path, flags)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            if not flags & os.O_CREAT:
+                os.close(fd)
+                raise
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed (or replaced) while it waited for the lock: again
 
 
 def _database(runqueue: RunQueue) -> str:

@@ -383,6 +383,9 @@ def test_output_kept_by_a_worker_stopped_in_an_outage_is_stored_by_its_next_star
             "the worker to say it gave up",
             lambda: any("stopped before it could" in m for m in jc.errors.messages()),
         )
+        # Said before it is kept: the end is written to disk just after.
+        kept = first.spool_dir / "ends.jsonl"
+        poll_until("the end kept on disk", lambda: kept.exists() and b"\n" in kept.read_bytes())
     finally:
         blocker.rollback()
         blocker.close()

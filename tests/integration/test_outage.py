@@ -298,3 +298,59 @@ def test_ends_kept_on_disk_are_recorded_once_and_only_on_their_database(
         worker.announce(run_id)
     assert jc.rec.run_finished("a", since=mark)["state"] == "killed"
     jc.errors.records.clear()  # the unreadable line's error is the point
+
+
+def test_an_end_kept_while_another_process_records_the_file_is_not_lost(
+    sqlite_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    """A worker that keeps an end while a new start records the file (two processes on
+    one spool: a stop that overlaps the next start) must lose it neither way: the
+    recorder must not read a file created and not yet written, and a writer must not
+    append to a file the recorder has read and removed. Both take the file's lock."""
+    import os
+    import threading
+
+    from jobcontrol.worker import keptends
+
+    jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
+    jc.create(task("a", "true", active=True), task("b", "true", active=True))
+    worker = _Worker(jc)
+    runs = {}
+    for name in ("a", "b"):
+        jc.run_now(name)
+        runs[name] = worker.claim(name).id
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    path = spool / keptends.FILE
+    values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": jc.clock.now()}
+    values["duration_ms"] = 5
+
+    # A writer has made the file and holds it, its line not yet written.
+    writer = keptends._locked(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    recorded: list[list[int]] = []
+    recorder = threading.Thread(target=lambda: recorded.append(keptends.record(worker.rq, spool)))
+    recorder.start()
+    recorder.join(0.5)
+    assert recorder.is_alive(), "the recorder waits for the writer"
+    other = spool / "other"
+    keptends.keep(other, worker.rq, runs["a"], "w-test", dict(values), 5)
+    os.write(writer, (other / keptends.FILE).read_bytes())
+    os.close(writer)
+    recorder.join(10)
+    assert recorded == [[runs["a"]]]
+    assert jc.run(runs["a"]).state is RunState.SUCCEEDED
+
+    # A recorder holds the file; a writer waits, then finds it removed: a new file.
+    keptends.keep(spool, worker.rq, runs["a"], "w-test", dict(values), 5)  # recorded already
+    holder = keptends._locked(path, os.O_RDWR)
+    keeper = threading.Thread(
+        target=keptends.keep, args=(spool, worker.rq, runs["b"], "w-test", dict(values), 5)
+    )
+    keeper.start()
+    keeper.join(0.5)
+    assert keeper.is_alive(), "the writer waits for the recorder"
+    path.unlink()
+    os.close(holder)
+    keeper.join(10)
+    assert keptends.record(worker.rq, spool) == [runs["b"]]
+    assert jc.run(runs["b"]).state is RunState.SUCCEEDED
