@@ -341,7 +341,7 @@ class Worker:
         self._stop = threading.Event()
         # Set when the heartbeat thread has news (a lane change announced, runs claimed
         # while it beat as idle, a stop): what it sleeps on, with the database's watch.
-        self._lanes_news = _Bell()
+        self._bell = _Bell()
         self._watch: ChangeWatch | None = None
         self.lane_looks = 0  # looks at the lane table so far (what the tests watch)
         self.beats = 0  # heartbeats recorded so far
@@ -559,7 +559,7 @@ class Worker:
             if t.name != "jc-heartbeat":
                 t.join(timeout)
         self._stop.set()  # the heartbeat renews leases until the last run is recorded
-        self._lanes_news.set()
+        self._bell.set()
         down = self.outage.down  # its heartbeat may be inside a statement waiting for it
         for t in self._threads:
             t.join(min(timeout, 0.5) if down else timeout)
@@ -621,7 +621,7 @@ class Worker:
 
     def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
         self._lanes_told = True
-        self._lanes_news.set()  # its rules may have changed: the heartbeat thread re-reads them
+        self._bell.set()  # its rules may have changed: the heartbeat thread re-reads them
         self.wake()  # a lane resumed or got room: its queued runs may be claimable now
 
     def wake(self) -> None:
@@ -731,15 +731,15 @@ class Worker:
         if self._beating_idle:
             self._beating_idle = False
             self._busy_news = True
-            self._lanes_news.set()
+            self._bell.set()
 
     def _heartbeat_loop(self) -> None:
         next_beat = next_lanes = time.monotonic()
         beaten = looked = float("-inf")  # when it last beat, last looked at the lane table
         while True:
             stopping = self._stop.is_set()
-            if self._lanes_news.is_set():
-                self._lanes_news.clear()
+            if self._bell.is_set():
+                self._bell.clear()
             with self._cond:
                 announced, self._lanes_told = self._lanes_told and not stopping, False
                 hurried, self._busy_news = self._busy_news, False
@@ -787,9 +787,9 @@ class Worker:
         watch = self._watch
         timeout = max(0.0, min(next_beat, next_lanes) - time.monotonic())
         if watch is None or next_lanes <= soonest:
-            self._lanes_news.wait(timeout)  # a look comes as soon as one may anyway
+            self._bell.wait(timeout)  # a look comes as soon as one may anyway
             return next_lanes
-        if not self._lanes_news.wait(timeout, watch.fileno()) or not self._written():
+        if not self._bell.wait(timeout, watch.fileno()) or not self._written():
             return next_lanes
         return max(time.monotonic(), soonest)
 

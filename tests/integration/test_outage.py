@@ -9,7 +9,9 @@ nothing stays running or queued that isn't.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -255,6 +257,17 @@ def test_boxes_end_when_their_last_task_ended_not_when_the_dispatcher_heard_of_i
     assert jc.job("through").last_duration_ms == 12_000
 
 
+def _two_running(jc: JC) -> tuple[JC, _Worker, dict[str, int]]:
+    """Tasks a and b, each running under the test's worker: their run ids by name."""
+    jc.create(task("a", "true", active=True), task("b", "true", active=True))
+    worker = _Worker(jc)
+    runs = {}
+    for name in ("a", "b"):
+        jc.run_now(name)
+        runs[name] = worker.claim(name).id
+    return jc, worker, runs
+
+
 def test_ends_kept_on_disk_are_recorded_once_and_only_on_their_database(
     sqlite_url: str, make_jc: MakeJC, tmp_path: Path
 ) -> None:
@@ -263,13 +276,7 @@ def test_ends_kept_on_disk_are_recorded_once_and_only_on_their_database(
     in the file for its own daemon, and a line no version wrote skipped."""
     from jobcontrol.worker import keptends
 
-    jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
-    jc.create(task("a", "true", active=True), task("b", "true", active=True))
-    worker = _Worker(jc)
-    runs = {}
-    for name in ("a", "b"):
-        jc.run_now(name)
-        runs[name] = worker.claim(name).id
+    jc, worker, runs = _two_running(make_jc(sqlite_url, slots=0, poll_interval=3600.0))
     spool = tmp_path / "spool"
     ended = jc.clock.now() + timedelta(seconds=7)
     values = {"state": RunState.KILLED, "exit_status": 255, "ended": ended, "duration_ms": 7000}
@@ -307,18 +314,9 @@ def test_an_end_kept_while_another_process_records_the_file_is_not_lost(
     one spool: a stop that overlaps the next start) must lose it neither way: the
     recorder must not read a file created and not yet written, and a writer must not
     append to a file the recorder has read and removed. Both take the file's lock."""
-    import os
-    import threading
-
     from jobcontrol.worker import keptends
 
-    jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
-    jc.create(task("a", "true", active=True), task("b", "true", active=True))
-    worker = _Worker(jc)
-    runs = {}
-    for name in ("a", "b"):
-        jc.run_now(name)
-        runs[name] = worker.claim(name).id
+    jc, worker, runs = _two_running(make_jc(sqlite_url, slots=0, poll_interval=3600.0))
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o700)
     path = spool / keptends.FILE
