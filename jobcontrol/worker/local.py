@@ -30,6 +30,8 @@ announcements reach it (``lane_pushes``: its relay listens). On SQLite, where a
 change made by another process is announced by no one, the kernel says when a file of
 the database was written (``ChangeWatch``): an idle worker then sleeps from one
 heartbeat to the next instead of waking every poll interval to find nothing new.
+Where it hears of what others do (that watch; on PostgreSQL a relay that listens) its
+idle groups, too, look for work only at news (``_quiet``), not at every back-off.
 """
 
 from __future__ import annotations
@@ -87,10 +89,12 @@ STOP_PATIENCE_S = 10.0  # a stop's wait for a database that does not answer (kep
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 10.0
 POLL_BACKOFF = 5
 # A worker with no run in hand renews no lease: it beats only to say it lives, every
-# IDLE_BEAT_S (stated in its registry row, ``beat_s``, and judged by it). On a watched
-# SQLite database (``ChangeWatch``) its groups then look for work only when the database
-# was written or its beat saw a run queued, or at the latest every QUIET_LOOK_S: an idle
-# daemon wakes once a minute instead of six times (bench/README.md, fifteenth round).
+# IDLE_BEAT_S (stated in its registry row, ``beat_s``, and judged by it). Where it hears
+# of what others do (a watched SQLite database, ``ChangeWatch``; on PostgreSQL a relay
+# that listens) its groups then look for work only at news (the database written by
+# someone else, a notification from another process, a task's end, a run its beat saw
+# queued), or at the latest every QUIET_LOOK_S: an idle daemon wakes once a minute
+# instead of six times (bench/README.md, fifteenth and sixteenth rounds).
 IDLE_BEAT_S = 60.0
 QUIET_LOOK_S = 600.0
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
@@ -128,6 +132,7 @@ class _Group:
     poll: float = BACKOFF_MIN  # its lanes' poll interval: its wait while pushes are cut
     looked: float = 0.0  # when it last looked (the worker's monotonic)
     news_seen: int = 0  # the worker's news count at that look (``Worker._quiet``)
+    waits_quiet: bool = False  # its workloop waits past its back-off for news
     looks: int = 0  # claims and polls so far (what the tests watch)
     empty: int = 0  # of which found nothing
     # Its slot threads wait on this one, on the worker's lock: a claim wakes as many as
@@ -156,7 +161,7 @@ class GroupView:
     delay: float
     runs: tuple[int, ...]
     next_poll: float = 0.0  # when its back-off lets it look again (the worker's monotonic)
-    quiet: bool = False  # it looks again only at news of a write (``Worker._quiet``)
+    quiet: bool = False  # it looks again only at news (``Worker._quiet``)
 
 
 class _Bell:
@@ -329,9 +334,11 @@ class Worker:
         self._beating_idle = False  # its last beat was an idle one: a claim hurries the next
         self._busy_news = False  # runs claimed since: the heartbeat thread beats sooner
         self._lanes_told = False  # a lane change announced: the heartbeat thread re-reads
-        # News that work may be waiting (the database written by someone else, a run seen
-        # queued), counted: a group that saw every news at its last look is quiet.
+        # News that work may be waiting (the database written by someone else, another
+        # process's notification, a task's end, a run seen queued), counted: a group that
+        # saw every news at its last look is quiet.
         self._news = 1
+        self._hearing = False  # whether it heard others at its last beat (``_hears_others``)
         self.version = version
         self.outage = Outage(f"worker {self.name}")
         self._follow_groups(None)
@@ -480,6 +487,7 @@ class Worker:
             filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
         self._reread_lanes()
         self._watch = self._watch_database()
+        self._hearing = self._hears_others()
         # Ends an earlier life of it kept on disk (a stop during an outage), before it
         # joins: recorded by the daemon already, before its recovery (``Runtime.start``).
         kept = self._retry("record the ends kept on disk", self.record_kept_ends)
@@ -495,6 +503,7 @@ class Worker:
             (events.kill_requested, self._on_kill_requested),
             (events.lanes_changed, self._on_lanes_changed),
             (events.lane_rows_written, self._on_lanes_changed),
+            (events.task_finished, self._on_task_finished),
         ):
             signal.connect(receiver, sender=self.store, weak=False)
             self._receivers.append((signal, receiver))
@@ -618,6 +627,10 @@ class Worker:
                 if run_id not in self._active:
                     return
         self.kill(run_id, reason)
+
+    def _on_task_finished(self, _sender: object, relayed: bool = False, **_: Any) -> None:
+        if relayed:  # another process's run ended: room in a capped lane, a run released
+            self._tell_groups(quiet_only=True)
 
     def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
         self._lanes_told = True
@@ -763,6 +776,14 @@ class Worker:
                     # among it) is covered by a look at the lanes now.
                     self._written(own=True)
                     next_lanes = 0.0
+                hearing = self._hears_others()
+                if hearing != self._hearing:
+                    # Its relay stopped listening (or listens again): quiet groups back
+                    # off as they would unannounced, a beat at most after it happened.
+                    self._hearing = hearing
+                    self._tell_groups()
+                if hearing:
+                    next_lanes = 0.0  # due within a beat anyway: now, in the same wake-up
             if not stopping and (announced or time.monotonic() >= next_lanes):
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
@@ -815,18 +836,31 @@ class Worker:
             self._tell_groups()  # its groups back-off as they would unwatched
         return written
 
-    def _tell_groups(self) -> None:
-        """The database was written, or a run is queued: quiet groups look again."""
+    def _tell_groups(self, *, quiet_only: bool = False) -> None:
+        """The database was written, or a run is queued: quiet groups look again.
+        ``quiet_only``: wake no workloop but those waiting past their back-off (a task's
+        end, on the path from one task to the next)."""
         with self._cond:
             self._news += 1
-            self._cond.notify_all()
+            if not quiet_only or any(g.waits_quiet for g in self._groups):
+                self._cond.notify_all()
+
+    def _hears_others(self) -> bool:
+        """Whether what other processes do reaches it: the database is watched (SQLite),
+        or its relay listens (PostgreSQL: every run queued, run ended and lane written
+        elsewhere is a notification)."""
+        if self._watch is not None:
+            return True
+        listens = self._pushes or self._lane_pushes
+        return listens is not None and listens()
 
     def _quiet(self, g: _Group) -> bool:
-        """Whether a look by ``g`` would find what its last found: the database is watched
-        (SQLite) and neither written by anyone but this worker's beats nor seen to hold
-        a queued run since. Then it looks only at news, or every QUIET_LOOK_S. With the
-        lock held."""
-        return self._watch is not None and self._fixed_poll is None and g.news_seen == self._news
+        """Whether a look by ``g`` would find what its last found: it hears of what others
+        do (``_hears_others``) and has heard nothing since that look: no write by anyone
+        but this worker's beats (SQLite), no notification from another process
+        (PostgreSQL), no task's end, no queued run seen by a beat. Then it looks only at
+        news, or every QUIET_LOOK_S. With the lock held."""
+        return self._fixed_poll is None and g.news_seen == self._news and self._hears_others()
 
     def _report_groups(self) -> None:
         """Which runs each group holds, in the registry, when that changed (``workers``)."""
@@ -937,8 +971,10 @@ class Worker:
                 wait = due - now
                 if wait <= 0:
                     return ("poll", None, 0)
+                g.waits_quiet = due > g.next_poll  # told of news (``_tell_groups``)
                 # While pushes may stop (a relay), look at them once a poll interval.
                 self._cond.wait(wait if self._pushes is None else min(wait, g.poll))
+                g.waits_quiet = False
             else:
                 self._cond.wait()  # at capacity: the end of one of its runs resumes it
         return None
@@ -1054,6 +1090,7 @@ class Worker:
                 else:
                     events.task_finished.send(self.store, run_id=ended)
                 with self._cond:
+                    self._news += 1  # room in a capped lane, a run released: quiet groups look
                     full = g.free <= 0
                     g.runs.discard(ended)
                     if run is not None:
@@ -1066,7 +1103,12 @@ class Worker:
                     # threads of a worker that stops, ``wait_for``. Waking every thread
                     # at each task's end (each slot thread, to find nothing ready) cost
                     # about a tenth of the worker's CPU per task of a sequence.
-                    if g.kicked or self._stopping or self._watching:
+                    if (
+                        g.kicked
+                        or self._stopping
+                        or self._watching
+                        or any(x.waits_quiet for x in self._groups)
+                    ):
                         self._cond.notify_all()
 
     def _execute(

@@ -1,7 +1,9 @@
 """An idle worker beats once a minute, not every third of a lease, and says so in the
 registry; a claim brings its next beat forward, so the leases of the runs it takes are
-renewed as before. On a watched SQLite database (``ChangeWatch``) its groups look for
-work only when the database was written by someone else or its beat saw a run queued.
+renewed as before. Where it hears of what others do (a watched SQLite database,
+``ChangeWatch``; on PostgreSQL a relay that listens) its groups look for work only at
+news: the database written by someone else, another process's notification, a run its
+beat saw queued.
 
 Nothing sleeps: a window of time is another worker's beats, on a database of its own.
 """
@@ -12,14 +14,18 @@ import sqlite3
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jobcontrol import events
 from jobcontrol.clock import SystemClock
 from jobcontrol.model import RunState
 from jobcontrol.store import Store, queries
+from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue, get_worker
 from jobcontrol.worker import Worker
+from tests.acceptance.harness import wait_until
 from tests.integration.helpers import Gate
 from tests.integration.test_slot_groups import queue_run, state_of
 
@@ -54,8 +60,25 @@ def a_store(url: str, stores: list[Store]) -> Store:
     return store
 
 
+@pytest.fixture
+def relays() -> Iterator[list[Relay]]:
+    started: list[Relay] = []
+    yield started
+    for r in started:
+        r.stop()
+
+
+def a_relay(store: Store, name: str, relays: list[Relay]) -> Relay:
+    """What a process on PostgreSQL has (the daemon, a worker process): its relay."""
+    relay = Relay(store, name=name)
+    relays.append(relay)
+    relay.start()
+    assert relay.listening, relay.health()
+    return relay
+
+
 def a_worker(
-    queue: RunQueue, tmp_path: Path, workers: list[Worker], name: str, **kw: float
+    queue: RunQueue, tmp_path: Path, workers: list[Worker], name: str, **kw: Any
 ) -> Worker:
     worker = Worker(
         queue,
@@ -65,7 +88,7 @@ def a_worker(
         name=name,
         slots=1,
         heartbeat_interval=BEAT,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
     worker.start()
     workers.append(worker)
@@ -164,3 +187,74 @@ def test_an_idle_worker_that_met_an_outage_tries_again_at_the_busy_beat(
         blocker.close()
     worker.wait_for("the database again", lambda: not worker.outage.down, WAIT)
     assert worker.beats >= 2
+
+
+@pytest.mark.postgres
+def test_an_idle_worker_whose_relay_listens_looks_only_at_news_from_other_processes(
+    postgres_url: str,
+    tmp_path: Path,
+    stores: list[Store],
+    workers: list[Worker],
+    relays: list[Relay],
+) -> None:
+    """As the daemon's embedded worker is wired on PostgreSQL (``Runtime.start``)."""
+    store = a_store(postgres_url, stores)
+    relay = a_relay(store, "daemon", relays)
+    worker = a_worker(
+        RunQueue(store),
+        tmp_path,
+        workers,
+        "quiet",
+        idle_heartbeat=IDLE,
+        lane_pushes=lambda: relay.listening,
+    )
+    worker.wait_for("quiet", lambda: worker.beats >= 1 and worker.groups()[0].quiet, WAIT)
+    looks = worker.groups()[0].looks
+    # A window of time in which a group that backs off (1 s, 2 s, 4 s) looks twice.
+    other = a_store(f"sqlite:///{tmp_path / 'other.db'}", stores)
+    clock = a_worker(RunQueue(other), tmp_path, workers, "clock")
+    clock.wait_for("twenty-five beats", lambda: clock.beats >= 25, WAIT)
+    assert worker.groups()[0].looks == looks, "nothing heard: nothing to look for"
+    assert worker.groups()[0].quiet
+    assert worker.beats == 1
+
+    # A run queued by a write that announces nothing; then another process's run ends
+    # (capped lanes have room, a queued-ahead run may be released): its relay says so.
+    run_id = queue_run(store, "quick", "true", queue="default")
+    elsewhere = a_store(postgres_url, stores)
+    a_relay(elsewhere, "elsewhere", relays)
+    events.task_finished.send(elsewhere, run_id=run_id + 1000)
+    worker.wait_for("the run ended", lambda: state_of(store, run_id) is RunState.SUCCEEDED, WAIT)
+    assert worker.groups()[0].looks > looks
+
+
+@pytest.mark.postgres
+def test_a_quiet_group_backs_off_again_once_the_relay_stops_listening(
+    postgres_url: str,
+    tmp_path: Path,
+    stores: list[Store],
+    workers: list[Worker],
+    relays: list[Relay],
+) -> None:
+    """Notifications are lost while the relay does not listen: the group must not wait
+    for news it cannot hear. Its worker finds out at its next beat (here every second)
+    and its group looks again as it would unannounced (nothing is queued: no beat says
+    that there is something to look for)."""
+    store = a_store(postgres_url, stores)
+    relay = a_relay(store, "daemon", relays)
+    worker = a_worker(
+        RunQueue(store),
+        tmp_path,
+        workers,
+        "quiet",
+        idle_heartbeat=1.0,
+        lane_pushes=lambda: relay.listening,
+    )
+    worker.wait_for("quiet", lambda: worker.groups()[0].quiet, WAIT)
+    looks, beats = worker.groups()[0].looks, worker.beats
+    # Watched from outside: ``wait_for`` would wake the group at every beat.
+    assert wait_until(lambda: worker.beats >= beats + 2, WAIT)
+    assert worker.groups()[0].looks == looks, "quiet: no look at its beats"
+    relay.stop()
+    assert wait_until(lambda: worker.groups()[0].looks > looks, WAIT), worker.groups()
+    assert not worker.groups()[0].quiet
