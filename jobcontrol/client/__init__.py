@@ -4,6 +4,7 @@ no engine, no store, no SQLAlchemy (``api`` is the HTTP client, ``locate`` finds
 from jobcontrol.client.api import (
     ApiError,
     Client,
+    DaemonTimeoutError,
     DaemonUnreachableError,
     Event,
     StreamHandle,
@@ -14,6 +15,7 @@ from jobcontrol.client.api import (
 __all__ = [
     "ApiError",
     "Client",
+    "DaemonTimeoutError",
     "DaemonUnreachableError",
     "Event",
     "StreamHandle",

@@ -21,7 +21,9 @@ import httpx
 from jobcontrol.errors import JobControlError
 
 API_PREFIX = "/api/v1"
-DEFAULT_TIMEOUT = 30.0
+# Longer than the daemon's own wait for a locked SQLite database (30 s): a request it
+# cannot serve comes back refused with its reason, not cut off here without one.
+DEFAULT_TIMEOUT = 45.0
 # Streams (a followed log, the event stream) wait for data without limit.
 STREAM_TIMEOUT = httpx.Timeout(DEFAULT_TIMEOUT, read=None)
 
@@ -40,6 +42,11 @@ class ApiError(JobControlError):
 
 class DaemonUnreachableError(JobControlError):
     """No answer from the daemon's URL (not running, wrong address, TLS mismatch)."""
+
+
+class DaemonTimeoutError(DaemonUnreachableError):
+    """The daemon took the request and did not answer in time: whether it took effect
+    is not known."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,13 @@ class Client:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            waited = self._http.timeout.read or 0.0
+            raise DaemonTimeoutError(
+                f"the daemon at {self.url} took the request but did not answer within "
+                f"{waited:g} s (its database may be locked or away: see `jobcontrol status`);"
+                " whether it took effect is not known: look before you ask again"
+            ) from exc
         except httpx.TransportError as exc:
             raise DaemonUnreachableError(f"cannot reach the daemon at {self.url}: {exc}") from exc
         check(response)

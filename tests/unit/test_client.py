@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 
-from jobcontrol.client import ApiError, Client, Event, base_url, parse_sse
+from jobcontrol.client import (
+    ApiError,
+    Client,
+    DaemonTimeoutError,
+    DaemonUnreachableError,
+    Event,
+    base_url,
+    parse_sse,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,6 +50,30 @@ def test_a_refusal_carries_the_servers_message_and_status() -> None:
         assert conflict.value.status == 409
         with pytest.raises(ApiError, match="HTTP 502: <html>bad gateway"):
             client.status()
+
+
+def test_a_daemon_that_takes_a_request_and_does_not_answer_is_not_called_unreachable() -> None:
+    """A daemon waiting on a locked database: it took the request, so whether the request
+    took effect is unknown, and the message must not send the user looking for a daemon
+    that is not running. A real socket that accepts and never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with Client(f"http://127.0.0.1:{port}", None, timeout=0.3) as client:
+            with pytest.raises(DaemonTimeoutError) as slow:
+                client.run_now("nap")
+    message = str(slow.value)
+    assert f"the daemon at http://127.0.0.1:{port} took the request" in message, message
+    assert "did not answer within 0.3 s" in message, message
+    assert "whether it took effect is not known" in message, message
+    assert "cannot reach" not in message, message
+
+    # Nothing listening at all: that is unreachable, and says so.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}", None, timeout=0.3) as client:
+        with pytest.raises(DaemonUnreachableError, match="cannot reach the daemon") as gone:
+            client.run_now("nap")
+    assert not isinstance(gone.value, DaemonTimeoutError)
 
 
 def test_server_sent_events_are_parsed_keepalives_skipped() -> None:
