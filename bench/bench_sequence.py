@@ -17,15 +17,25 @@ baseline loop's (a figure a loaded machine disturbs less than wall time).
 
 Target (issue 8): engine time <= 1.5 x baseline on SQLite, <= 2.5 x on PostgreSQL.
 
-    .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--cgroups auto|off] [--json]
+``--breakdown`` also times the steps of each task run (wall and thread CPU around the
+worker's and the dispatcher's functions named in ``STEPS``, both firings) and prints
+their medians and means: the per-task breakdown. The wrappers cost a few microseconds
+per call, so compare the ratio of a run without it.
+
+    .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--cgroups auto|off]
+        [--breakdown] [--json]
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -49,6 +59,60 @@ from jobcontrol.store import queries
 
 TARGET_RATIO = {"sqlite": 1.5, "postgresql": 2.5}  # by store (issue 8)
 BOX = "bench-sequence"
+# ``--breakdown``: (module, owner, function, label), the steps of one task run in order.
+STEPS = (
+    ("jobcontrol.worker.local", "Worker", "_finish", "worker: record the end, take the next"),
+    ("jobcontrol.store.runqueue", "RunQueue", "finish", "  of which the transaction"),
+    ("jobcontrol.worker.local", "Worker", "_open_log", "worker: open the log file"),
+    ("jobcontrol.cgroups", "Containment", "create", "worker: create the run's cgroup(s)"),
+    ("jobcontrol.procs", None, "spawn", "worker: spawn (Popen, vfork + exec)"),
+    ("jobcontrol.procs", None, "wait_child", "worker: the child runs, its exit seen"),
+    ("jobcontrol.cgroups", "RunCgroup", "usage", "worker: read the cgroup's CPU and memory"),
+    ("jobcontrol.cgroups", "Containment", "release", "worker: remove the cgroup(s)"),
+    ("jobcontrol.worker.local", "Worker", "_execute", "worker: the whole task run"),
+    ("jobcontrol.dispatch.dispatcher", "Dispatcher", "_handle", "dispatcher: react (parallel)"),
+)
+
+
+@contextmanager
+def stamped() -> Iterator[dict[str, list[tuple[float, float]]]]:
+    """Wall and thread-CPU milliseconds of every call of each of ``STEPS``."""
+    import importlib
+
+    times: dict[str, list[tuple[float, float]]] = {label: [] for *_, label in STEPS}
+    undo = []
+    for module, owner_name, name, label in STEPS:
+        mod = importlib.import_module(module)
+        owner = getattr(mod, owner_name) if owner_name else mod
+        original = getattr(owner, name)
+
+        def timed(*a: Any, _f: Any = original, _out: Any = times[label], **k: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return _f(*a, **k)
+            finally:
+                _out.append(((time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3))
+
+        setattr(owner, name, functools.wraps(original)(timed))
+        undo.append((owner, name, original))
+    try:
+        yield times
+    finally:
+        for owner, name, original in undo:
+            setattr(owner, name, original)
+
+
+def add_breakdown(rep: c.Report, times: dict[str, list[tuple[float, float]]], n: int) -> None:
+    for label, calls in times.items():
+        if not calls:
+            continue
+        wall = [w for w, _ in calls]
+        cpu = [t for _, t in calls]
+        rep.add(
+            f"breakdown: {label} (calls/task {len(calls) / (2 * n):.1f}) wall median / mean",
+            statistics.median(wall),
+            f"ms / {statistics.mean(wall):.3f} ms, CPU median {statistics.median(cpu):.3f} ms",
+        )
 
 
 def baseline(n: int) -> tuple[float, float]:
@@ -135,14 +199,26 @@ def engine_run(
         store.dispose()
 
 
-def bench(store_name: str, url: str, logs: Path, n: int, cgroups: str = "auto") -> c.Report:
+def bench(
+    store_name: str,
+    url: str,
+    logs: Path,
+    n: int,
+    cgroups: str = "auto",
+    breakdown: bool = False,
+) -> c.Report:
     print(f"[{store_name}] baseline: {n} x subprocess.run(['/bin/sh','-c','true']) ...", flush=True)
     base1, base_cpu1 = baseline(n)
     print(
         f"[{store_name}] engine: SEQUENCE box of {n} tasks, fired twice by its timer ...",
         flush=True,
     )
-    first, second = engine_run(url, logs, n, cgroups=cgroups)
+    times: dict[str, list[tuple[float, float]]] = {}
+    if breakdown:
+        with stamped() as times:
+            first, second = engine_run(url, logs, n, cgroups=cgroups)
+    else:
+        first, second = engine_run(url, logs, n, cgroups=cgroups)
     base2, base_cpu2 = baseline(n)
     base, base_cpu = (base1 + base2) / 2, (base_cpu1 + base_cpu2) / 2
     rep = c.Report("bench_sequence", store_name)
@@ -160,6 +236,7 @@ def bench(store_name: str, url: str, logs: Path, n: int, cgroups: str = "auto") 
     rep.add("baseline: subprocess loop (mean)", base, "s")
     rep.add("baseline: per task (mean)", base / n * 1000, "ms")
     rep.add("baseline: CPU per task (mean)", base_cpu / n * 1000, "ms")
+    add_breakdown(rep, times, n)
     rep.ratios["engine / baseline"] = c.ratio(first["total_s"], base)
     rep.ratios["2nd firing / baseline"] = c.ratio(second["total_s"], base)
     rep.ratios["CPU per task, engine / baseline"] = c.ratio(first["cpu_s"], base_cpu)
@@ -188,13 +265,19 @@ def main() -> int:
         default="auto",
         help="a cgroup per task run where the machine allows (the daemon's default), or off",
     )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time each step of a task run (wall and CPU, median and mean)",
+    )
     args = p.parse_args()
     reports = []
+    how = (args.tasks, args.cgroups, args.breakdown)
     with c.temp_dir("sequence") as tmp:
-        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp / "logs", args.tasks, args.cgroups))
+        reports.append(bench("sqlite", c.sqlite_url(tmp), tmp / "logs", *how))
         if args.pg:
             with c.postgres("bench_sequence") as url:
-                reports.append(bench("postgresql", url, tmp / "pg-logs", args.tasks, args.cgroups))
+                reports.append(bench("postgresql", url, tmp / "pg-logs", *how))
     for rep in reports:
         rep.print(as_json=args.json)
     return 0
