@@ -95,6 +95,29 @@ def a_worker(
     return worker
 
 
+def relayed_worker(
+    url: str,
+    tmp_path: Path,
+    stores: list[Store],
+    workers: list[Worker],
+    relays: list[Relay],
+    idle: float,
+) -> tuple[Store, Relay, Worker]:
+    """A worker wired as the daemon's embedded one is on PostgreSQL (``Runtime.start``):
+    its process's relay listens, and tells it whether it does."""
+    store = a_store(url, stores)
+    relay = a_relay(store, "daemon", relays)
+    worker = a_worker(
+        RunQueue(store),
+        tmp_path,
+        workers,
+        "quiet",
+        idle_heartbeat=idle,
+        lane_pushes=lambda: relay.listening,
+    )
+    return store, relay, worker
+
+
 def beat_s(store: Store, name: str) -> float | None:
     with store.read() as conn:
         row = get_worker(conn, name)
@@ -197,17 +220,7 @@ def test_an_idle_worker_whose_relay_listens_looks_only_at_news_from_other_proces
     workers: list[Worker],
     relays: list[Relay],
 ) -> None:
-    """As the daemon's embedded worker is wired on PostgreSQL (``Runtime.start``)."""
-    store = a_store(postgres_url, stores)
-    relay = a_relay(store, "daemon", relays)
-    worker = a_worker(
-        RunQueue(store),
-        tmp_path,
-        workers,
-        "quiet",
-        idle_heartbeat=IDLE,
-        lane_pushes=lambda: relay.listening,
-    )
+    store, _, worker = relayed_worker(postgres_url, tmp_path, stores, workers, relays, IDLE)
     worker.wait_for("quiet", lambda: worker.beats >= 1 and worker.groups()[0].quiet, WAIT)
     looks = worker.groups()[0].looks
     # A window of time in which a group that backs off (1 s, 2 s, 4 s) looks twice.
@@ -240,16 +253,7 @@ def test_a_quiet_group_backs_off_again_once_the_relay_stops_listening(
     for news it cannot hear. Its worker finds out at its next beat (here every second)
     and its group looks again as it would unannounced (nothing is queued: no beat says
     that there is something to look for)."""
-    store = a_store(postgres_url, stores)
-    relay = a_relay(store, "daemon", relays)
-    worker = a_worker(
-        RunQueue(store),
-        tmp_path,
-        workers,
-        "quiet",
-        idle_heartbeat=1.0,
-        lane_pushes=lambda: relay.listening,
-    )
+    _, relay, worker = relayed_worker(postgres_url, tmp_path, stores, workers, relays, 1.0)
     worker.wait_for("quiet", lambda: worker.groups()[0].quiet, WAIT)
     looks, beats = worker.groups()[0].looks, worker.beats
     # Watched from outside: ``wait_for`` would wake the group at every beat.
