@@ -628,9 +628,10 @@ class Worker:
                     return
         self.kill(run_id, reason)
 
-    def _on_task_finished(self, _sender: object, relayed: bool = False, **_: Any) -> None:
-        if relayed:  # another process's run ended: room in a capped lane, a run released
-            self._tell_groups(quiet_only=True)
+    def _on_task_finished(self, _sender: object, **_: Any) -> None:
+        # A run ended, its own or (relayed) another process's: room in a capped lane, a
+        # sequence's next task left queued for another group.
+        self._tell_groups(quiet_only=True)
 
     def _on_lanes_changed(self, _sender: object, **_: Any) -> None:
         self._lanes_told = True
@@ -1090,7 +1091,6 @@ class Worker:
                 else:
                     events.task_finished.send(self.store, run_id=ended)
                 with self._cond:
-                    self._news += 1  # room in a capped lane, a run released: quiet groups look
                     full = g.free <= 0
                     g.runs.discard(ended)
                     if run is not None:
@@ -1103,12 +1103,7 @@ class Worker:
                     # threads of a worker that stops, ``wait_for``. Waking every thread
                     # at each task's end (each slot thread, to find nothing ready) cost
                     # about a tenth of the worker's CPU per task of a sequence.
-                    if (
-                        g.kicked
-                        or self._stopping
-                        or self._watching
-                        or any(x.waits_quiet for x in self._groups)
-                    ):
+                    if g.kicked or self._stopping or self._watching:
                         self._cond.notify_all()
 
     def _execute(

@@ -118,6 +118,14 @@ def relayed_worker(
     return store, relay, worker
 
 
+def five_seconds_pass(tmp_path: Path, stores: list[Store], workers: list[Worker]) -> None:
+    """A window of time with no sleep: twenty-five beats (5 s) of a worker on a database
+    of its own, which nothing under test reads."""
+    other = a_store(f"sqlite:///{tmp_path / 'other.db'}", stores)
+    clock = a_worker(RunQueue(other), tmp_path, workers, "clock")
+    clock.wait_for("twenty-five beats", lambda: clock.beats >= 25, WAIT)
+
+
 def beat_s(store: Store, name: str) -> float | None:
     with store.read() as conn:
         row = get_worker(conn, name)
@@ -172,11 +180,8 @@ def test_an_idle_worker_on_a_watched_database_does_not_look_until_it_is_written(
     # the database written after that look (its joining the registry).
     worker.wait_for("quiet", lambda: worker.beats >= 1 and worker.groups()[0].quiet, WAIT)
     looks, beats = worker.groups()[0].looks, worker.beats
-    # A window of time: twenty-five beats (5 s) of a worker on another database, in which
-    # an unwatched group would have looked again (4 s later).
-    other = a_store(f"sqlite:///{tmp_path / 'other.db'}", stores)
-    clock = a_worker(RunQueue(other), tmp_path, workers, "clock")
-    clock.wait_for("twenty-five beats", lambda: clock.beats >= 25, WAIT)
+    # A window of time in which an unwatched group would have looked again (4 s later).
+    five_seconds_pass(tmp_path, stores, workers)
     assert worker.groups()[0].looks == looks, "nothing written: nothing to look for"
     assert worker.groups()[0].quiet
     assert worker.beats == beats == 1
@@ -224,9 +229,7 @@ def test_an_idle_worker_whose_relay_listens_looks_only_at_news_from_other_proces
     worker.wait_for("quiet", lambda: worker.beats >= 1 and worker.groups()[0].quiet, WAIT)
     looks = worker.groups()[0].looks
     # A window of time in which a group that backs off (1 s, 2 s, 4 s) looks twice.
-    other = a_store(f"sqlite:///{tmp_path / 'other.db'}", stores)
-    clock = a_worker(RunQueue(other), tmp_path, workers, "clock")
-    clock.wait_for("twenty-five beats", lambda: clock.beats >= 25, WAIT)
+    five_seconds_pass(tmp_path, stores, workers)
     assert worker.groups()[0].looks == looks, "nothing heard: nothing to look for"
     assert worker.groups()[0].quiet
     assert worker.beats == 1
