@@ -176,7 +176,7 @@ class TreeRuns:
         adopted = self._adopt_ahead(node, parent) if is_task else None
         if adopted is not None:
             run_id, end = adopted
-            state, adopted_status = end.state, end.exit_status
+            state = end.state
         else:
             state = RunState.QUEUED if is_task else RunState.RUNNING
             run_id = self.insert_run(node, parent, tr, state, now)
@@ -193,8 +193,16 @@ class TreeRuns:
             self.d.tx.log(log, "Running Task %s", job.name)
             tr.current_task = frame
             if adopted is not None and state.is_final:
-                tr.current_task = None  # it ran and ended before we got here
-                return self._finish(frame, adopted_status or 0, state, end)
+                # It ran and ended before we got here: settled as any task's end is
+                # (retried, a worker's kill or loss counted), at the time it ended,
+                # which the boxes that end with it take too.
+                outer = self._ended_at
+                self._ended_at = end.ended or outer
+                try:
+                    return self._settle(frame, end)
+                finally:
+                    if outer is None:
+                        self._ended_at = None
             if state is RunState.QUEUED:
                 self.d.tx.offers.append(run_id)
             self._queue_ahead(frame)
@@ -477,6 +485,19 @@ class TreeRuns:
     def _task_ended(self, frame: Frame, row: RunRecord | queries.RunEnd) -> None:
         if frame.parent is None:
             self.reacted.append((frame.tree_run, frame))
+        # The boxes that end with it end when it ended, as its worker recorded it, not
+        # when the reaction comes (after an outage, or a dispatcher away, that is later).
+        self._ended_at = row.ended
+        try:
+            status = self._settle(frame, row)
+            if status is not None:
+                self._propagate(frame, status)
+        finally:
+            self._ended_at = None
+
+    def _settle(self, frame: Frame, row: RunRecord | queries.RunEnd) -> int | None:
+        """A task run's recorded end: its status, or None when it is retried (its box
+        waits for the retry's end)."""
         if row.state is RunState.LOST:
             # Recorded lost by its worker: one restarted under its name settles what its
             # killed process held, before the lease would have. An unexpected worker
@@ -486,7 +507,7 @@ class TreeRuns:
             if full is not None:
                 self.stop_lanes_after_worker_ends([full])
         if self._retry(frame, row.state, row.exit_status):
-            return
+            return None
         tr = frame.tree_run
         if row.state is RunState.KILLED and not tr.killed:
             # Killed on purpose by its worker (a stop with --kill, of the daemon or of a
@@ -500,11 +521,7 @@ class TreeRuns:
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
-        self._ended_at = row.ended
-        try:
-            self._propagate(frame, self._finish(frame, status, row.state, row))
-        finally:
-            self._ended_at = None
+        return self._finish(frame, status, row.state, row)
 
     def reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""

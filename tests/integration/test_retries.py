@@ -61,6 +61,16 @@ class Workers:
         values = {"state": state, "exit_status": status, "ended": now, "duration_ms": 5}
         return self.rq.finish(run_id, name, values, 5).recorded
 
+    def succeed_taking_next(self, name: str, run: RunRecord) -> RunRecord:
+        """Record ``run``'s success and take the task queued ahead after it, in one
+        transaction, as the embedded worker does in a sequence."""
+        now = self.jc.clock.now()
+        values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
+        done = self.rq.finish(run.id, name, values, 5, take_next=("host-b", now))
+        assert done.recorded
+        assert done.next is not None, "nothing was queued ahead after the run"
+        return done.next
+
 
 def _poll(jc: JC) -> None:
     """Run the dispatcher's back-up poll now (ends nobody announced, expired leases)."""
@@ -481,3 +491,66 @@ def test_a_rebuild_from_the_database_goes_on_from_the_last_attempt(
     _poll(jc)
     done = jc.rec.run_finished("Box", since=mark)
     assert (done["state"], done["exit_status"]) == ("succeeded", 0)
+
+
+def test_a_task_taken_ahead_that_fails_before_the_dispatcher_hears_is_retried(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A worker that runs a sequence faster than the dispatcher reacts: it takes the next
+    task with its predecessor's end and records that task's failure before the
+    dispatcher heard of either. The failure is retried all the same."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    jc.create(
+        box("Box", active=True, on_error="abort"),
+        task("first", "true", "Box", active=True),
+        task("flaky", "false", "Box", active=True, retries=1),
+        task("next", "true", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Box")
+    taken = w.succeed_taking_next("w1", w.claim_one("w1", "first"))
+    assert taken.job_name == "flaky"
+    assert w.finish("w1", taken.id, 1)  # before the dispatcher reacted to "first"
+    _poll(jc)
+
+    retry = w.claim_one("w1", "flaky")
+    assert retry.attempt == 2
+    assert w.finish("w1", retry.id, 0)
+    _poll(jc)
+    nxt = w.claim_one("w1", "next")
+    assert w.finish("w1", nxt.id, 0)
+    _poll(jc)
+    finished = jc.rec.run_finished("Box", since=mark)
+    assert (finished["state"], finished["exit_status"]) == ("succeeded", 0)
+    assert [(r.attempt, r.state) for r in _runs(jc, "flaky")] == [
+        (1, RunState.FAILED),
+        (2, RunState.SUCCEEDED),
+    ]
+
+
+def test_a_task_taken_ahead_that_its_worker_killed_before_the_dispatcher_hears_kills_the_tree(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """The same race with a worker stopping with --kill: the task it took ahead and killed
+    kills its tree run, as it does when the dispatcher hears of the kill in time. The
+    box records the kill, not a failure, and the box's next task never runs."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    jc.create(
+        box("Box", active=True, on_error="continue"),
+        task("first", "true", "Box", active=True),
+        task("victim", "sleep 100", "Box", active=True, retries=3),
+        task("next", "true", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Box")
+    taken = w.succeed_taking_next("w1", w.claim_one("w1", "first"))
+    assert taken.job_name == "victim"
+    assert w.finish("w1", taken.id, 255, RunState.KILLED)
+    _poll(jc)
+
+    finished = jc.rec.run_finished("Box", since=mark)
+    assert (finished["state"], finished["exit_status"]) == ("killed", 255)
+    assert [(r.state, r.attempt) for r in _runs(jc, "victim")] == [(RunState.KILLED, 1)]
+    assert jc.runs("next") == []
