@@ -43,6 +43,7 @@ class Cpu:
     at: float  # time.monotonic() of the reading
     own: float
     children: float
+    system: float = 0.0  # of ``own``, the part spent in the kernel (stime)
 
     def since(self, before: Cpu) -> tuple[float, float, float]:
         """(wall seconds, own CPU seconds, children's CPU seconds) between two readings."""
@@ -55,7 +56,12 @@ def cpu(pid: int | str = "self") -> Cpu:
     fields = text[text.rindex(")") + 2 :].split()
     # fields[0] is field 3 (state); utime, stime, cutime, cstime are fields 14..17.
     utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-    return Cpu(time.monotonic(), (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK)
+    return Cpu(
+        time.monotonic(),
+        (utime + stime) / CLK_TCK,
+        (cutime + cstime) / CLK_TCK,
+        stime / CLK_TCK,
+    )
 
 
 @dataclass(frozen=True)

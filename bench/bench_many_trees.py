@@ -99,11 +99,11 @@ def engine(
         print(f"  {daemon.load(d.one_task_trees(trees, 'every 1s'), tmp / 'trees.yaml')}")
         pid = daemon.start("--slots", "0") if worker_process else daemon.start()
         wpid = daemon.start_worker("bench-worker", 8) if worker_process else None
-        w0, cpu0 = datetime.now(UTC), d.cpu(pid)
+        w0, cpu0, thr0 = datetime.now(UTC), d.cpu(pid), d.threads(pid)
         wcpu0 = d.cpu(wpid) if wpid is not None else None
         time.sleep(duration)
         try:
-            cpu1 = d.cpu(pid)
+            cpu1, thr1 = d.cpu(pid), d.threads(pid)
             wcpu1 = d.cpu(wpid) if wpid is not None else None
         except OSError:
             raise SystemExit(f"the daemon died during the run:\n{daemon.log_tail()}") from None
@@ -112,6 +112,8 @@ def engine(
         stop_at = datetime.now(UTC)
         daemon.stop()
     wall, own, children = cpu1.since(cpu0)
+    system = cpu1.system - cpu0.system
+    switches = thr1.switches - thr0.switches
     worker_own = 0.0
     if wcpu0 is not None and wcpu1 is not None:
         _, worker_own, worker_children = wcpu1.since(wcpu0)
@@ -179,6 +181,8 @@ def engine(
         "last_first_s": last_first_s,
         "tree_runs_per_s": tree_runs_in_window / window_s,
         "cpu_pct": 100 * own / wall,
+        "kernel_pct": 100 * system / own if own else 0.0,
+        "switches_per_run": switches / tree_runs_in_window if tree_runs_in_window else 0.0,
         "worker_cpu_pct": 100 * worker_own / wall if worker_process else None,
         "children_cpu_pct": 100 * children / wall,
     }
@@ -260,6 +264,11 @@ def report(
     rep.add("engine: runs due, not started by the stop", eng["pending"], "")
     rep.add("engine: last tree's first run, after ready", eng["last_first_s"], "s")
     rep.add("engine: daemon CPU", eng["cpu_pct"], "%")
+    # Where that CPU goes: the kernel's share (spawns, cgroups, files, the database's
+    # I/O, and the thread switches of the one interpreter lock), and how many context
+    # switches the daemon's threads made per tree run.
+    rep.add("engine: daemon CPU, kernel's share", eng["kernel_pct"], "%")
+    rep.add("engine: daemon context switches per tree run", eng["switches_per_run"], "")
     if eng.get("worker_cpu_pct") is not None:
         rep.add("engine: worker process CPU", eng["worker_cpu_pct"], "%")
         rep.notes.append(
