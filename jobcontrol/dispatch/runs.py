@@ -177,6 +177,8 @@ class TreeRuns:
         if adopted is not None:
             run_id, end = adopted
             state = end.state
+            if end.started is not None:  # it ran from then: the job's last run, duration
+                now = min(end.started, now)
         else:
             state = RunState.QUEUED if is_task else RunState.RUNNING
             run_id = self.insert_run(node, parent, tr, state, now)
@@ -521,7 +523,16 @@ class TreeRuns:
         # task; one that ended just before a kill keeps its status (its run row says
         # so too), while its boxes still record the kill (_after_child, _finish).
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
+        self._ran_from(frame, row.started)
         return self._finish(frame, status, row.state, row)
+
+    def _ran_from(self, frame: Frame, started: datetime | None) -> None:
+        """The job ran from its worker's start, not from its queueing: a task run that
+        waited for a slot or a lane counts only its run in the job's duration. Never
+        after now (a worker's clock ahead of ours): the job's ``last_ran`` marks the
+        reaction for start-up recovery (README, "Crash recovery")."""
+        if started is not None:
+            frame.started = max(frame.started, min(started, self.d.clock.now()))
 
     def reconcile(self) -> None:
         """The back-up poll: task runs that ended without a wake-up reaching us."""
@@ -657,6 +668,7 @@ class TreeRuns:
             frame = self.frames.get(row.id)
             if frame is not None and not self._retry(frame, RunState.LOST, KILLED_STATUS):
                 frame.tree_run.current_task = None
+                self._ran_from(frame, row.started)
                 self._propagate(frame, self._finish(frame, KILLED_STATUS, RunState.LOST))
         if settled:
             self.stop_lanes_after_worker_ends(settled)

@@ -347,9 +347,20 @@ class RunEnd(NamedTuple):
     cpu_us: int | None = None  # from the run's cgroup, for the finished event
     mem_peak_bytes: int | None = None
     ended: datetime | None = None  # as its worker recorded it: a box ends when it did
+    # When a worker started it (None while queued): a run adopted after it started
+    # (queued ahead, taken with its predecessor's end) ran from then, not from the
+    # dispatcher's reaction.
+    started: datetime | None = None
 
 
-_END_COLUMNS = (run.c.state, run.c.exit_status, run.c.cpu_us, run.c.mem_peak_bytes, run.c.ended)
+_END_COLUMNS = (
+    run.c.state,
+    run.c.exit_status,
+    run.c.cpu_us,
+    run.c.mem_peak_bytes,
+    run.c.ended,
+    run.c.started,
+)
 _GET_RUN_END = Prepared(select(*_END_COLUMNS).where(run.c.id == bindparam("w_id")), _END_COLUMNS)
 
 
@@ -395,6 +406,7 @@ def _run_end(row: Mapping[str, Any]) -> RunEnd:
         row["cpu_us"],
         row["mem_peak_bytes"],
         row["ended"],
+        row["started"],
     )
 
 

@@ -554,3 +554,58 @@ def test_a_task_taken_ahead_that_its_worker_killed_before_the_dispatcher_hears_k
     assert (finished["state"], finished["exit_status"]) == ("killed", 255)
     assert [(r.state, r.attempt) for r in _runs(jc, "victim")] == [(RunState.KILLED, 1)]
     assert jc.runs("next") == []
+
+
+def test_a_task_taken_ahead_that_ended_before_the_dispatcher_hears_keeps_its_times(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """The job's last run and duration are the task's own, as its worker recorded them,
+    not the moment the dispatcher adopted an end it heard of late; its box ends when
+    the task did."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    jc.create(
+        box("Box", active=True),
+        task("first", "true", "Box", active=True),
+        task("second", "true", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    t0 = jc.clock.now()
+    root = jc.run_now("Box")
+    first = w.claim_one("w1", "first")
+    jc.clock.set(t0 + timedelta(seconds=1))
+    second = w.succeed_taking_next("w1", first)
+    jc.clock.set(t0 + timedelta(seconds=3))
+    assert w.finish("w1", second.id, 0)
+    jc.clock.set(t0 + timedelta(seconds=10))  # the dispatcher hears of both ends late
+    _poll(jc)
+
+    assert jc.rec.run_finished("Box", since=mark)["state"] == "succeeded"
+    job = jc.job("second")
+    assert (job.last_ran, job.last_duration_ms, job.exit_status) == (
+        t0 + timedelta(seconds=1),
+        2000,
+        0,
+    )
+    assert jc.run(root).ended == t0 + timedelta(seconds=3)
+
+
+def test_a_task_that_waited_in_the_queue_counts_only_its_run_in_the_job(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A task queued for a minute before a worker took it: the job's last run is when it
+    started and its duration is the run's, as in its history; not from its queueing."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    jc.create(box("Box", active=True), task("slow", "true", "Box", active=True))
+    t0 = jc.clock.now()
+    jc.run_now("Box")
+    jc.clock.set(t0 + timedelta(minutes=1))  # no slot free until now
+    run = w.claim_one("w1", "slow")
+    jc.clock.set(t0 + timedelta(minutes=1, seconds=4))
+    assert w.finish("w1", run.id, 0)
+    _poll(jc)
+
+    job = jc.job("slow")
+    assert (job.last_ran, job.last_duration_ms) == (t0 + timedelta(minutes=1), 4000)
+    assert jc.run(run.id).started == job.last_ran
