@@ -45,7 +45,10 @@ CHANNEL = "jobcontrol"
 # NOTIFY's payload must stay under 8000 bytes: run ids past this many are left out
 # (the receiver claims by priority instead; the ids are only a fast path).
 MAX_IDS = 200
-RETRY_FIRST, RETRY_MAX = 0.1, 5.0
+# As the dispatcher's and the workers' own retries: a listener that waited 5 s between
+# tries after an outage left a remote worker deaf to runs queued for up to 5 s after the
+# database came back (the back-off poll found them, seconds later still).
+RETRY_FIRST, RETRY_MAX = 0.1, 2.0
 
 _SIGNALS = {
     "runs_queued": events.runs_queued,
