@@ -142,11 +142,13 @@ class Engine:
         if not self._live:
             with self.store.write() as conn:
                 yield conn, self._structure(conn), change
+                _drop_aheads(conn, change)
             return
         assert self.dispatcher is not None
         with self.dispatcher.protocol.user_edit() as ticket:
             with self.store.write() as conn:
                 yield conn, self._structure(conn), change
+                _drop_aheads(conn, change)
             ticket.change = change if change else None
         if change:
             self.dispatcher.post((lambda: None, None))
@@ -690,3 +692,12 @@ def _note_batch(note: audit.AuditNote, result: BatchResult) -> None:
         f"{len(result.deleted)} deleted"
     )
     note.detail = f"{note.detail}: {summary}" if note.detail else summary
+
+
+def _drop_aheads(conn: Connection, change: EditChange) -> None:
+    """An edit that changed something takes away, in its own commit, every run queued
+    ahead (``pending``): each was made from the definitions before it (a command, the
+    box's order, whether a failure releases it), and a worker must not take one between
+    this commit and the dispatcher's reaction, which queues them again as it goes on."""
+    if change:
+        queries.drop_pending(conn)

@@ -24,7 +24,7 @@ from jobcontrol.errors import (
 )
 from jobcontrol.model import TreeState
 from jobcontrol.store import queries
-from tests.integration.helpers import JC, USER, box, task
+from tests.integration.helpers import JC, USER, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -539,3 +539,64 @@ def test_concurrent_edits_and_runs_leave_the_tree_true_and_idle(jc: JC) -> None:
     jc.assert_tree_matches_db()
     with jc.store.read() as conn:
         assert queries.active_runs(conn) == []  # every run ended and was recorded
+
+
+def test_an_edit_takes_the_run_queued_ahead_away_in_its_own_commit(
+    db_url: str, make_jc: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next task of a sequence waits queued ahead, made from the definitions as they
+    were. An edit commits; a worker then records the running task's end before the
+    dispatcher reacted to the edit (a busy moment, held open here). It must not take the
+    run made before the edit: the next task runs with the definition as edited."""
+    from sqlalchemy import select
+
+    from jobcontrol.model import RunState
+    from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+    from jobcontrol.store.schema import job as job_table
+
+    jc = make_jc(db_url, slots=0, poll_interval=3600.0)
+    jc.create(
+        box("Seq", active=True),
+        task("first", "true", "Seq", active=True),
+        task("second", "echo before", "Seq", active=True),
+    )
+    rq = RunQueue(jc.store, timedelta(seconds=30))
+    now = jc.clock.now()
+    rq.register(WorkerInfo("w1", "host-b", 4242, 4, "test", now), now)
+    jc.run_now("Seq")
+    (first,) = rq.claim("w1", "host-b", now, limit=4)
+    assert first.job_name == "first"
+
+    d = jc.dispatcher
+    held, real = threading.Event(), d._handle
+
+    def handle_when_let(*args: Any) -> None:
+        held.wait(30)
+        real(*args)
+
+    monkeypatch.setattr(d, "_handle", handle_when_let)
+    change = {"command": "echo after"}
+    editing = threading.Thread(
+        target=lambda: jc.engine.modify_jobs([JobChange("second", change)], user=USER)
+    )
+    editing.start()
+
+    def committed() -> bool:
+        with jc.store.read() as conn:
+            query = select(job_table.c.command).where(job_table.c.name == "second")
+            return conn.execute(query).scalar_one() == "echo after"
+
+    try:
+        poll_until("the edit to commit", committed)
+        values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
+        done = rq.finish(first.id, "w1", values, 5, take_next=("host-b", now))
+        assert done.recorded
+        assert done.next is None, f"took {done.next.command!r}, made before the edit"
+    finally:
+        held.set()
+        editing.join(30)
+    jc.sync()
+    d.post((d._poll, None))  # the end, heard by the back-up poll
+    jc.sync()
+    (second,) = rq.claim("w1", "host-b", jc.clock.now(), limit=4)
+    assert (second.job_name, second.command) == ("second", "echo after")
