@@ -314,7 +314,13 @@ class TreeRuns:
             if frame.ahead is None or (tr is not None and frame.tree_run is not tr):
                 continue
             _, run_id = frame.ahead
-            if queries.drop_pending(self.d.tx.conn, run_id):
+            conn = self.d.tx.conn
+            if queries.drop_pending(conn, run_id):
+                frame.ahead = None
+            elif queries.run_end(conn, run_id) is None:
+                # Gone already: an edit takes every pending run away in its own commit,
+                # before this reaction (``service/engine.py``). Forgotten now, before
+                # SQLite gives its id to the next run inserted (it reuses the largest).
                 frame.ahead = None
             elif not pending_only:
                 frame.ahead = None

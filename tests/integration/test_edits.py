@@ -600,3 +600,44 @@ def test_an_edit_takes_the_run_queued_ahead_away_in_its_own_commit(
     jc.sync()
     (second,) = rq.claim("w1", "host-b", jc.clock.now(), limit=4)
     assert (second.job_name, second.command) == ("second", "echo after")
+
+
+def test_a_run_queued_ahead_that_an_edit_took_away_is_forgotten_before_its_id_is_reused(
+    sqlite_url: str, make_jc: Any
+) -> None:
+    """SQLite gives the largest id again once its row is gone: the dispatcher forgets the
+    run queued ahead that an edit deleted before it inserts the next run, which may get
+    that id, and it never cancels that other run in the old one's place."""
+    from jobcontrol.model import RunState
+    from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+
+    jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
+    jc.create(
+        box("Seq", active=True),
+        task("first", "true", "Seq", active=True),
+        task("second", "true", "Seq", active=True),
+        task("Solo", "true", active=True),
+    )
+    rq = RunQueue(jc.store, timedelta(seconds=30))
+    now = jc.clock.now()
+    rq.register(WorkerInfo("w1", "host-b", 4242, 4, "test", now), now)
+    jc.run_now("Seq")
+    (first,) = rq.claim("w1", "host-b", now, limit=4)
+    ahead = first.id + 1  # "second", queued ahead after it: the largest id
+    jc.engine.modify_jobs([JobChange("Solo", {"description": "edited"})], user=USER)
+    solo = jc.run_now("Solo")
+    assert solo == ahead  # the id of the run the edit took away, given again
+
+    values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
+    assert rq.finish(first.id, "w1", values, 5).recorded
+    jc.dispatcher.post((jc.dispatcher._poll, None))  # the end, heard by the back-up poll
+    jc.sync()
+    assert jc.run(solo).state is RunState.QUEUED  # not cancelled as "second"'s run was
+    claimed = {r.job_name: r for r in rq.claim("w1", "host-b", jc.clock.now(), limit=4)}
+    assert sorted(claimed) == ["Solo", "second"]
+    for run in claimed.values():
+        assert rq.finish(run.id, "w1", values, 5).recorded
+    jc.dispatcher.post((jc.dispatcher._poll, None))
+    jc.sync()
+    assert jc.run(solo).state is RunState.SUCCEEDED
+    assert jc.dispatcher.call(lambda: len(jc.dispatcher.runs.tree_runs)).result(10) == 0
