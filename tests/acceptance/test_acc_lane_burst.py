@@ -344,12 +344,21 @@ def test_five_workers_restarted_at_once_after_kill_9_stop_the_lane_too(
         # The dispatcher hears of both ends (each on its own) and counts one death.
         assert wait_until(lambda d=death: ends(db) >= d, WAIT), ends(db)
         assert ends(db) == death, "one death, however many runs it held"
+        # The dispatcher reacts to the two ends one by one: the death is counted at the
+        # first, and the other tree is still busy until the second.
+        assert wait_until(lambda: _idle(jc, "hang1", "hang2"), WAIT), jc.ok("ls").stdout
         if death < 5:
             assert lane(jc)["state"] == "open", f"stopped after {death} deaths"
     assert wait_until(lambda: lane(jc)["state"] == "stopped", WAIT), lane(jc)
     assert "5 unexpected worker ends within 10 minutes" in lane(jc)["stopped_reason"]
     trail = [(e["user"], e["operation"]) for e in jc.json("audit")]
     assert trail.count(("dispatcher", "lane.stop")) == 1, trail
+
+
+def _idle(jc: JobControl, *names: str) -> bool:
+    """Whether every named job is idle, as ``ls`` shows it."""
+    states = {j["name"]: j["state"] for j in jc.json("ls")}
+    return all(states.get(name) == "idle" for name in names)
 
 
 def ends(db: Store) -> int:
