@@ -10,10 +10,11 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from jobcontrol import Batch, JobChange, JobControlError, NewJob
 from jobcontrol.errors import (
@@ -22,8 +23,10 @@ from jobcontrol.errors import (
     JobRunningError,
     UnknownJobError,
 )
-from jobcontrol.model import TreeState
+from jobcontrol.model import RunState, TreeState
 from jobcontrol.store import queries
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+from jobcontrol.store.schema import job as job_table
 from tests.integration.helpers import JC, USER, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
@@ -548,21 +551,13 @@ def test_an_edit_takes_the_run_queued_ahead_away_in_its_own_commit(
     were. An edit commits; a worker then records the running task's end before the
     dispatcher reacted to the edit (a busy moment, held open here). It must not take the
     run made before the edit: the next task runs with the definition as edited."""
-    from sqlalchemy import select
-
-    from jobcontrol.model import RunState
-    from jobcontrol.store.runqueue import RunQueue, WorkerInfo
-    from jobcontrol.store.schema import job as job_table
-
     jc = make_jc(db_url, slots=0, poll_interval=3600.0)
     jc.create(
         box("Seq", active=True),
         task("first", "true", "Seq", active=True),
         task("second", "echo before", "Seq", active=True),
     )
-    rq = RunQueue(jc.store, timedelta(seconds=30))
-    now = jc.clock.now()
-    rq.register(WorkerInfo("w1", "host-b", 4242, 4, "test", now), now)
+    rq, now = _test_worker(jc), jc.clock.now()
     jc.run_now("Seq")
     (first,) = rq.claim("w1", "host-b", now, limit=4)
     assert first.job_name == "first"
@@ -588,16 +583,14 @@ def test_an_edit_takes_the_run_queued_ahead_away_in_its_own_commit(
 
     try:
         poll_until("the edit to commit", committed)
-        values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
-        done = rq.finish(first.id, "w1", values, 5, take_next=("host-b", now))
+        done = rq.finish(first.id, "w1", _success(now), 5, take_next=("host-b", now))
         assert done.recorded
         assert done.next is None, f"took {done.next.command!r}, made before the edit"
     finally:
         held.set()
         editing.join(30)
     jc.sync()
-    d.post((d._poll, None))  # the end, heard by the back-up poll
-    jc.sync()
+    _poll(jc)  # the end, heard by the back-up poll
     (second,) = rq.claim("w1", "host-b", jc.clock.now(), limit=4)
     assert (second.job_name, second.command) == ("second", "echo after")
 
@@ -608,9 +601,6 @@ def test_a_run_queued_ahead_that_an_edit_took_away_is_forgotten_before_its_id_is
     """SQLite gives the largest id again once its row is gone: the dispatcher forgets the
     run queued ahead that an edit deleted before it inserts the next run, which may get
     that id, and it never cancels that other run in the old one's place."""
-    from jobcontrol.model import RunState
-    from jobcontrol.store.runqueue import RunQueue, WorkerInfo
-
     jc = make_jc(sqlite_url, slots=0, poll_interval=3600.0)
     jc.create(
         box("Seq", active=True),
@@ -618,9 +608,7 @@ def test_a_run_queued_ahead_that_an_edit_took_away_is_forgotten_before_its_id_is
         task("second", "true", "Seq", active=True),
         task("Solo", "true", active=True),
     )
-    rq = RunQueue(jc.store, timedelta(seconds=30))
-    now = jc.clock.now()
-    rq.register(WorkerInfo("w1", "host-b", 4242, 4, "test", now), now)
+    rq, now = _test_worker(jc), jc.clock.now()
     jc.run_now("Seq")
     (first,) = rq.claim("w1", "host-b", now, limit=4)
     ahead = first.id + 1  # "second", queued ahead after it: the largest id
@@ -628,16 +616,32 @@ def test_a_run_queued_ahead_that_an_edit_took_away_is_forgotten_before_its_id_is
     solo = jc.run_now("Solo")
     assert solo == ahead  # the id of the run the edit took away, given again
 
-    values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
-    assert rq.finish(first.id, "w1", values, 5).recorded
-    jc.dispatcher.post((jc.dispatcher._poll, None))  # the end, heard by the back-up poll
-    jc.sync()
+    assert rq.finish(first.id, "w1", _success(now), 5).recorded
+    _poll(jc)  # the end, heard by the back-up poll
     assert jc.run(solo).state is RunState.QUEUED  # not cancelled as "second"'s run was
     claimed = {r.job_name: r for r in rq.claim("w1", "host-b", jc.clock.now(), limit=4)}
     assert sorted(claimed) == ["Solo", "second"]
     for run in claimed.values():
-        assert rq.finish(run.id, "w1", values, 5).recorded
-    jc.dispatcher.post((jc.dispatcher._poll, None))
-    jc.sync()
+        assert rq.finish(run.id, "w1", _success(now), 5).recorded
+    _poll(jc)
     assert jc.run(solo).state is RunState.SUCCEEDED
     assert jc.dispatcher.call(lambda: len(jc.dispatcher.runs.tree_runs)).result(10) == 0
+
+
+def _test_worker(jc: JC) -> RunQueue:
+    """The test as worker ``w1`` (the daemon has no embedded one: ``slots=0``)."""
+    rq = RunQueue(jc.store, timedelta(seconds=30))
+    now = jc.clock.now()
+    rq.register(WorkerInfo("w1", "host-b", 4242, 4, "test", now), now)
+    return rq
+
+
+def _success(now: datetime) -> dict[str, Any]:
+    """A task run's end: succeeded at ``now``."""
+    return {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
+
+
+def _poll(jc: JC) -> None:
+    """The dispatcher's back-up poll, now: it finds the ends nobody announced."""
+    jc.dispatcher.post((jc.dispatcher._poll, None))
+    jc.sync()

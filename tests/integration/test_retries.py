@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobcontrol import events
+from jobcontrol import NewJob, events
 from jobcontrol.model import RunRecord, RunState
 from jobcontrol.service import audit
 from jobcontrol.store import lanes as store_lanes
@@ -70,6 +70,23 @@ class Workers:
         assert done.recorded
         assert done.next is not None, "nothing was queued ahead after the run"
         return done.next
+
+
+def _taken_ahead(jc: JC, w: Workers, on_error: str, middle: NewJob) -> tuple[int, RunRecord]:
+    """A box of ``first``, ``middle`` and ``next``, run now: ``first`` succeeds and its
+    worker takes ``middle`` with that end, before the dispatcher heard of either. The
+    recorder's mark from before the run, and the run of ``middle`` taken."""
+    jc.create(
+        box("Box", active=True, on_error=on_error),
+        task("first", "true", "Box", active=True),
+        middle,
+        task("next", "true", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Box")
+    taken = w.succeed_taking_next("w1", w.claim_one("w1", "first"))
+    assert taken.job_name == middle.name
+    return mark, taken
 
 
 def _poll(jc: JC) -> None:
@@ -501,16 +518,8 @@ def test_a_task_taken_ahead_that_fails_before_the_dispatcher_hears_is_retried(
     dispatcher heard of either. The failure is retried all the same."""
     jc = _jc(make_jc, db_url)
     w = Workers(jc)
-    jc.create(
-        box("Box", active=True, on_error="abort"),
-        task("first", "true", "Box", active=True),
-        task("flaky", "false", "Box", active=True, retries=1),
-        task("next", "true", "Box", active=True),
-    )
-    mark = jc.rec.mark()
-    jc.run_now("Box")
-    taken = w.succeed_taking_next("w1", w.claim_one("w1", "first"))
-    assert taken.job_name == "flaky"
+    flaky = task("flaky", "false", "Box", active=True, retries=1)
+    mark, taken = _taken_ahead(jc, w, "abort", flaky)
     assert w.finish("w1", taken.id, 1)  # before the dispatcher reacted to "first"
     _poll(jc)
 
@@ -537,16 +546,8 @@ def test_a_task_taken_ahead_that_its_worker_killed_before_the_dispatcher_hears_k
     box records the kill, not a failure, and the box's next task never runs."""
     jc = _jc(make_jc, db_url)
     w = Workers(jc)
-    jc.create(
-        box("Box", active=True, on_error="continue"),
-        task("first", "true", "Box", active=True),
-        task("victim", "sleep 100", "Box", active=True, retries=3),
-        task("next", "true", "Box", active=True),
-    )
-    mark = jc.rec.mark()
-    jc.run_now("Box")
-    taken = w.succeed_taking_next("w1", w.claim_one("w1", "first"))
-    assert taken.job_name == "victim"
+    victim = task("victim", "sleep 100", "Box", active=True, retries=3)
+    mark, taken = _taken_ahead(jc, w, "continue", victim)
     assert w.finish("w1", taken.id, 255, RunState.KILLED)
     _poll(jc)
 
