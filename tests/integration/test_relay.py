@@ -183,3 +183,49 @@ def test_every_committed_write_to_the_lane_table_is_announced_whoever_made_it(
         relay.stop()
         other.dispose()
         store.dispose()
+
+
+def test_a_burst_of_hints_is_heard_whole_and_in_order_and_never_by_its_sender(
+    own_server: PostgresServer,
+) -> None:
+    """500 trees due together queue hundreds of hints at once: every one arrives at the
+    other process, once and in the order sent, and none comes back to its sender."""
+    own_server.create_database("relay_burst")
+    sending, hearing = Store(own_server.url("relay_burst")), Store(own_server.url("relay_burst"))
+    a, b = Relay(sending, name="a"), Relay(hearing, name="b")
+    heard: queue.SimpleQueue[int] = queue.SimpleQueue()
+    echoed: list[int] = []
+
+    def hear(_sender: object, *, run_ids: list[int], **_: Any) -> None:
+        if run_ids:
+            heard.put(run_ids[0])
+
+    def echo(_sender: object, *, run_ids: list[int], relayed: bool = False, **_: Any) -> None:
+        if relayed and run_ids:
+            echoed.append(run_ids[0])
+
+    events.runs_queued.connect(hear, sender=hearing, weak=False)
+    events.runs_queued.connect(echo, sender=sending, weak=False)
+    try:
+        a.start()
+        b.start()
+        assert a.listening, a.health()
+        assert b.listening, b.health()
+        for run_id in range(1, 301):
+            events.runs_queued.send(sending, run_ids=[run_id])
+        got = [heard.get(timeout=10) for _ in range(300)]
+        assert got == list(range(1, 301))
+        with pytest.raises(queue.Empty):
+            heard.get(timeout=0.3)
+        assert wait_until(lambda: a.sent == 300, 10), a.health()
+        assert a.dropped == 0, a.health()
+        assert b.heard == 300, b.health()
+        assert (a.heard, echoed) == (0, []), "its own hints are not delivered to it again"
+    finally:
+        events.runs_queued.disconnect(hear, sender=hearing)
+        events.runs_queued.disconnect(echo, sender=sending)
+        a.stop()
+        b.stop()
+        sending.dispose()
+        hearing.dispose()
+        own_server.drop_database("relay_burst")
