@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import filemodes, places, procs, slotgroups
+from jobcontrol import filemodes, gcpause, places, procs, slotgroups
 from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
@@ -647,6 +647,10 @@ def serve(
     a worker process."""
     # `start`'s socket hears READY=1 once; systemd's hears every state change.
     started_by = os.environ.pop(READY_SOCKET, None)
+    # What is alive now lives as long as the process (modules, the options, the store's
+    # engine): kept out of the collector's full passes, which stop every thread.
+    frozen = gcpause.freeze_startup()
+    log.debug("%d start-up objects kept out of full garbage collections", frozen)
     start()
     try:
         procs.sd_notify("READY=1")

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events
+from jobcontrol import events, gcpause
 from jobcontrol.cgroups import Containment, JoinWarmer
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
@@ -168,6 +168,8 @@ class Runtime:
     def gauges(self) -> dict[str, tuple[str, float]]:
         """The runtime's own series for ``/metrics`` (name -> (help, value))."""
         series: dict[str, tuple[str, float]] = {}
+        if gcpause.WATCH is not None:  # a daemon's process (``daemon.serve``)
+            series |= gcpause.WATCH.gauges()
         checkpointer = self.store.checkpointer
         if checkpointer is not None:
             series["jobcontrol_sqlite_checkpoints_total"] = (
