@@ -1,0 +1,225 @@
+"""The floor of a sequence's task on this host, for ``bench_sequence``'s target: not the
+engine, but the least any design does that keeps the engine's promises.
+
+One thread, no engine, per task:
+- one SQLite transaction recording task k's end and task k+1's start (two UPDATEs,
+  WAL, synchronous=NORMAL), or on PostgreSQL one statement doing both (a CTE, autocommit);
+- the log file created;
+- the run's cgroups made: v2, and the v1 memory one where the layout is hybrid;
+- ``Popen`` of ``/bin/sh -c`` with the join script;
+- a pidfd wait;
+- ``cpu.stat`` and the peak memory read;
+- the cgroups removed, and the empty log removed.
+
+The baseline is ``bench_sequence``'s: ``subprocess.run(["/bin/sh", "-c", "true"])``
+in a loop, timed before and after. Also printed on SQLite: the floor without the
+transaction, without the v1 memory cgroup, and without cgroups. It needs root (it makes cgroups). It is
+not part of ``run_all.py``: it measures no code of Job Control.
+
+    .venv/bin/python bench/floor_sequence.py [--tasks N] [--pg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as c  # noqa: E402
+
+_SCHEMA = (
+    "CREATE TABLE run (id INTEGER PRIMARY KEY, state TEXT, started FLOAT, ended FLOAT,"
+    " exit_status INTEGER, cpu BIGINT)"
+)
+_END = "UPDATE run SET state = 'succeeded', ended = ?, exit_status = ?, cpu = ? WHERE id = ?"
+_START = "UPDATE run SET state = 'running', started = ? WHERE id = ? AND state = 'pending'"
+_BOTH_PG = (
+    "WITH fin AS (UPDATE run SET state = 'succeeded', ended = %s, exit_status = %s, cpu = %s"
+    " WHERE id = %s) UPDATE run SET state = 'running', started = %s"
+    " WHERE id = %s AND state = 'pending'"
+)
+
+
+def _mount(fstype: str, option: str | None = None) -> str | None:
+    """Where a filesystem of ``fstype`` (with super option ``option``) is mounted."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            before, after = line.split(" - ")
+            fields = after.split()
+            if fields[0] == fstype and (option is None or option in fields[2].split(",")):
+                return before.split()[4]
+    return None
+
+
+def _bases() -> tuple[str, str | None]:
+    """This benchmark's own cgroup parents: v2, and v1 memory where there is one."""
+    v2_root = _mount("cgroup2")
+    if v2_root is None:
+        raise SystemExit("no cgroup2 mount")
+    v2 = os.path.join(v2_root, "jc-floor")
+    os.makedirs(v2, exist_ok=True)
+    memory_root = _mount("cgroup", "memory")
+    v1 = os.path.join(memory_root, "jc-floor") if memory_root else None
+    if v1 is not None:
+        os.makedirs(v1, exist_ok=True)
+    return v2, v1
+
+
+def baseline(n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        subprocess.run(["/bin/sh", "-c", "true"], check=False)
+    return (time.perf_counter() - t0) / n
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> int:
+    fd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll()
+    finally:
+        os.close(fd)
+    return proc.wait()
+
+
+@contextmanager
+def _database(pg: str | None, n: int, directory: str) -> Iterator[Any]:
+    if pg is not None:
+        import psycopg
+
+        conn: Any = psycopg.connect(pg, autocommit=True)
+        conn.execute("DROP TABLE IF EXISTS run")
+        conn.execute(_SCHEMA)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO run (id, state) VALUES (%s, 'pending')", [(i,) for i in range(n)]
+            )
+    else:
+        conn = sqlite3.connect(os.path.join(directory, "floor.db"), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(_SCHEMA)
+        conn.executemany(
+            "INSERT INTO run (id, state) VALUES (?, 'pending')", [(i,) for i in range(n)]
+        )
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _record(conn: Any, pg: bool, i: int, prev: tuple[int, int] | None) -> None:
+    """Task ``i - 1``'s end and task ``i``'s start, committed together."""
+    now = time.time()
+    if pg:
+        rc, cpu = prev if prev is not None else (0, 0)
+        conn.execute(_BOTH_PG, (now, rc, cpu, i - 1, now, i))
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    if prev is not None:
+        conn.execute(_END, (now, prev[0], prev[1], i - 1))
+    conn.execute(_START, (now, i))
+    conn.execute("COMMIT")
+
+
+def floor(
+    n: int,
+    *,
+    pg: str | None = None,
+    record: bool = True,
+    memory_v1: bool = True,
+    cgroups: bool = True,
+) -> float:
+    """Seconds per task of the floor loop."""
+    v2, v1 = _bases()
+    env = {"PATH": "/usr/bin:/bin"}
+    with tempfile.TemporaryDirectory() as directory, _database(pg, n, directory) as conn:
+        prev: tuple[int, int] | None = None
+        t0 = time.perf_counter()
+        for i in range(n):
+            if record:
+                _record(conn, pg is not None, i, prev)
+            groups = [os.path.join(v2, f"run-{i}")] if cgroups else []
+            if v1 is not None and memory_v1 and cgroups:
+                groups.append(os.path.join(v1, f"run-{i}"))
+            for group in groups:
+                os.mkdir(group)
+            join = " && ".join(f"echo $$ >{g}/cgroup.procs" for g in groups) or ":"
+            log = os.path.join(directory, f"run{i}.log")
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", f"{{ {join}; }} || exit 125; true"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            finally:
+                os.close(out)
+            rc = _wait(proc)
+            cpu = 0
+            if groups:
+                with open(os.path.join(groups[0], "cpu.stat")) as f:
+                    cpu = int(f.readline().split()[1])
+            if len(groups) > 1:
+                with open(os.path.join(groups[1], "memory.max_usage_in_bytes")) as f:
+                    f.read()
+            for group in groups:
+                os.rmdir(group)
+            if os.stat(log).st_size == 0:
+                os.unlink(log)
+            prev = (rc, cpu)
+        return (time.perf_counter() - t0) / n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=int, default=1000)
+    p.add_argument("--pg", action="store_true", help="the record on a throwaway PostgreSQL")
+    args = p.parse_args()
+    n = args.tasks
+    if args.pg:
+        with c.postgres("floor_sequence") as url:
+            conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+            for _ in range(2):
+                before = baseline(n)
+                ours = floor(n, pg=conninfo)
+                base = (before + baseline(n)) / 2
+                print(
+                    f"PostgreSQL: baseline {base * 1000:.3f} ms, floor {ours * 1000:.3f} ms"
+                    f" = {ours / base:.2f}x"
+                )
+        return 0
+    for _ in range(2):
+        before = baseline(n)
+        ours = floor(n)
+        unrecorded = floor(n, record=False)
+        v2_only = floor(n, memory_v1=False)
+        uncontained = floor(n, cgroups=False)
+        base = (before + baseline(n)) / 2
+        print(
+            f"SQLite: baseline {base * 1000:.3f} ms, floor {ours * 1000:.3f} ms = {ours / base:.2f}x;"
+            f" without the transaction {unrecorded / base:.2f}x;"
+            f" without the v1 memory cgroup {v2_only / base:.2f}x;"
+            f" without cgroups {uncontained / base:.2f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
