@@ -62,30 +62,31 @@ def _mount(fstype: str, option: str | None = None) -> str | None:
     return None
 
 
-def _bases() -> tuple[str, str | None]:
-    """This benchmark's own cgroup parents: v2, and v1 memory where there is one."""
+Bases = tuple[str, str | None]  # this benchmark's cgroup parents: v2, v1 memory (or None)
+
+
+@contextmanager
+def _cgroup_bases() -> Iterator[Bases]:
+    """This benchmark's own cgroup parents, made for the run and removed after it with
+    whatever a run left in them (empty by then)."""
     v2_root = _mount("cgroup2")
     if v2_root is None:
         raise SystemExit("no cgroup2 mount")
-    v2 = os.path.join(v2_root, "jc-floor")
-    os.makedirs(v2, exist_ok=True)
     memory_root = _mount("cgroup", "memory")
-    v1 = os.path.join(memory_root, "jc-floor") if memory_root else None
-    if v1 is not None:
-        os.makedirs(v1, exist_ok=True)
-    return v2, v1
-
-
-def _remove_bases() -> None:
-    """This benchmark's cgroups gone again, whatever a run left in them (empty by then)."""
-    for base in _bases():
-        if base is None:
-            continue
-        with os.scandir(base) as entries:
-            for entry in entries:
-                if entry.is_dir() and entry.name.startswith("run-"):
-                    os.rmdir(entry.path)
-        os.rmdir(base)
+    bases = [os.path.join(v2_root, "jc-floor")]
+    if memory_root is not None:
+        bases.append(os.path.join(memory_root, "jc-floor"))
+    for base in bases:
+        os.makedirs(base, exist_ok=True)
+    try:
+        yield bases[0], (bases[1] if len(bases) > 1 else None)
+    finally:
+        for base in bases:
+            with os.scandir(base) as entries:
+                for entry in entries:
+                    if entry.is_dir() and entry.name.startswith("run-"):
+                        os.rmdir(entry.path)
+            os.rmdir(base)
 
 
 def baseline(n: int) -> float:
@@ -148,6 +149,7 @@ def _record(conn: Any, pg: bool, i: int, prev: tuple[int, int] | None) -> None:
 
 def floor(
     n: int,
+    bases: Bases,
     *,
     pg: str | None = None,
     record: bool = True,
@@ -155,7 +157,7 @@ def floor(
     cgroups: bool = True,
 ) -> float:
     """Seconds per task of the floor loop."""
-    v2, v1 = _bases()
+    v2, v1 = bases
     env = {"PATH": "/usr/bin:/bin"}
     with tempfile.TemporaryDirectory() as directory, _database(pg, n, directory) as conn:
         prev: tuple[int, int] | None = None
@@ -204,19 +206,17 @@ def main() -> int:
     p.add_argument("--tasks", type=int, default=1000)
     p.add_argument("--pg", action="store_true", help="the record on a throwaway PostgreSQL")
     args = p.parse_args()
-    try:
-        return _measure(args.tasks, args.pg)
-    finally:
-        _remove_bases()
+    with _cgroup_bases() as bases:
+        return _measure(args.tasks, args.pg, bases)
 
 
-def _measure(n: int, pg: bool) -> int:
+def _measure(n: int, pg: bool, bases: Bases) -> int:
     if pg:
         with c.postgres("floor_sequence") as url:
             conninfo = url.replace("postgresql+psycopg://", "postgresql://")
             for _ in range(2):
                 before = baseline(n)
-                ours = floor(n, pg=conninfo)
+                ours = floor(n, bases, pg=conninfo)
                 base = (before + baseline(n)) / 2
                 print(
                     f"PostgreSQL: baseline {base * 1000:.3f} ms, floor {ours * 1000:.3f} ms"
@@ -225,10 +225,10 @@ def _measure(n: int, pg: bool) -> int:
         return 0
     for _ in range(2):
         before = baseline(n)
-        ours = floor(n)
-        unrecorded = floor(n, record=False)
-        v2_only = floor(n, memory_v1=False)
-        uncontained = floor(n, cgroups=False)
+        ours = floor(n, bases)
+        unrecorded = floor(n, bases, record=False)
+        v2_only = floor(n, bases, memory_v1=False)
+        uncontained = floor(n, bases, cgroups=False)
         base = (before + baseline(n)) / 2
         print(
             f"SQLite: baseline {base * 1000:.3f} ms, floor {ours * 1000:.3f} ms = {ours / base:.2f}x;"
