@@ -162,6 +162,7 @@ def engine_run(
     events.run_finished.connect(on_finished, weak=False)
     results = []
     taken_before = 0
+    relay = runtime.relay
     try:
         t0 = time.perf_counter()
         creates = [NewJob(BOX, Kind.BOX, None, {"box_type": "sequence", "active": False})]
@@ -189,6 +190,7 @@ def engine_run(
                 runs = queries.count_runs(conn)
                 ahead = conn.execute(_QUEUED_AHEAD).scalar_one() - taken_before
             taken_before += ahead
+            sent = (relay.sent, relay.skipped) if relay is not None else (0, 0)
             if marks["box_status"] != 0 or runs != (n + 1) * (firing + 1):
                 raise SystemExit(f"unexpected outcome: status {marks['box_status']}, {runs} runs")
             results.append(
@@ -198,6 +200,8 @@ def engine_run(
                     "cpu_s": marks["cpu_finished"] - cpu0,
                     "fire_to_first_task_s": marks["first_task"] - due,
                     "queued_ahead": ahead,
+                    "notifications_sent": sent[0],
+                    "notifications_skipped": sent[1],
                 }
             )
         return results
@@ -245,6 +249,14 @@ def bench(
             f"engine: {label}tasks queued ahead of their predecessor's end",
             100 * res["queued_ahead"] / max(1, n - 1),
             "%",
+        )
+    if store_name == "postgresql":
+        # The relay's NOTIFYs (none without a worker process to hear them), both firings.
+        rep.add("engine: notifications sent", second["notifications_sent"], "")
+        rep.add(
+            "engine: notifications not sent (no worker process)",
+            second["notifications_skipped"],
+            "",
         )
     rep.add("engine: setup (one batch creating the tree)", first["setup_s"], "s")
     rep.add("baseline: subprocess loop (before)", base1, "s")

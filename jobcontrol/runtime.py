@@ -62,7 +62,9 @@ class Runtime:
         self.dispatcher = Dispatcher(store, config, clock=clock, timers=timers)
         self.worker: Worker | None = None
         # PostgreSQL: the wake-ups to and from workers in other processes (LISTEN/NOTIFY).
-        self.relay: Relay | None = None if store.is_sqlite else Relay(store, name="daemon")
+        self.relay: Relay | None = (
+            None if store.is_sqlite else Relay(store, name="daemon", role="daemon")
+        )
 
     def start(self) -> Dispatcher:
         """Recover, start the dispatcher, kill what lost runs left on this host, then
@@ -180,6 +182,26 @@ class Runtime:
                 "WAL checkpoints of the daemon's checkpoint thread that failed (retried).",
                 checkpointer.failures,
             )
+        relay = self.relay
+        if relay is not None:
+            series |= {
+                "jobcontrol_notifications_sent_total": (
+                    "Run-queue notifications sent to worker processes (PostgreSQL NOTIFY).",
+                    relay.sent,
+                ),
+                "jobcontrol_notifications_skipped_total": (
+                    "Run-queue notifications not sent: no worker process listened.",
+                    relay.skipped,
+                ),
+                "jobcontrol_notifications_dropped_total": (
+                    "Run-queue notifications dropped: the database did not answer.",
+                    relay.dropped,
+                ),
+                "jobcontrol_notification_peers": (
+                    "Worker processes whose relay the daemon's knows (sent to while > 0).",
+                    len(relay.peers),
+                ),
+            }
         warmer = self.warmer
         if warmer is None:
             return series

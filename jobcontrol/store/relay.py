@@ -18,6 +18,19 @@ hears it finds the change), but one can be lost: a listener's connection that
 breaks misses what was sent meanwhile. Both sides keep their back-up polls, the
 relay reports a broken connection in its ``outage`` until it is back, and when it
 listens again it wakes every receiver once (``listening`` says whether it does).
+
+Who needs them: the dispatcher runs in the daemon, so what a worker process does is
+always sent (``role="worker"``). What the daemon does (its embedded worker's task ends,
+the runs it queues, kills, timers due) matters only to worker processes, so the
+daemon's relay (``role="daemon"``) sends it only while one is known: a worker's relay
+says ``hello`` once it listens, again when a daemon's relay asks (it asks when it
+starts listening, so that workers running before it are known), and ``bye`` when it
+stops. Any other notification from another process makes it known too. On a daemon
+with no worker process, a task's end so costs no NOTIFY, no wake-up of the relay's
+two threads and of its own listener, no work for the server: that was a third of a
+sequence's time per task on PostgreSQL (bench/README.md, nineteenth round). A worker
+that dies without ``bye`` stays known until the daemon restarts: the daemon sends to
+nobody, as it did before, rather than risk a live worker not hearing of its work.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import queue
 import secrets
 import select
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from jobcontrol import events
@@ -60,20 +74,33 @@ _SIGNALS = {
 # Sent by the database itself, never by a relay: the lane table's trigger (migration
 # 0009) announces every write to it, whoever made it.
 _FROM_DATABASE = {"lane_rows": events.lane_rows_written}
+# Between relays, never delivered to receivers: a worker process's relay makes itself
+# known to the daemon's (``hello``; ``ask``: a daemon's relay asking who is there) and
+# takes its leave (``bye``).
+_HELLO, _BYE = "hello", "bye"
+ROLES = ("worker", "daemon")
 
 
 class Relay:
     """Sends this process's run-queue signals to the database; delivers the others'."""
 
-    def __init__(self, store: Store, *, name: str = "relay") -> None:
+    def __init__(self, store: Store, *, name: str = "relay", role: str = "worker") -> None:
         if store.dialect != "postgresql":
             raise ValueError("the relay needs PostgreSQL (LISTEN/NOTIFY)")
+        if role not in ROLES:
+            raise ValueError(f"relay role {role!r}: must be one of {', '.join(ROLES)}")
         self.store = store
         self.name = name
+        self.role = role
         self.origin = secrets.token_hex(8)  # this process: its own notifications are skipped
         self.outage = Outage(f"notifications ({name})")
         self.sent = self.heard = self.dropped = 0
-        self._outbox: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.skipped = 0  # a daemon's signals not sent: no worker process to hear them
+        # A daemon's: the worker processes' relays known (origin -> their name).
+        self._peers: dict[str, str] = {}
+        self._hello_sent = threading.Event()
+        # (payload, whether it is a signal: counted in ``sent``), or None: stop sending.
+        self._outbox: queue.SimpleQueue[tuple[str, bool] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._receivers: list[tuple[Any, Any]] = []
@@ -84,7 +111,8 @@ class Relay:
 
     def start(self, *, wait: float = 10.0) -> None:
         """Listen and send from two threads; returns once listening (or after ``wait``:
-        the listener keeps trying, and the back-up polls cover the gap)."""
+        the listener keeps trying, and the back-up polls cover the gap) and, a worker's,
+        once its ``hello`` is sent: the daemon hears of it before the worker claims."""
         for key, signal in _SIGNALS.items():
             receiver = self._forwarder(key)
             signal.connect(receiver, sender=self.store, weak=False)
@@ -94,14 +122,21 @@ class Relay:
             thread = threading.Thread(target=target, name=f"jc-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        deadline = time.monotonic() + wait
         self._listening.wait(wait)
+        if self.role == "worker":
+            self._hello_sent.wait(max(0.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 5.0) -> None:
         for signal, receiver in self._receivers:
             signal.disconnect(receiver, sender=self.store)
         self._receivers.clear()
-        self._stop.set()
+        if self.role == "worker" and self._threads and not self.outage.down:
+            self._say(_BYE)  # sent before the sender stops (not tried in an outage)
         self._outbox.put(None)
+        if len(self._threads) > 1:
+            self._threads[1].join(timeout)  # the sender: its last hints and the bye
+        self._stop.set()
         if self._wakeup is not None:
             os.write(self._wakeup[1], b"x")
         for thread in self._threads:
@@ -117,12 +152,20 @@ class Relay:
 
     def health(self) -> dict[str, Any]:
         return {
+            "role": self.role,
             "listening": self.listening,
             "sent": self.sent,
             "heard": self.heard,
             "dropped": self.dropped,
+            "skipped": self.skipped,
+            "peers": self.peers,
             "down": self.outage.down,
         }
+
+    @property
+    def peers(self) -> list[str]:
+        """A daemon's: the names of the worker processes' relays it knows."""
+        return sorted(dict(self._peers).values())  # a copy: the listener adds to it
 
     # ------------------------------------------------------------------ sending
 
@@ -130,26 +173,38 @@ class Relay:
         def forward(_sender: object, *, relayed: bool = False, **kwargs: Any) -> None:
             if relayed:
                 return  # heard from another process: not ours to send again
+            if self.role == "daemon" and not self._peers:
+                self.skipped += 1  # no worker process: nobody else needs it
+                return
             if "run_ids" in kwargs:
                 kwargs["run_ids"] = list(kwargs["run_ids"])[:MAX_IDS]
-            self._outbox.put(json.dumps({"o": self.origin, "s": key, "k": kwargs}))
+            self._outbox.put((json.dumps({"o": self.origin, "s": key, "k": kwargs}), True))
 
         return forward
+
+    def _say(self, kind: str, **kwargs: Any) -> None:
+        """A word to the other relays (``_HELLO``, ``_BYE``), not a signal."""
+        kwargs.update(role=self.role, name=self.name)
+        self._outbox.put((json.dumps({"o": self.origin, "s": kind, "k": kwargs}), False))
 
     def _send_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         delay = RETRY_FIRST
         while True:
-            payload = self._outbox.get()
-            if payload is None:
+            item = self._outbox.get()
+            if item is None:
                 break
+            payload, signal = item
             while not self._stop.is_set():
                 fresh = conn is None or conn.closed
                 try:
                     if conn is None or fresh:
                         conn = self._connect()
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
-                    self.sent += 1
+                    if signal:
+                        self.sent += 1
+                    else:
+                        self._hello_sent.set()
                     delay = RETRY_FIRST
                     if self._listening.is_set():
                         # Both ways work again (the listener may have come back first
@@ -186,6 +241,9 @@ class Relay:
                 conn = self._connect()
                 conn.execute(f"LISTEN {CHANNEL}")
                 self._listening.set()
+                # Known to the daemon (a worker), or knowing who is there (the daemon),
+                # again after each gap: a relay may have come or gone meanwhile.
+                self._say(_HELLO, ask=self.role == "daemon")
                 if missed:
                     # Whatever was sent while it was away is lost: wake every receiver once.
                     self._deliver_all_wake()
@@ -225,18 +283,49 @@ class Relay:
     def _deliver(self, payload: str) -> None:
         try:
             note = json.loads(payload)
-            signal = _SIGNALS.get(note["s"]) or _FROM_DATABASE[note["s"]]
+            kind = note["s"]
             kwargs = dict(note["k"])
+            between = kind in (_HELLO, _BYE)  # a word between relays, not a signal
+            signal = None if between else _SIGNALS.get(kind) or _FROM_DATABASE[kind]
         except (ValueError, KeyError, TypeError):
             log.warning("ignored a malformed run-queue notification: %.200r", payload)
             return
         if note.get("o") == self.origin:
             return  # our own: its receivers here heard it when it was sent
+        if self._heard_of(note):
+            return
         self.heard += 1
+        assert signal is not None
         try:
             signal.send(self.store, relayed=True, **kwargs)
         except Exception:
             log.exception("a receiver of a relayed %s failed", note["s"])
+
+    def _heard_of(self, note: dict[str, Any]) -> bool:
+        """What another process's notification says of it; True for a word between
+        relays (not a signal: nothing to deliver)."""
+        kind, origin, said = note["s"], note.get("o"), note["k"]
+        if kind not in (_HELLO, _BYE):
+            if self.role == "daemon" and origin is not None and origin not in self._peers:
+                self._peers[origin] = "a worker process"  # one that never said hello
+                log.info("notifications: a worker process is heard of; sending to it")
+            return False
+        if said.get("role") == "daemon":
+            if self.role == "worker" and said.get("ask"):
+                self._say(_HELLO)
+                # A daemon (re)started: what it queued before it heard of us was not sent.
+                self._deliver_all_wake()
+            return True
+        if self.role != "daemon" or not isinstance(origin, str):
+            return True
+        name = str(said.get("name", "a worker process"))
+        if kind == _HELLO and origin not in self._peers:
+            self._peers[origin] = name
+            log.info("notifications: %s listens; the daemon's are sent to it", name)
+        elif kind == _BYE and self._peers.pop(origin, None) is not None:
+            if not self._peers:
+                log.info("notifications: %s left; no worker process listens now", name)
+        return True
 
     def _deliver_all_wake(self) -> None:
         """After a gap in listening: work may have been announced meanwhile."""

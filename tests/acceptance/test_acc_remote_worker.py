@@ -657,3 +657,37 @@ def test_runs_that_no_live_worker_serves_are_said_in_health_status_and_metrics(
     assert [(u["queue"], u["runs"]) for u in waiting] == [("default", 1)]
     assert waiting[0]["last_worker"]["name"] == "build-1"
     assert "its last worker build-1 was last heard of at " in health(jc)[1]["reason"]
+
+
+def test_the_daemon_notifies_only_while_a_worker_process_listens(jcpg: JobControl) -> None:
+    """Alone, the daemon sends no NOTIFY for its own tasks' ends (/metrics counts them
+    as not sent); a worker process makes itself known, and is told of work at once
+    even when the daemon restarted after it (the daemon asks who listens)."""
+    jc = jcpg
+    jc.ok("daemon", "start")  # its own slots: runs hello itself
+    jc.ok("run", "hello")
+    assert wait_until(lambda: ended(jc, "hello"), WAIT), "hello never ended"
+    alone = metrics(jc)
+    assert alone["jobcontrol_notification_peers"] == 0, alone
+    assert alone["jobcontrol_notifications_sent_total"] == 0, alone
+    assert alone["jobcontrol_notifications_skipped_total"] >= 1, alone
+
+    jc.ok("worker", "start", "--name", "late-1", "--slots", "1")
+    assert wait_until(lambda: metrics(jc)["jobcontrol_notification_peers"] == 1, WAIT), metrics(jc)
+    jc.ok("daemon", "stop")
+    jc.ok("daemon", "start", "--slots", "0")  # after the worker: it must ask
+    assert wait_until(lambda: metrics(jc)["jobcontrol_notification_peers"] == 1, WAIT), metrics(jc)
+    before = len(runs_of(jc, "hello"))
+    jc.ok("run", "hello")
+    # Told at once: without the push the idle worker would find it at its next beat
+    # (a minute) or look (its back-off).
+    assert wait_until(
+        lambda: len(runs_of(jc, "hello")) > before and ended(jc, "hello"), 10
+    ), "the worker was not told of the run"
+    run = ended(jc, "hello")
+    assert run is not None
+    assert run["worker"] == "late-1", run
+    assert metrics(jc)["jobcontrol_notifications_sent_total"] >= 1
+
+    jc.ok("worker", "stop", "--name", "late-1")
+    assert wait_until(lambda: metrics(jc)["jobcontrol_notification_peers"] == 0, WAIT), metrics(jc)

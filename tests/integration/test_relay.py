@@ -229,3 +229,110 @@ def test_a_burst_of_hints_is_heard_whole_and_in_order_and_never_by_its_sender(
         sending.dispose()
         hearing.dispose()
         own_server.drop_database("relay_burst")
+
+
+def test_the_daemons_relay_sends_only_while_a_worker_process_listens(
+    postgres_url: str,
+) -> None:
+    """A daemon with no worker process sends its signals to nobody: no NOTIFY per task
+    end. A worker's relay says hello when it listens, and bye when it stops; the
+    daemon's sends to it in between, and only then."""
+    daemon_side, worker_side = Store(postgres_url), Store(postgres_url)
+    daemon = Relay(daemon_side, name="daemon", role="daemon")
+    heard: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def hear(_sender: object, *, run_id: int, **_: Any) -> None:
+        heard.put(run_id)
+
+    events.task_finished.connect(hear, sender=worker_side, weak=False)
+    worker = Relay(worker_side, name="worker w1")
+    try:
+        daemon.start()
+        assert daemon.listening, daemon.health()
+        events.task_finished.send(daemon_side, run_id=1)
+        assert (daemon.skipped, daemon.sent, daemon.peers) == (1, 0, []), daemon.health()
+
+        worker.start()
+        assert wait_until(lambda: daemon.peers == ["worker w1"], 10), daemon.health()
+        events.task_finished.send(daemon_side, run_id=2)
+        assert heard.get(timeout=10) == 2
+        assert (daemon.skipped, daemon.sent) == (1, 1), daemon.health()
+
+        worker.stop()
+        assert wait_until(lambda: daemon.peers == [], 10), daemon.health()
+        events.task_finished.send(daemon_side, run_id=3)
+        assert daemon.skipped == 2, daemon.health()
+        with pytest.raises(queue.Empty):
+            heard.get(timeout=0.3)
+        assert (worker.heard, worker.sent) == (1, 0), "hello and bye are not signals"
+    finally:
+        events.task_finished.disconnect(hear, sender=worker_side)
+        worker.stop()
+        daemon.stop()
+        daemon_side.dispose()
+        worker_side.dispose()
+
+
+def test_a_daemon_started_after_its_workers_asks_who_listens_and_wakes_them(
+    postgres_url: str,
+) -> None:
+    """Workers running before the daemon's relay starts answer its question, and wake
+    their groups: what it queued before it heard of them was not sent to them."""
+    daemon_side, worker_side = Store(postgres_url), Store(postgres_url)
+    workers = [Relay(worker_side, name=f"worker w{i}") for i in (1, 2)]
+    daemon = Relay(daemon_side, name="daemon", role="daemon")
+    woken: queue.SimpleQueue[bool] = queue.SimpleQueue()
+
+    def wake(_sender: object, *, run_ids: list[int], relayed: bool = False, **_: Any) -> None:
+        if relayed and not run_ids:
+            woken.put(True)
+
+    events.runs_queued.connect(wake, sender=worker_side, weak=False)
+    try:
+        for w in workers:
+            w.start()
+        daemon.start()
+        assert wait_until(lambda: daemon.peers == ["worker w1", "worker w2"], 10), daemon.health()
+        woke = [woken.get(timeout=10) for _ in workers]
+        assert woke == [True, True], "each worker woke its groups"
+        events.runs_queued.send(daemon_side, run_ids=[7])
+        assert wait_until(lambda: daemon.sent == 1, 10), daemon.health()
+        assert daemon.skipped == 0, daemon.health()
+    finally:
+        events.runs_queued.disconnect(wake, sender=worker_side)
+        daemon.stop()
+        for w in workers:
+            w.stop()
+        daemon_side.dispose()
+        worker_side.dispose()
+
+
+def test_a_process_heard_from_that_never_said_hello_is_sent_to(postgres_url: str) -> None:
+    """A worker process of an earlier version says no hello: its first hint makes it
+    known, and from then on the daemon's relay sends to it."""
+    store = Store(postgres_url)
+    daemon = Relay(store, name="daemon", role="daemon")
+    other = sa.create_engine(postgres_url)
+    try:
+        daemon.start()
+        assert daemon.listening, daemon.health()
+        payload = '{"o": "older", "s": "task_finished", "k": {"run_id": 5}}'
+        with other.begin() as conn:
+            conn.execute(sa.text("SELECT pg_notify('jobcontrol', :p)"), {"p": payload})
+        assert wait_until(lambda: daemon.peers == ["a worker process"], 10), daemon.health()
+        events.kill_requested.send(store, run_id=5, reason="test")
+        assert wait_until(lambda: daemon.sent == 1, 10), daemon.health()
+        assert daemon.skipped == 0, daemon.health()
+    finally:
+        daemon.stop()
+        other.dispose()
+        store.dispose()
+
+
+def test_a_relay_role_that_does_not_exist_is_refused(postgres_url: str) -> None:
+    store = Store(postgres_url)
+    try:
+        with pytest.raises(ValueError, match="relay role 'standby': must be one of worker, daemon"):
+            Relay(store, name="x", role="standby")
+    finally:
+        store.dispose()
