@@ -13,8 +13,11 @@ One thread, no engine, per task:
 
 The baseline is ``bench_sequence``'s: ``subprocess.run(["/bin/sh", "-c", "true"])``
 in a loop, timed before and after. Also printed on SQLite: the floor without the
-transaction, without the v1 memory cgroup, and without cgroups. It needs root (it makes cgroups). It is
-not part of ``run_all.py``: it measures no code of Job Control.
+transaction, without the v1 memory cgroup, without cgroups, and with cgroups kept for
+a slot instead of made per run (``CGROUPS``: the one pair reused, its CPU read as a
+difference and its v1 peak reset; or only the v1 memory cgroup kept, renamed to the
+run's name and back). It needs root (it makes cgroups). It is not part of
+``run_all.py``: it measures no code of Job Control.
 
     .venv/bin/python bench/floor_sequence.py [--tasks N] [--pg]
 """
@@ -64,6 +67,12 @@ def _mount(fstype: str, option: str | None = None) -> str | None:
 
 Bases = tuple[str, str | None]  # this benchmark's cgroup parents: v2, v1 memory (or None)
 
+# How a task's cgroups come to be: made for the run and removed after it (as the
+# worker does), v2 only, none, the slot's pair reused, or the v1 one renamed.
+CGROUPS = ("per-run", "v2-only", "none", "slot", "v1-renamed")
+_SLOT = "slot"  # the reused cgroups' name
+_SPARE = "spare"  # the v1 memory cgroup between two runs, when it is renamed
+
 
 @contextmanager
 def _cgroup_bases() -> Iterator[Bases]:
@@ -84,7 +93,9 @@ def _cgroup_bases() -> Iterator[Bases]:
         for base in bases:
             with os.scandir(base) as entries:
                 for entry in entries:
-                    if entry.is_dir() and entry.name.startswith("run-"):
+                    if entry.is_dir() and (
+                        entry.name.startswith("run-") or entry.name in (_SLOT, _SPARE)
+                    ):
                         os.rmdir(entry.path)
             os.rmdir(base)
 
@@ -153,11 +164,13 @@ def floor(
     *,
     pg: str | None = None,
     record: bool = True,
-    memory_v1: bool = True,
-    cgroups: bool = True,
+    cgroups: str = "per-run",
 ) -> float:
     """Seconds per task of the floor loop."""
+    assert cgroups in CGROUPS, cgroups
     v2, v1 = bases
+    if cgroups in ("v2-only", "none"):
+        v1 = None
     env = {"PATH": "/usr/bin:/bin"}
     with tempfile.TemporaryDirectory() as directory, _database(pg, n, directory) as conn:
         prev: tuple[int, int] | None = None
@@ -165,11 +178,7 @@ def floor(
         for i in range(n):
             if record:
                 _record(conn, pg is not None, i, prev)
-            groups = [os.path.join(v2, f"run-{i}")] if cgroups else []
-            if v1 is not None and memory_v1 and cgroups:
-                groups.append(os.path.join(v1, f"run-{i}"))
-            for group in groups:
-                os.mkdir(group)
+            groups, cpu_before = _enter(cgroups, v2, v1, i)
             join = " && ".join(f"echo $$ >{g}/cgroup.procs" for g in groups) or ":"
             log = os.path.join(directory, f"run{i}.log")
             out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -186,19 +195,61 @@ def floor(
             finally:
                 os.close(out)
             rc = _wait(proc)
-            cpu = 0
-            if groups:
-                with open(os.path.join(groups[0], "cpu.stat")) as f:
-                    cpu = int(f.readline().split()[1])
-            if len(groups) > 1:
-                with open(os.path.join(groups[1], "memory.max_usage_in_bytes")) as f:
-                    f.read()
-            for group in groups:
-                os.rmdir(group)
+            cpu = _leave(cgroups, groups, v1) - cpu_before if groups else 0
             if os.stat(log).st_size == 0:
                 os.unlink(log)
             prev = (rc, cpu)
         return (time.perf_counter() - t0) / n
+
+
+def _cpu(group: str) -> int:
+    with open(os.path.join(group, "cpu.stat")) as f:
+        return int(f.readline().split()[1])
+
+
+def _enter(how: str, v2: str, v1: str | None, i: int) -> tuple[list[str], int]:
+    """Run ``i``'s cgroups (v2 first, then v1 memory), ready to join; the v2 one's CPU
+    time so far (0 unless it is reused)."""
+    if how == "none":
+        return [], 0
+    name = _SLOT if how == "slot" else f"run-{i}"
+    groups = [os.path.join(v2, name)] + ([os.path.join(v1, name)] if v1 is not None else [])
+    if how == "slot":
+        for group in groups:
+            if not os.path.isdir(group):
+                os.mkdir(group)
+        return groups, _cpu(groups[0])
+    os.mkdir(groups[0])
+    if v1 is not None:
+        if how == "v1-renamed":
+            spare = os.path.join(v1, _SPARE)
+            if not os.path.isdir(spare):
+                os.mkdir(spare)
+            os.rename(spare, groups[1])
+        else:
+            os.mkdir(groups[1])
+    return groups, 0
+
+
+def _leave(how: str, groups: list[str], v1: str | None) -> int:
+    """The run ended: its CPU time and peak read, its cgroups removed or kept for the
+    next; the v2 cgroup's CPU time."""
+    cpu = _cpu(groups[0])
+    if len(groups) > 1:
+        peak = os.path.join(groups[1], "memory.max_usage_in_bytes")
+        with open(peak) as f:
+            f.read()
+        if how in ("slot", "v1-renamed"):
+            with open(peak, "w") as f:
+                f.write("0")  # the next run's peak starts from what is charged now
+    if how != "slot":
+        os.rmdir(groups[0])
+    if len(groups) > 1 and how == "v1-renamed":
+        assert v1 is not None
+        os.rename(groups[1], os.path.join(v1, _SPARE))
+    elif len(groups) > 1 and how != "slot":
+        os.rmdir(groups[1])
+    return cpu
 
 
 def main() -> int:
@@ -227,14 +278,15 @@ def _measure(n: int, pg: bool, bases: Bases) -> int:
         before = baseline(n)
         ours = floor(n, bases)
         unrecorded = floor(n, bases, record=False)
-        v2_only = floor(n, bases, memory_v1=False)
-        uncontained = floor(n, bases, cgroups=False)
+        others = {how: floor(n, bases, cgroups=how) for how in CGROUPS[1:]}
         base = (before + baseline(n)) / 2
         print(
             f"SQLite: baseline {base * 1000:.3f} ms, floor {ours * 1000:.3f} ms = {ours / base:.2f}x;"
             f" without the transaction {unrecorded / base:.2f}x;"
-            f" without the v1 memory cgroup {v2_only / base:.2f}x;"
-            f" without cgroups {uncontained / base:.2f}x"
+            f" without the v1 memory cgroup {others['v2-only'] / base:.2f}x;"
+            f" without cgroups {others['none'] / base:.2f}x;"
+            f" the slot's cgroups reused {others['slot'] / base:.2f}x;"
+            f" the v1 memory cgroup renamed {others['v1-renamed'] / base:.2f}x"
         )
     return 0
 
