@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
+# How many of a SEQUENCE box's next tasks are queued ahead of its running task. One lets
+# the worker that records a task's end start the next at once; the second keeps that
+# chain whole when this dispatcher's reaction to an end comes after the next task's end
+# too (a short task, a busy host, PostgreSQL's round trips: one task in five broke it).
+AHEAD = 2
+
 
 @dataclass(eq=False)
 class TreeRun:
@@ -69,8 +75,9 @@ class Frame:
     prev: Node | None = None
     waiting: bool = False
     waited_index: int = -1
-    # The next task of this box queued ahead: (its job id, its run id).
-    ahead: tuple[int, int] | None = None
+    # The next tasks of this box queued ahead, in order: (job id, run id), each claimable
+    # once the one before it (the first: the box's running task) ends as the box goes on.
+    ahead: list[tuple[int, int]] = field(default_factory=list)
     attempt: int = 1  # a task's: which attempt of its job this run is (``retries``)
 
 
@@ -260,37 +267,44 @@ class TreeRuns:
     # ------------------------------------------------------------ queued ahead
 
     def _queue_ahead(self, task: Frame) -> None:
-        """Queue the box's next task now, claimable once this one ends as the box goes on.
+        """Queue the box's next tasks now (up to ``AHEAD``), each claimable once the one
+        before it ends as the box goes on.
 
-        The worker that records this task's end claims the next in the same
-        transaction and starts it at once; this dispatcher adopts that run when it
-        reacts, so the tree's semantics stay here (DESIGN "Components").
+        The worker that records a task's end claims the next in the same transaction
+        and starts it at once; this dispatcher adopts that run when it reacts, so the
+        tree's semantics stay here (DESIGN "Components"). Two deep, the worker's chain
+        holds while this reaction comes after the next task's end too.
         """
         box, tr = task.parent, task.tree_run
-        if box is None or tr.killed or box.ahead is not None:
+        if box is None or tr.killed:
             return
         if box.node.job.box_type is BoxType.TIMED and not tr.immediate:
             return  # its children may have to wait for their times
-        at = box.index + 1
-        if at >= len(box.children):
-            return
-        nxt = box.children[at]
-        if nxt.parent is not box.node or nxt.job.kind is not Kind.TASK or not nxt.job.active:
-            return
-        # A task that may be retried releases its next only by succeeding: a failure
-        # it has retries left for is not the end its box goes on after.
-        ok_only = box.node.job.on_error is OnError.ABORT or task.attempt <= task.node.job.retries
-        run_id = self.insert_run(
-            nxt, box, tr, RunState.PENDING, self.d.clock.now(), after=(task.run_id, ok_only)
-        )
-        box.ahead = (nxt.id, run_id)
+        now = self.d.clock.now()
+        while len(box.ahead) < AHEAD:
+            at = box.index + 1 + len(box.ahead)
+            if at >= len(box.children):
+                return
+            nxt = box.children[at]
+            if nxt.parent is not box.node or nxt.job.kind is not Kind.TASK or not nxt.job.active:
+                return
+            if box.ahead:  # after a task queued ahead itself: its first attempt
+                before, attempt, after_run = box.children[at - 1], 1, box.ahead[-1][1]
+            else:
+                before, attempt, after_run = task.node, task.attempt, task.run_id
+            # A task that may be retried releases its next only by succeeding: a failure
+            # it has retries left for is not the end its box goes on after.
+            ok_only = box.node.job.on_error is OnError.ABORT or attempt <= before.job.retries
+            run_id = self.insert_run(
+                nxt, box, tr, RunState.PENDING, now, after=(after_run, ok_only)
+            )
+            box.ahead.append((nxt.id, run_id))
 
     def _adopt_ahead(self, node: Node, box: Frame | None) -> tuple[int, queries.RunEnd] | None:
         """The run queued ahead for ``node``, released by its predecessor's end; else None."""
-        if box is None or box.ahead is None:
+        if box is None or not box.ahead:
             return None
-        job_id, run_id = box.ahead
-        box.ahead = None
+        job_id, run_id = box.ahead.pop(0)
         if job_id == node.id:
             seen, self._read_ahead = self._read_ahead, None
             if seen is not None and seen[0] == run_id:
@@ -299,9 +313,17 @@ class TreeRuns:
                 row = queries.run_end(self.d.tx.conn, run_id)
             if row is not None and row.state is not RunState.PENDING:
                 return run_id, row
-        # Not released (its predecessor was settled, not finished) or not the one due.
+        # Not released (its predecessor was settled, not finished) or not the one due:
+        # neither are those queued after it.
         self._cancel_ahead(run_id)
+        self._cancel_aheads(box)
         return None
+
+    def _cancel_aheads(self, box: Frame) -> None:
+        """Every run queued ahead in ``box``: none of them must run."""
+        aheads, box.ahead = box.ahead, []
+        for _, run_id in aheads:
+            self._cancel_ahead(run_id)
 
     def _cancel_ahead(self, run_id: int) -> None:
         """A run queued ahead must not run: forget it, or stop it if a worker has it."""
@@ -310,21 +332,25 @@ class TreeRuns:
 
     def drop_aheads(self, tr: TreeRun | None = None, *, pending_only: bool = False) -> None:
         """Forget the runs queued ahead (of one tree run, or every one)."""
+        conn = self.d.tx.conn
         for frame in list(self.frames.values()):
-            if frame.ahead is None or (tr is not None and frame.tree_run is not tr):
+            if not frame.ahead or (tr is not None and frame.tree_run is not tr):
                 continue
-            _, run_id = frame.ahead
-            conn = self.d.tx.conn
-            if queries.drop_pending(conn, run_id):
-                frame.ahead = None
-            elif queries.run_end(conn, run_id) is None:
-                # Gone already: an edit takes every pending run away in its own commit,
-                # before this reaction (``service/engine.py``). Forgotten now, before
-                # SQLite gives its id to the next run inserted (it reuses the largest).
-                frame.ahead = None
-            elif not pending_only:
-                frame.ahead = None
-                self._cancel_ahead(run_id)
+            kept = []
+            for job_id, run_id in frame.ahead:
+                if queries.drop_pending(conn, run_id):
+                    continue
+                if queries.run_end(conn, run_id) is None:
+                    # Gone already: an edit takes every pending run away in its own
+                    # commit, before this reaction (``service/engine.py``). Forgotten
+                    # now, before SQLite gives its id to the next run inserted (it
+                    # reuses the largest).
+                    continue
+                if pending_only:
+                    kept.append((job_id, run_id))  # claimed already: it runs
+                else:
+                    self._cancel_ahead(run_id)
+            frame.ahead = kept
 
     def _advance(self, frame: Frame) -> int | None:
         """Run a box's children in order from ``frame.index``; its status when it is done."""
@@ -422,9 +448,7 @@ class TreeRuns:
         ``row``: that row, whose CPU time and peak memory the finished event carries.
         """
         node, tr = frame.node, frame.tree_run
-        if frame.ahead is not None:
-            self._cancel_ahead(frame.ahead[1])
-            frame.ahead = None
+        self._cancel_aheads(frame)
         status = frame.exit_status if status is None else status
         if tr.killed and node.job.kind is Kind.BOX:
             status = KILLED_STATUS
@@ -472,7 +496,7 @@ class TreeRuns:
         if frame is None:
             return  # handled already (a wake-up and the back-up poll can both report it)
         box = frame.parent
-        ahead = box.ahead[1] if box is not None and box.ahead is not None else None
+        ahead = box.ahead[0][1] if box is not None and box.ahead else None
         conn = self.d.tx.conn
         if ahead is None:
             row = queries.run_end(conn, run_id)
@@ -605,10 +629,9 @@ class TreeRuns:
             return False
         now = self.d.clock.now()
         box = frame.parent
-        if box is not None and box.ahead is not None:
-            # Queued ahead after this attempt: the next one releases it instead.
-            self._cancel_ahead(box.ahead[1])
-            box.ahead = None
+        if box is not None:
+            # Queued ahead after this attempt: the next one releases them instead.
+            self._cancel_aheads(box)
         attempt = frame.attempt + 1
         run_id = self.insert_run(node, box, tr, RunState.QUEUED, now, attempt=attempt)
         ended = run_info(frame.run_id, node, tr, state, exit_status=status, attempt=frame.attempt)

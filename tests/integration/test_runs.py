@@ -283,9 +283,9 @@ def test_kill_of_a_long_task_is_255_up_the_chain_and_a_failure(jc_sqlite: JC) ->
 
 
 def test_a_sequence_queues_its_next_task_ahead_and_a_kill_runs_it_not(jc: JC) -> None:
-    """While a task runs, the one after it waits as a pending run after it (the worker
-    recording the end takes the next in the same transaction); killing the tree drops
-    it, and no run of it is left or recorded."""
+    """While a task runs, the two after it wait as pending runs, each after the one
+    before it (the worker recording an end takes the next in the same transaction);
+    killing the tree drops them, and no run of them is left or recorded."""
     gate = jc.gate("g")
     jc.create(
         box("Seq", timer="every 10s", on_error="abort", active=True),
@@ -309,8 +309,8 @@ def test_a_sequence_queues_its_next_task_ahead_and_a_kill_runs_it_not(jc: JC) ->
             (r.job_name, ids.get(r.after_run_id, r.after_run_id), r.after_ok_only) for r in rows
         ]
 
-    # Under an ABORT box, it is released only by a success.
-    assert pending() == [("t2", r1, True)]
+    # Under an ABORT box, each is released only by a success; t4 waits for t2's start.
+    assert pending() == [("t2", r1, True), ("t3", "t2", True)]
 
     root = jc.engine.kill("Seq", user=USER)
     jc.rec.run_finished("Seq", since=mark)
@@ -318,6 +318,7 @@ def test_a_sequence_queues_its_next_task_ahead_and_a_kill_runs_it_not(jc: JC) ->
     assert pending() == []
     assert jc.runs("t2") == []
     assert jc.runs("t3") == []
+    assert jc.runs("t4") == []
 
 
 def test_a_sequence_of_quick_tasks_runs_each_once_in_order(jc: JC) -> None:
@@ -332,6 +333,55 @@ def test_a_sequence_of_quick_tasks_runs_each_once_in_order(jc: JC) -> None:
     assert jc.rec.run_finished("Seq", since=mark)["exit_status"] == 0
     assert out.read_text().split() == [str(i) for i in range(1, 8)]
     assert [len(jc.runs(f"t{i}")) for i in range(1, 8)] == [1] * 7
+
+
+def test_a_task_taken_ahead_that_fails_releases_nothing_after_it_under_abort(jc: JC) -> None:
+    """Quick tasks chain two deep on the worker: t2 failing stops the box there even when
+    the worker recorded it before the dispatcher heard of t1's end, and t3 (queued after
+    t2, released only by its success) never runs."""
+    out = jc.tmp_path / "order"
+    jc.create(
+        box("Seq", timer="every 10s", on_error="abort", active=True),
+        task("t1", f"echo 1 >> {out}", "Seq", active=True),
+        task("t2", f"echo 2 >> {out}; exit 4", "Seq", active=True),
+        task("t3", f"echo 3 >> {out}", "Seq", active=True),
+        task("t4", f"echo 4 >> {out}", "Seq", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    done = jc.rec.run_finished("Seq", since=mark)
+    assert (done["state"], done["exit_status"]) == ("failed", 4)
+    assert out.read_text().split() == ["1", "2"]
+    assert (jc.runs("t3"), jc.runs("t4")) == ([], [])
+    with jc.store.read() as conn:
+        left = conn.execute(select(run.c.job_name).where(run.c.state == str(RunState.PENDING)))
+        assert left.all() == []
+
+
+def test_a_task_taken_ahead_that_fails_and_is_retried_goes_on_from_its_retry(
+    jc: JC,
+) -> None:
+    """t2 may be retried, so only its success releases t3: its failed attempt runs
+    nothing after it, its retry does, and every task after runs once, in order."""
+    out, flag = jc.tmp_path / "order", jc.tmp_path / "failed-once"
+    flaky = f"echo 2 >> {out}; test -e {flag} || {{ touch {flag}; exit 5; }}"
+    jc.create(
+        box("Seq", timer="every 10s", on_error="abort", active=True),
+        task("t1", f"echo 1 >> {out}", "Seq", active=True),
+        task("t2", flaky, "Seq", active=True, retries=1),
+        task("t3", f"echo 3 >> {out}", "Seq", active=True),
+        task("t4", f"echo 4 >> {out}", "Seq", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    done = jc.rec.run_finished("Seq", since=mark)
+    assert (done["state"], done["exit_status"]) == ("succeeded", 0)
+    assert out.read_text().split() == ["1", "2", "2", "3", "4"]
+    assert [(r.state, r.attempt) for r in sorted(jc.runs("t2"), key=lambda r: r.id)] == [
+        (RunState.FAILED, 1),
+        (RunState.SUCCEEDED, 2),
+    ]
+    assert [len(jc.runs(t)) for t in ("t1", "t3", "t4")] == [1, 1, 1]
 
 
 def test_kill_stops_the_whole_process_tree_even_a_setsid_child(jc_sqlite: JC) -> None:
