@@ -319,6 +319,59 @@ jobs:
     )
 
 
+def test_a_chain_run_two_ahead_while_no_dispatcher_ran_goes_on_from_its_last_end(
+    jcpg: JobControl,
+) -> None:
+    """The dispatcher is killed while a CONTINUE sequence's first task runs on a remote
+    worker. The worker goes on through the two tasks queued ahead (the second failing)
+    and stops there, with nothing more released. Started again, the dispatcher goes on
+    from the last end: every task runs once, in order, and the box ends with the
+    failure it missed."""
+    jc = jcpg
+    gate, out = jc.base / "first.gate", jc.base / "order"
+    steps = "\n".join(
+        f"""      - name: c{i}
+        active: true
+        command: "echo {i} >> {out}{'; exit 4' if i == 2 else ''}\""""
+        for i in range(2, 6)
+    )
+    jc.load(
+        write(
+            jc.base / "chain.yaml",
+            f"""\
+jobs:
+  - name: Chain
+    box_type: sequence
+    on_error: continue
+    children:
+      - name: c1
+        active: true
+        command: "while [ ! -f {gate} ]; do sleep 0.05; done; echo 1 >> {out}"
+{steps}
+""",
+        )
+    )
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w7", "--slots", "1")
+    jc.ok("run", "Chain")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="c1"), WAIT), "c1 never started"
+    (daemon,) = jc.live_daemons()
+    os.kill(daemon, signal.SIGKILL)
+    assert wait_until(lambda: not jc.live_daemons(), WAIT)
+    gate.touch()
+    assert wait_until(lambda: ended(jc, "c3"), WAIT), "the worker did not take c2 and c3"
+    assert out.read_text().split() == ["1", "2", "3"]
+    assert runs_of(jc, "c4") == [], "only two were queued ahead"
+
+    jc.ok("daemon", "start", "--slots", "0")
+    assert wait_until(lambda: ended(jc, "Chain"), WAIT), runs_of(jc, "Chain")
+    (chain,) = runs_of(jc, "Chain")
+    assert (chain["state"], chain["exit_status"]) == ("failed", 4), chain
+    assert out.read_text().split() == ["1", "2", "3", "4", "5"]
+    assert [len(runs_of(jc, f"c{i}")) for i in range(1, 6)] == [1] * 5
+    assert [r["exit_status"] for r in runs_of(jc, "c2")] == [4]
+
+
 @contextmanager
 def worker_through(jc: JobControl, name: str, cut_on: tuple[bytes, ...]) -> Iterator[TcpRelay]:
     """Worker ``name`` (one slot) reaching PostgreSQL through a relay that cuts the
