@@ -4,7 +4,8 @@ Setup: a throwaway PostgreSQL server, ``jobcontrol db upgrade``, one real
 ``jobcontrol worker`` process (4 slots, every queue) started as a user would. The
 bench process plays the dispatcher's part: it inserts a queued task run (``true``)
 and announces it the way the dispatcher does (``events.runs_queued`` sent through
-this process's ``Relay``, i.e. NOTIFY after commit); then it waits for the run's
+this process's ``Relay`` in the daemon's role, i.e. NOTIFY after commit, once the
+worker said hello); then it waits for the run's
 end before queueing the next, so the worker is idle each time. Latency is the
 run row's ``started`` (set by the claim, the worker's clock) minus its
 ``created`` (set by the insert, this process's clock: the same host).
@@ -168,11 +169,16 @@ def main() -> int:
             conn.execute(
                 update(lane).where(lane.c.name == "default").values(poll_interval_s=POLL_S)
             )
-        relay = Relay(store, name="bench")
+        relay = Relay(store, name="bench", role="daemon")  # sends once it hears the worker
         relay.start()
         worker = start_worker(url, state)
         try:
             wait_registered(store)
+            deadline = time.monotonic() + 10
+            while not relay.peers and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not relay.peers:
+                raise SystemExit("the worker's relay never said hello to this one")
             base = notify_round_trip(url, args.runs)
             latencies(store, 20, announce=True)  # warm-up
             with_notify = latencies(store, args.runs, announce=True)
