@@ -27,7 +27,7 @@ says ``hello`` once it listens, again when a daemon's relay asks (it asks when i
 starts listening, so that workers running before it are known), and ``bye`` when it
 stops. Any other notification from another process makes it known too. On a daemon
 with no worker process, a task's end so costs no NOTIFY, no wake-up of the relay's
-two threads and of its own listener, no work for the server: that was a third of a
+two threads and of its own listener, no work for the server: about a tenth of a
 sequence's time per task on PostgreSQL (bench/README.md, nineteenth round). A worker
 that dies without ``bye`` stays known until the daemon restarts: the daemon sends to
 nobody, as it did before, rather than risk a live worker not hearing of its work.
@@ -103,6 +103,7 @@ class Relay:
         self._outbox: queue.SimpleQueue[tuple[str, bool] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._sender: threading.Thread | None = None  # of ``_threads``: the one sending
         self._receivers: list[tuple[Any, Any]] = []
         self._listening = threading.Event()
         self._wakeup: tuple[int, int] | None = None  # a pipe that ends the listener's wait
@@ -122,6 +123,8 @@ class Relay:
             thread = threading.Thread(target=target, name=f"jc-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+            if target == self._send_loop:
+                self._sender = thread
         deadline = time.monotonic() + wait
         self._listening.wait(wait)
         if self.role == "worker":
@@ -131,11 +134,11 @@ class Relay:
         for signal, receiver in self._receivers:
             signal.disconnect(receiver, sender=self.store)
         self._receivers.clear()
-        if self.role == "worker" and self._threads and not self.outage.down:
+        if self.role == "worker" and self._sender is not None and not self.outage.down:
             self._say(_BYE)  # sent before the sender stops (not tried in an outage)
         self._outbox.put(None)
-        if len(self._threads) > 1:
-            self._threads[1].join(timeout)  # the sender: its last hints and the bye
+        if self._sender is not None:
+            self._sender.join(timeout)  # its last hints and the bye
         self._stop.set()
         if self._wakeup is not None:
             os.write(self._wakeup[1], b"x")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -335,21 +336,26 @@ def test_a_sequence_of_quick_tasks_runs_each_once_in_order(jc: JC) -> None:
     assert [len(jc.runs(f"t{i}")) for i in range(1, 8)] == [1] * 7
 
 
+def _run_abort_chain(jc: JC, out: Path, second: str, **options: Any) -> dict[str, Any]:
+    """ABORT sequence ``Seq`` of t1..t4, each appending its number to ``out`` (t2 runs
+    ``second``, with ``options``), fired by its timer; its finished run."""
+    jc.create(
+        box("Seq", timer="every 10s", on_error="abort", active=True),
+        task("t1", f"echo 1 >> {out}", "Seq", active=True),
+        task("t2", second, "Seq", active=True, **options),
+        *(task(f"t{i}", f"echo {i} >> {out}", "Seq", active=True) for i in (3, 4)),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    return jc.rec.run_finished("Seq", since=mark)
+
+
 def test_a_task_taken_ahead_that_fails_releases_nothing_after_it_under_abort(jc: JC) -> None:
     """Quick tasks chain two deep on the worker: t2 failing stops the box there even when
     the worker recorded it before the dispatcher heard of t1's end, and t3 (queued after
     t2, released only by its success) never runs."""
     out = jc.tmp_path / "order"
-    jc.create(
-        box("Seq", timer="every 10s", on_error="abort", active=True),
-        task("t1", f"echo 1 >> {out}", "Seq", active=True),
-        task("t2", f"echo 2 >> {out}; exit 4", "Seq", active=True),
-        task("t3", f"echo 3 >> {out}", "Seq", active=True),
-        task("t4", f"echo 4 >> {out}", "Seq", active=True),
-    )
-    mark = jc.rec.mark()
-    jc.advance(10)
-    done = jc.rec.run_finished("Seq", since=mark)
+    done = _run_abort_chain(jc, out, f"echo 2 >> {out}; exit 4")
     assert (done["state"], done["exit_status"]) == ("failed", 4)
     assert out.read_text().split() == ["1", "2"]
     assert (jc.runs("t3"), jc.runs("t4")) == ([], [])
@@ -365,16 +371,7 @@ def test_a_task_taken_ahead_that_fails_and_is_retried_goes_on_from_its_retry(
     nothing after it, its retry does, and every task after runs once, in order."""
     out, flag = jc.tmp_path / "order", jc.tmp_path / "failed-once"
     flaky = f"echo 2 >> {out}; test -e {flag} || {{ touch {flag}; exit 5; }}"
-    jc.create(
-        box("Seq", timer="every 10s", on_error="abort", active=True),
-        task("t1", f"echo 1 >> {out}", "Seq", active=True),
-        task("t2", flaky, "Seq", active=True, retries=1),
-        task("t3", f"echo 3 >> {out}", "Seq", active=True),
-        task("t4", f"echo 4 >> {out}", "Seq", active=True),
-    )
-    mark = jc.rec.mark()
-    jc.advance(10)
-    done = jc.rec.run_finished("Seq", since=mark)
+    done = _run_abort_chain(jc, out, flaky, retries=1)
     assert (done["state"], done["exit_status"]) == ("succeeded", 0)
     assert out.read_text().split() == ["1", "2", "2", "3", "4"]
     assert [(r.state, r.attempt) for r in sorted(jc.runs("t2"), key=lambda r: r.id)] == [
