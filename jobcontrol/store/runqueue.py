@@ -29,6 +29,8 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
+    func,
     literal,
     literal_column,
     null,
@@ -41,7 +43,7 @@ from jobcontrol.slotgroups import WILDCARD, SlotGroup
 from jobcontrol.store import Store, lanes, queries, runlogs
 from jobcontrol.store.lanes import Lanes
 from jobcontrol.store.prepared import Prepared
-from jobcontrol.store.schema import UTCDateTime, run, worker
+from jobcontrol.store.schema import UTCDateTime, run, run_log, worker
 
 DEFAULT_LEASE = timedelta(seconds=30)
 
@@ -743,25 +745,26 @@ class RunQueue:
         take_next: tuple[str, datetime] | None,
     ) -> Finished:
         """``finish`` on PostgreSQL: one statement (``_finish_and_next_stmt``), with no
-        transaction around it unless the run's logs need pruning in the same one."""
+        transaction around it."""
         fixed = self.lease is not None
-        stmt = _finish_and_next_stmt(tuple(sorted(values)), ok, take_next is not None, fixed)
+        logged = values.get("log_path") is not None
+        columns = tuple(sorted(values))
+        stmt = _finish_and_next_stmt(columns, ok, take_next is not None, fixed, logged)
         params = _finish_params(run_id, name, values)
+        params["w_keep"] = default_max_log_files
         if take_next is not None:
             host, now = take_next
             params.update(v_started=now, v_worker=name, v_host=host, **self._times(now))
-        logged = values.get("log_path") is not None
-        with self.store.write() if logged else self.store.single() as conn:
+        # No transaction around it: one round trip, where a task that left a log took
+        # four (BEGIN, the finish, the read of the logs to prune, COMMIT).
+        with self.store.single() as conn:
             m = stmt.first(conn, params)
-            if m is None:
-                return Finished(False)
-            stale: list[str] = []
-            if logged and m["job_id"] is not None:
-                keep = m["max_log_files"] or default_max_log_files
-                stale = _prune(conn, m["job_id"], keep)
-        if m["n_id"] is None or m["n_state"] != str(RunState.RUNNING):
+        if m is None:
+            return Finished(False)
+        stale: list[str] = m["f_stale"] or []
+        if m["id"] is None or m["state"] != str(RunState.RUNNING):
             return Finished(True, stale)  # none, released, or released for a claim that counts
-        taken = {c.name: m[f"n_{c.name}"] for c in run.c}
+        taken = {c.name: m[c.name] for c in run.c}
         return Finished(True, stale, queries.run_from_row(taken))
 
 
@@ -836,14 +839,18 @@ def _finish_stmt(columns: tuple[str, ...], returning: bool = False) -> Prepared:
     return Prepared(stmt.returning(*returns), returns)
 
 
-@functools.lru_cache(maxsize=32)
-def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed: bool) -> Prepared:
-    """PostgreSQL: the end recorded and the run queued after it released (``take``: and
-    claimed by this worker), in one statement. One row when the end was recorded (the
-    run's job and ``max_log_files`` for pruning; ``n_*``: the run taken next, or nulls),
-    none when the run was settled meanwhile."""
+@functools.lru_cache(maxsize=64)
+def _finish_and_next_stmt(
+    columns: tuple[str, ...], ok: bool, take: bool, fixed: bool, prune: bool
+) -> Prepared:
+    """PostgreSQL: the end recorded, the job's logs past its ``max_log_files`` forgotten
+    (``prune``: the run left a log; ``_prune``) and the run queued after it released
+    (``take``: and claimed by this worker), in one statement. One row when the end was
+    recorded (``f_stale``: the log files to delete once committed; then the run taken
+    next, or nulls), none when the run was settled meanwhile."""
     record: Any = _finish_stmt(columns).stmt
-    fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files).cte("fin")
+    fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files, run.c.log_path)
+    fin = fin.cte("fin")
     after = run.c.after_run_id.in_(select(fin.c.id))
     follows = _successor(ok, after)
     if take:
@@ -857,10 +864,47 @@ def _finish_and_next_stmt(columns: tuple[str, ...], ok: bool, take: bool, fixed:
     else:
         release = {"state": str(RunState.QUEUED)}
         nxt = update(run).where(follows).values(release).returning(*run.c).cte("nxt")
-    both = select(
-        fin.c.job_id, fin.c.max_log_files, *(c.label(f"n_{c.name}") for c in nxt.c)
-    ).select_from(fin.outerjoin(nxt, literal(True)))
+    # The run taken next unlabelled (``nxt.id``, not ``nxt.id AS n_id``): with the
+    # pruning in it, the statement must still stay under that 4 KiB.
+    if not prune:  # no log left (a quiet task): nothing to prune, nor to plan for it
+        both = select(fin.c.job_id.label("f_job_id"), null().label("f_stale"), *nxt.c)
+        both = both.select_from(fin.outerjoin(nxt, literal(True)))
+        return Prepared(both, list(both.selected_columns))
+    past = _past_stmt(fin)
+    forgot = update(run).where(run.c.id.in_(select(past.c.id))).values(log_path=None)
+    in_db = select(past.c.id).where(past.c.log_path == DB_LOG)
+    dropped = delete(run_log).where(run_log.c.run_id.in_(in_db))
+    stale = select(func.array_agg(past.c.log_path)).where(past.c.log_path != DB_LOG)
+    both = (
+        select(fin.c.job_id.label("f_job_id"), stale.scalar_subquery().label("f_stale"), *nxt.c)
+        .select_from(fin.outerjoin(nxt, literal(True)))
+        .add_cte(
+            forgot.returning(run.c.id).cte("forgot"),
+            dropped.returning(run_log.c.run_id).cte("dropped"),
+        )
+    )
     return Prepared(both, list(both.selected_columns))
+
+
+def _past_stmt(fin: Any) -> Any:
+    """The CTE of the finished run's job's logs past its newest ``max_log_files`` (that
+    run's own counted as it was just written), as ``_LOGS_PAST`` reads after the
+    finish's own update. That run's own log is never among
+    them: one statement must not update its row twice."""
+    others = select(run.c.id, run.c.log_path).where(
+        run.c.job_id == fin.c.job_id, run.c.log_path.is_not(None), run.c.id != fin.c.id
+    )
+    mine = select(fin.c.id, fin.c.log_path).where(fin.c.log_path.is_not(None))
+    logs = others.union_all(mine).subquery("logs")
+    newest = func.row_number().over(order_by=logs.c.id.desc())
+    ranked = select(logs.c.id, logs.c.log_path, newest.label("n")).subquery("ranked")
+    keep = func.coalesce(fin.c.max_log_files, bindparam("w_keep", type_=Integer()))
+    return (
+        select(ranked.c.id, ranked.c.log_path)
+        .where(ranked.c.n > keep, ranked.c.id != fin.c.id)
+        .select_from(ranked.join(fin, literal(True)))
+        .cte("past")
+    )
 
 
 def _prune(conn: Connection, job_id: int, keep: int) -> list[str]:

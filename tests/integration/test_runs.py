@@ -533,8 +533,7 @@ def test_log_holds_stdout_and_stderr_and_empty_output_leaves_no_file(jc_sqlite: 
     assert not quiet_dir.exists() or list(quiet_dir.iterdir()) == []
 
 
-def test_only_the_newest_max_log_files_are_kept(jc_sqlite: JC) -> None:
-    jc = jc_sqlite
+def test_only_the_newest_max_log_files_are_kept(jc: JC) -> None:
     jc.create(task("rotating", 'echo "run $JOBCONTROL_RUN_ID"', max_log_files=2, active=True))
     run_ids = []
     for _ in range(4):
