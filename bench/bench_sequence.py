@@ -17,13 +17,16 @@ baseline loop's (a figure a loaded machine disturbs less than wall time).
 
 Target (issue 8): engine time <= 1.5 x baseline on SQLite, <= 2.5 x on PostgreSQL.
 
+``--command`` runs another command in each task and in the baseline loop alike (e.g.
+``'echo x'``: each task then leaves a log file, which the finish records and prunes).
+
 ``--breakdown`` also times the steps of each task run (wall and thread CPU around the
 worker's and the dispatcher's functions named in ``STEPS``, both firings) and prints
 their medians and means: the per-task breakdown. The wrappers cost a few microseconds
 per call, so compare the ratio of a run without it.
 
     .venv/bin/python bench/bench_sequence.py [--tasks N] [--pg] [--cgroups auto|off]
-        [--breakdown] [--json]
+        [--breakdown] [--command CMD] [--json]
 """
 
 from __future__ import annotations
@@ -121,16 +124,23 @@ def add_breakdown(rep: c.Report, times: dict[str, list[tuple[float, float]]], n:
         )
 
 
-def baseline(n: int) -> tuple[float, float]:
+def baseline(n: int, command: str = "true") -> tuple[float, float]:
     """Wall seconds and this process's CPU seconds for n x subprocess.run."""
+    # Output (another ``--command``'s) to /dev/null: cheaper than the engine's log file.
+    out = None if command == "true" else subprocess.DEVNULL
     t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(n):
-        subprocess.run(["/bin/sh", "-c", "true"], check=False)
+        subprocess.run(["/bin/sh", "-c", command], check=False, stdout=out)
     return time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def engine_run(
-    url: str, logs: Path, n: int, firings: int = 2, cgroups: str = "auto"
+    url: str,
+    logs: Path,
+    n: int,
+    firings: int = 2,
+    cgroups: str = "auto",
+    command: str = "true",
 ) -> list[dict[str, float]]:
     """Create the box and its tasks, then fire it ``firings`` times by its ``at`` timer."""
     store = Store(url)
@@ -167,7 +177,7 @@ def engine_run(
         t0 = time.perf_counter()
         creates = [NewJob(BOX, Kind.BOX, None, {"box_type": "sequence", "active": False})]
         creates += [
-            NewJob(f"seq-task-{i:05d}", Kind.TASK, BOX, {"active": True, "command": "true"})
+            NewJob(f"seq-task-{i:05d}", Kind.TASK, BOX, {"active": True, "command": command})
             for i in range(n)
         ]
         engine.apply_batch(Batch(creates=creates), user="bench")
@@ -220,9 +230,13 @@ def bench(
     n: int,
     cgroups: str = "auto",
     breakdown: bool = False,
+    command: str = "true",
 ) -> c.Report:
-    print(f"[{store_name}] baseline: {n} x subprocess.run(['/bin/sh','-c','true']) ...", flush=True)
-    base1, base_cpu1 = baseline(n)
+    print(
+        f"[{store_name}] baseline: {n} x subprocess.run(['/bin/sh','-c',{command!r}]) ...",
+        flush=True,
+    )
+    base1, base_cpu1 = baseline(n, command)
     print(
         f"[{store_name}] engine: SEQUENCE box of {n} tasks, fired twice by its timer ...",
         flush=True,
@@ -230,14 +244,15 @@ def bench(
     times: dict[str, list[tuple[float, float]]] = {}
     if breakdown:
         with stamped() as times:
-            first, second = engine_run(url, logs, n, cgroups=cgroups)
+            first, second = engine_run(url, logs, n, cgroups=cgroups, command=command)
     else:
-        first, second = engine_run(url, logs, n, cgroups=cgroups)
-    base2, base_cpu2 = baseline(n)
+        first, second = engine_run(url, logs, n, cgroups=cgroups, command=command)
+    base2, base_cpu2 = baseline(n, command)
     base, base_cpu = (base1 + base2) / 2, (base_cpu1 + base_cpu2) / 2
     rep = c.Report("bench_sequence", store_name)
     rep.add("tasks", n, "")
     rep.notes.append(f"cgroup per task run: {cgroups}")
+    rep.notes.append(f"each task (and the baseline loop) runs: {command}")
     rep.add("engine: due -> box run_finished", first["total_s"], "s")
     rep.add("engine: per task", first["total_s"] / n * 1000, "ms")
     rep.add("engine: due -> first task started", first["fire_to_first_task_s"] * 1000, "ms")
@@ -298,9 +313,14 @@ def main() -> int:
         action="store_true",
         help="also time each step of a task run (wall and CPU, median and mean)",
     )
+    p.add_argument(
+        "--command",
+        default="true",
+        help="the command of each task and of the baseline loop (default: true)",
+    )
     args = p.parse_args()
     reports = []
-    how = (args.tasks, args.cgroups, args.breakdown)
+    how = (args.tasks, args.cgroups, args.breakdown, args.command)
     with c.temp_dir("sequence") as tmp:
         reports.append(bench("sqlite", c.sqlite_url(tmp), tmp / "logs", *how))
         if args.pg:
