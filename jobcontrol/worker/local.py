@@ -278,13 +278,6 @@ class Worker:
         self.log_problems = 0
         self.runqueue = runqueue
         self.store = runqueue.store
-        # Whether a sequence's end is announced once the next task started (``_announce``).
-        # On SQLite the dispatcher's reaction is ~0.4 ms of interpreter time that then runs
-        # while the child does (1.75 -> 1.55 ms per task). On PostgreSQL it is ~2 ms of
-        # round trips that hold no interpreter lock: started late it missed queueing the
-        # task after next in time for half of the ends (485 of 1,000, against 236 when
-        # announced at once), and each miss costs a claim.
-        self._announce_late = self.store.is_sqlite
         self.clock = clock
         self.log_root = log_root
         self.instance_id = instance_id
@@ -1086,8 +1079,15 @@ class Worker:
                 ended = run.id
                 run, spent = self._execute(run, g, announce, spent)
                 announce = None
-                if run is not None and self._announce_late:
-                    announce = ended  # once the next task started (``_announce``)
+                # A sequence's end is announced once its next task started (``_announce``):
+                # the dispatcher's reaction then runs while the child does, not against
+                # the worker's own steps to start it. On SQLite that was 1.75 -> 1.55 ms
+                # per task. On PostgreSQL, with one run queued ahead, a reaction started
+                # that late missed queueing the task after next for half of the ends;
+                # with two ahead (``AHEAD``) it missed 0-4 of 1,000, and the process spent
+                # about 7 % less CPU per task (bench/README.md, twentieth round).
+                if run is not None:
+                    announce = ended
                 else:
                     events.task_finished.send(self.store, run_id=ended)
                 with self._cond:
