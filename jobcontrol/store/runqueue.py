@@ -761,10 +761,11 @@ class RunQueue:
             m = stmt.first(conn, params)
         if m is None:
             return Finished(False)
-        stale: list[str] = m["f_stale"] or []
-        if m["id"] is None or m["state"] != str(RunState.RUNNING):
+        stale: list[str] = m.get("f_stale") or []
+        nxt = "" if logged else NEXT  # how the statement names the run taken next
+        if m[f"{nxt}id"] is None or m[f"{nxt}state"] != str(RunState.RUNNING):
             return Finished(True, stale)  # none, released, or released for a claim that counts
-        taken = {c.name: m[c.name] for c in run.c}
+        taken = {c.name: m[f"{nxt}{c.name}"] for c in run.c}
         return Finished(True, stale, queries.run_from_row(taken))
 
 
@@ -839,6 +840,11 @@ def _finish_stmt(columns: tuple[str, ...], returning: bool = False) -> Prepared:
     return Prepared(stmt.returning(*returns), returns)
 
 
+# The columns of the run taken next, in the finish of a run that left no log (in one that
+# did, they come unlabelled: ``_finish_and_next_stmt``).
+NEXT = "n_"
+
+
 @functools.lru_cache(maxsize=64)
 def _finish_and_next_stmt(
     columns: tuple[str, ...], ok: bool, take: bool, fixed: bool, prune: bool
@@ -846,10 +852,13 @@ def _finish_and_next_stmt(
     """PostgreSQL: the end recorded, the job's logs past its ``max_log_files`` forgotten
     (``prune``: the run left a log; ``_prune``) and the run queued after it released
     (``take``: and claimed by this worker), in one statement. One row when the end was
-    recorded (``f_stale``: the log files to delete once committed; then the run taken
-    next, or nulls), none when the run was settled meanwhile."""
+    recorded (with ``prune``, ``f_stale``: the log files to delete once committed; then
+    the run taken next, or nulls), none when the run was settled meanwhile. Without
+    ``prune`` it is the statement it was before pruning came into it (``NEXT``)."""
     record: Any = _finish_stmt(columns).stmt
-    fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files, run.c.log_path)
+    fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files)
+    if prune:
+        fin = fin.returning(run.c.log_path)
     fin = fin.cte("fin")
     after = run.c.after_run_id.in_(select(fin.c.id))
     follows = _successor(ok, after)
@@ -864,12 +873,13 @@ def _finish_and_next_stmt(
     else:
         release = {"state": str(RunState.QUEUED)}
         nxt = update(run).where(follows).values(release).returning(*run.c).cte("nxt")
-    # The run taken next unlabelled (``nxt.id``, not ``nxt.id AS n_id``): with the
-    # pruning in it, the statement must still stay under that 4 KiB.
     if not prune:  # no log left (a quiet task): nothing to prune, nor to plan for it
-        both = select(fin.c.job_id.label("f_job_id"), null().label("f_stale"), *nxt.c)
+        nexts = (c.label(f"{NEXT}{c.name}") for c in nxt.c)
+        both = select(fin.c.job_id, fin.c.max_log_files, *nexts)
         both = both.select_from(fin.outerjoin(nxt, literal(True)))
         return Prepared(both, list(both.selected_columns))
+    # The run taken next unlabelled here (``nxt.id``, not ``nxt.id AS n_id``): with the
+    # pruning in it, the statement must still stay under that 4 KiB.
     past = _past_stmt(fin)
     forgot = update(run).where(run.c.id.in_(select(past.c.id))).values(log_path=None)
     in_db = select(past.c.id).where(past.c.log_path == DB_LOG)
