@@ -350,6 +350,7 @@ class JobControl:
                 left = procs.find_marked(marker)
                 procs.kill_tree(None, marker=marker, grace=1.0)
                 problems.append(f"task processes of {self.url} left running: {left}")
+            problems += remove_cgroups_of(instance)
         return problems
 
     def _has_db(self) -> bool:
@@ -362,6 +363,48 @@ class JobControl:
         except Exception:
             return False
         return True
+
+
+def remove_cgroups_of(instance: str) -> list[str]:
+    """Remove the cgroups of this database's daemons and workers that a process killed
+    with SIGKILL left behind (a restart under the same name would have cleared them);
+    the problems: a cgroup that still holds a process once everything was stopped."""
+    problems = []
+    for base in _cgroups_named(f"jobcontrol-{instance}"):
+        for path in sorted(base.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            # A process reaped a moment ago may keep its cgroup busy for a little while.
+            if not wait_until(lambda p=path: _rmdir(p), GONE_TIMEOUT):
+                held = (path / "cgroup.procs").read_text().split()
+                problems.append(f"cgroup {path} left with processes {held}")
+    return problems
+
+
+def _cgroups_named(prefix: str) -> list[Path]:
+    """The cgroups whose name starts with ``prefix``, in any cgroup hierarchy mounted here
+    (v2, and v1 memory), at most four levels down."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in fields[-1].split(",")):
+            points.append(Path(fields[4]))
+    found = []
+    for point in points:
+        for top, dirs, _files in os.walk(point):
+            depth = len(Path(top).relative_to(point).parts)
+            found += [Path(top) / d for d in dirs if d.startswith(prefix)]
+            dirs[:] = [d for d in dirs if not d.startswith(prefix)] if depth < 3 else []
+    return found
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def normalised_defs(text: str) -> list[tuple[Any, ...]]:
