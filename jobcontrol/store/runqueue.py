@@ -749,7 +749,7 @@ class RunQueue:
         fixed = self.lease is not None
         logged = values.get("log_path") is not None
         columns = tuple(sorted(values))
-        stmt = _finish_and_next_stmt(columns, ok, take_next is not None, fixed, logged)
+        stmt, nxt = _finish_and_next_stmt(columns, ok, take_next is not None, fixed, logged)
         params = _finish_params(run_id, name, values)
         params["w_keep"] = default_max_log_files
         if take_next is not None:
@@ -762,7 +762,6 @@ class RunQueue:
         if m is None:
             return Finished(False)
         stale: list[str] = m.get("f_stale") or []
-        nxt = "" if logged else NEXT  # how the statement names the run taken next
         if m[f"{nxt}id"] is None or m[f"{nxt}state"] != str(RunState.RUNNING):
             return Finished(True, stale)  # none, released, or released for a claim that counts
         taken = {c.name: m[f"{nxt}{c.name}"] for c in run.c}
@@ -840,21 +839,17 @@ def _finish_stmt(columns: tuple[str, ...], returning: bool = False) -> Prepared:
     return Prepared(stmt.returning(*returns), returns)
 
 
-# The columns of the run taken next, in the finish of a run that left no log (in one that
-# did, they come unlabelled: ``_finish_and_next_stmt``).
-NEXT = "n_"
-
-
 @functools.lru_cache(maxsize=64)
 def _finish_and_next_stmt(
     columns: tuple[str, ...], ok: bool, take: bool, fixed: bool, prune: bool
-) -> Prepared:
+) -> tuple[Prepared, str]:
     """PostgreSQL: the end recorded, the job's logs past its ``max_log_files`` forgotten
     (``prune``: the run left a log; ``_prune``) and the run queued after it released
     (``take``: and claimed by this worker), in one statement. One row when the end was
     recorded (with ``prune``, ``f_stale``: the log files to delete once committed; then
-    the run taken next, or nulls), none when the run was settled meanwhile. Without
-    ``prune`` it is the statement it was before pruning came into it (``NEXT``)."""
+    the run taken next, or nulls), none when the run was settled meanwhile. Also the
+    prefix of the taken run's column names in that row: ``n_`` without ``prune``, where
+    it is the statement it was before pruning came into it; none with it."""
     record: Any = _finish_stmt(columns).stmt
     fin = record.returning(run.c.id, run.c.job_id, run.c.max_log_files)
     if prune:
@@ -874,10 +869,10 @@ def _finish_and_next_stmt(
         release = {"state": str(RunState.QUEUED)}
         nxt = update(run).where(follows).values(release).returning(*run.c).cte("nxt")
     if not prune:  # no log left (a quiet task): nothing to prune, nor to plan for it
-        nexts = (c.label(f"{NEXT}{c.name}") for c in nxt.c)
+        nexts = (c.label(f"n_{c.name}") for c in nxt.c)
         both = select(fin.c.job_id, fin.c.max_log_files, *nexts)
         both = both.select_from(fin.outerjoin(nxt, literal(True)))
-        return Prepared(both, list(both.selected_columns))
+        return Prepared(both, list(both.selected_columns)), "n_"
     # The run taken next unlabelled here (``nxt.id``, not ``nxt.id AS n_id``): with the
     # pruning in it, the statement must still stay under that 4 KiB.
     past = _past_stmt(fin)
@@ -893,14 +888,14 @@ def _finish_and_next_stmt(
             dropped.returning(run_log.c.run_id).cte("dropped"),
         )
     )
-    return Prepared(both, list(both.selected_columns))
+    return Prepared(both, list(both.selected_columns)), ""
 
 
 def _past_stmt(fin: Any) -> Any:
     """The CTE of the finished run's job's logs past its newest ``max_log_files`` (that
     run's own counted as it was just written), as ``_LOGS_PAST`` reads after the
-    finish's own update. That run's own log is never among
-    them: one statement must not update its row twice."""
+    finish's own update. That run's own log is never among them: one statement must
+    not update its row twice."""
     others = select(run.c.id, run.c.log_path).where(
         run.c.job_id == fin.c.job_id, run.c.log_path.is_not(None), run.c.id != fin.c.id
     )

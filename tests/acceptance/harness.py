@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import procs
+from jobcontrol import cgroups, procs
 from jobcontrol.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -382,12 +382,11 @@ def remove_cgroups_of(instance: str) -> list[str]:
 def _cgroups_named(prefix: str) -> list[Path]:
     """The cgroups whose name starts with ``prefix``, in any cgroup hierarchy mounted here
     (v2, and v1 memory), at most four levels down."""
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        fstype = fields[fields.index("-") + 1]
-        if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in fields[-1].split(",")):
-            points.append(Path(fields[4]))
+    points = [
+        point
+        for point, _root, fstype, options in cgroups._mounts()
+        if fstype == "cgroup2" or (fstype == "cgroup" and "memory" in options)
+    ]
     found = []
     for point in points:
         for top, dirs, _files in os.walk(point):
