@@ -21,6 +21,9 @@ from typing import IO, NamedTuple
 
 log = logging.getLogger(__name__)
 
+# Variables a task process carries (``KEY: value``), or must not carry (``KEY: None``).
+Marker = Mapping[str, str | None]
+
 _PROC = "/proc"
 # Zombies and dead tasks hold no resources we can free: their parent reaps them.
 _DEAD_STATES = frozenset("ZXx")
@@ -135,13 +138,16 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def find_marked(marker: Mapping[str, str]) -> list[int]:
-    """Pids of live processes whose environment holds every ``KEY=VALUE`` pair of ``marker``.
+def find_marked(marker: Marker) -> list[int]:
+    """Pids of live processes whose environment holds every ``KEY=VALUE`` pair of ``marker``
+    and none of its ``KEY: None`` variables, whatever their value (a remote worker's task
+    carries ``JOBCONTROL_WORKER``; the embedded worker's does not).
 
     Zombies, unreadable and vanished processes are skipped; the calling process never
-    appears. An empty marker is refused (it would match every process).
+    appears. A marker with no ``KEY=VALUE`` pair is refused (it would match every process,
+    or nearly).
     """
-    needles = _marker_needles(marker)
+    needles, absent = _marker_needles(marker)
     me = os.getpid()
     found: list[int] = []
     for pid in _list_pids():
@@ -154,7 +160,11 @@ def find_marked(marker: Mapping[str, str]) -> list[int]:
             continue
         # Wrap in separators so each needle matches whole variables only ("ID=7" not "ID=77").
         environ = b"\0" + environ + b"\0"
-        if all(needle in environ for needle in needles) and pid_alive(pid):
+        if (
+            all(needle in environ for needle in needles)
+            and not any(var in environ for var in absent)
+            and pid_alive(pid)
+        ):
             found.append(pid)
     return found
 
@@ -167,7 +177,7 @@ def descendants(pid: int) -> list[int]:
 def kill_tree(
     pid: int | None,
     *,
-    marker: Mapping[str, str] | None,
+    marker: Marker | None,
     grace: float = 5.0,
     wait_exit: Callable[[float], bool] | None = None,
     members: Callable[[], Iterable[int]] | None = None,
@@ -225,15 +235,19 @@ def sd_notify(message: str, address: str | None = None) -> bool:
     return True
 
 
-def _marker_needles(marker: Mapping[str, str]) -> list[bytes]:
-    if not marker:
-        raise ValueError("empty process marker would match every process")
-    needles = []
+def _marker_needles(marker: Marker) -> tuple[list[bytes], list[bytes]]:
+    """The whole variables a marked environment holds, and the names it must not hold."""
+    if not any(value is not None for value in marker.values()):
+        raise ValueError("a process marker with no KEY=VALUE would match every process")
+    needles, absent = [], []
     for key, value in marker.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
+        if not key or "=" in key or "\0" in key or (value is not None and "\0" in value):
             raise ValueError(f"invalid process marker variable {key!r}={value!r}")
-        needles.append(b"\0" + os.fsencode(f"{key}={value}") + b"\0")
-    return needles
+        if value is None:
+            absent.append(b"\0" + os.fsencode(key) + b"=")
+        else:
+            needles.append(b"\0" + os.fsencode(f"{key}={value}") + b"\0")
+    return needles, absent
 
 
 def _list_pids() -> list[int]:
@@ -341,7 +355,7 @@ def _descendants_in(table: Mapping[int, _ProcStat], roots: Iterable[int]) -> set
     return found
 
 
-def _collect(pid: int | None, marker: Mapping[str, str] | None, known: Iterable[int]) -> set[int]:
+def _collect(pid: int | None, marker: Marker | None, known: Iterable[int]) -> set[int]:
     """Everything that belongs to the run and is still alive."""
     table = _process_table()
     found = {p for p in known if p in table}
@@ -384,7 +398,7 @@ def _send(pid: int | None, targets: Iterable[int], sig: int, *, quiet: bool = Fa
 
 def _wait_gone(
     pid: int | None,
-    marker: Mapping[str, str] | None,
+    marker: Marker | None,
     known: set[int],
     deadline: float,
     wait_exit: Callable[[float], bool] | None,
@@ -413,7 +427,7 @@ def _wait_gone(
 
 
 def _kill_survivors(
-    pid: int | None, marker: Mapping[str, str] | None, known: set[int], deadline: float
+    pid: int | None, marker: Marker | None, known: set[int], deadline: float
 ) -> tuple[list[int], list[int]]:
     """SIGKILL until nothing of the run is left or ``deadline``; return (killed, survivors)."""
     killed: set[int] = set()

@@ -30,21 +30,28 @@ def kill_leftovers(
 ) -> int:
     """Kill what the task runs ``lost`` (ids) left on this host; how many processes.
 
-    ``marker``: more variables a process must carry (a remote worker's name).
+    ``marker``: more variables a process must carry (a remote worker's name); none for
+    the daemon's embedded worker.
     ``kept``: the runs live workers still hold. When there are none, nothing of this
-    database may run here any more, and one scan for its instance marker kills all
-    (the processes of runs an earlier daemon never got to record included).
+    worker may run here any more, and one scan for its marker kills all (the processes
+    of runs an earlier daemon never got to record included). The daemon's scan passes
+    over what carries a worker's name: a ``jobcontrol worker`` process on this host is
+    not the daemon's, and may by then run a task the starting dispatcher queued (its
+    own restart recovers what it left; the lease rule settles its runs).
     """
-    extra = marker or {}  # a remote worker's own marker: only what it left
+    markers: list[procs.Marker]
+    # The embedded worker's tasks carry no JOBCONTROL_WORKER; a remote worker's own.
+    extra: procs.Marker = marker or {"JOBCONTROL_WORKER": None}
     if not kept:
         markers = [{"JOBCONTROL_INSTANCE": instance_id, **extra}]
     else:
         markers = [
-            {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id, **extra} for i in lost
+            {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id, **(marker or {})}
+            for i in lost
         ]
     killed: set[int] = set()
-    for marker in markers:
-        report = procs.kill_tree(None, marker=marker, grace=kill_grace)
+    for each in markers:
+        report = procs.kill_tree(None, marker=each, grace=kill_grace)
         killed |= set(report.termed) | set(report.killed)
     if killed:
         log.warning("killed %d leftover process(es) of lost runs", len(killed))

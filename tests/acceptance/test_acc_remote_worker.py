@@ -367,9 +367,10 @@ jobs:
     assert wait_until(lambda: ended(jc, "Chain"), WAIT), runs_of(jc, "Chain")
     (chain,) = runs_of(jc, "Chain")
     assert (chain["state"], chain["exit_status"]) == ("failed", 4), chain
-    assert out.read_text().split() == ["1", "2", "3", "4", "5"]
-    assert [len(runs_of(jc, f"c{i}")) for i in range(1, 6)] == [1] * 5
-    assert [r["exit_status"] for r in runs_of(jc, "c2")] == [4]
+    runs = {f"c{i}": runs_of(jc, f"c{i}") for i in range(1, 6)}
+    assert out.read_text().split() == ["1", "2", "3", "4", "5"], runs
+    assert [len(runs[f"c{i}"]) for i in range(1, 6)] == [1] * 5, runs
+    assert [r["exit_status"] for r in runs["c2"]] == [4]
 
 
 @contextmanager

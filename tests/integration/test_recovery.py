@@ -143,8 +143,21 @@ def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
     left = jc.tree_run(root_run)
     assert {n: r.state for n, r in left.items()} == {"Crashy": "running", "long": "running"}
     before = definitions(jc)
+    # A task of a `jobcontrol worker` process on this host, of the same database: not
+    # the daemon's to kill (that worker's runs are settled by their leases).
+    others = {**run_marker, "JOBCONTROL_WORKER": "w-beside", "JOBCONTROL_RUN_ID": "999"}
+    beside = subprocess.Popen(["sleep", "1000"], env={**os.environ, **others})
 
-    jc.start()  # the new daemon on the same database
+    try:
+        jc.start()  # the new daemon on the same database
+        poll_until("the lost run's escapee to be gone", lambda: not pid_alive(escaped))
+        assert beside.poll() is None, "the daemon's recovery killed another worker's task"
+        assert find_marked(others) == [beside.pid]
+        embedded = {**run_marker, "JOBCONTROL_WORKER": None}
+        poll_until("every process of the lost run to be gone", lambda: not find_marked(embedded))
+    finally:
+        beside.kill()
+        beside.wait(WAIT)
 
     runs = jc.tree_run(root_run)
     assert set(runs) == {"Crashy", "long"}
@@ -154,8 +167,6 @@ def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
         assert run.ended is not None, name
         assert "lost" in (run.reason or ""), name
         assert jc.job(name).exit_status == 255, name
-    poll_until("every process of the lost run to be gone", lambda: not find_marked(run_marker))
-    assert not pid_alive(escaped)
 
     assert definitions(jc) == before  # every job definition intact
     assert definitions(jc, order=False) == created

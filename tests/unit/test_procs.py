@@ -320,11 +320,37 @@ def test_find_marked_never_returns_the_calling_process(tasks: Tasks) -> None:
     assert_none_left(marker)
 
 
-def test_find_marked_refuses_empty_marker() -> None:
-    with pytest.raises(ValueError, match="empty"):
-        find_marked({})
-    with pytest.raises(ValueError, match="empty"):
-        kill_tree(None, marker={}, grace=0.0)
+def test_find_marked_passes_over_a_process_carrying_a_variable_the_marker_rules_out(
+    tasks: Tasks,
+) -> None:
+    """The daemon's recovery looks for its embedded worker's tasks: those of its instance
+    that carry no JOBCONTROL_WORKER (a worker process's task on the same host does)."""
+    marker = tasks.marker()
+    instance = {"JOBCONTROL_INSTANCE": marker["JOBCONTROL_INSTANCE"]}
+    embedded = tasks.spawn("exec sleep 1000", marker)
+    remote = tasks.spawn("exec sleep 1000", {**marker, "JOBCONTROL_WORKER": "w1"})
+    named_empty = tasks.spawn("exec sleep 1000", {**marker, "JOBCONTROL_WORKER": ""})
+
+    embedded_only = {**instance, "JOBCONTROL_WORKER": None}
+    assert find_marked(embedded_only) == [embedded.pid]
+    assert find_marked({**instance, "JOBCONTROL_WORKER": "w1"}) == [remote.pid]
+
+    report = kill_tree(None, marker=embedded_only, grace=5.0)
+    assert report.termed == [embedded.pid]
+    assert waiter(embedded)(5.0)
+    assert remote.poll() is None  # untouched
+    assert named_empty.poll() is None
+    for proc in (remote, named_empty):
+        kill_tree(proc.pid, marker=None, grace=5.0, wait_exit=waiter(proc))
+    assert_none_left(marker)
+
+
+def test_find_marked_refuses_a_marker_that_would_match_every_process() -> None:
+    for marker in ({}, {"JOBCONTROL_WORKER": None}):
+        with pytest.raises(ValueError, match="match every process"):
+            find_marked(marker)
+        with pytest.raises(ValueError, match="match every process"):
+            kill_tree(None, marker=marker, grace=0.0)
 
 
 def test_pid_alive_is_false_for_zombies_and_true_for_live_processes(tmp_path: Path) -> None:
