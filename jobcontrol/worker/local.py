@@ -1199,6 +1199,7 @@ class Worker:
         run = active.run
         env = self._base_env.copy()
         env.update(run.env)
+        env.pop("JOBCONTROL_WORKER", None)  # the marker's, or absent (the embedded worker)
         env.update(self._marker(run.id))
         env["JOBCONTROL_JOB"] = run.job_name
         env["JOBCONTROL_JOB_ID"] = str(run.job_id)

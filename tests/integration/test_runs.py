@@ -511,6 +511,22 @@ def test_task_sees_its_job_run_id_env_and_cwd(jc_sqlite: JC) -> None:
     assert Path(log_path).read_text() == expected
 
 
+def test_a_jobs_env_cannot_set_the_variables_its_processes_are_found_by(jc_sqlite: JC) -> None:
+    """Kill and crash recovery find a task's processes by its marker: a job's ``env``
+    naming those variables does not change them, nor passes the task off as a worker
+    process's (which the daemon's recovery leaves alone)."""
+    jc = jc_sqlite
+    marker = ("JOBCONTROL_RUN_ID", "JOBCONTROL_INSTANCE", "JOBCONTROL_WORKER")
+    command = 'printf "%s|%s|%s\n" "$JOBCONTROL_RUN_ID" "$JOBCONTROL_INSTANCE" "${JOBCONTROL_WORKER-unset}"'
+    jc.create(task("spoof", command, active=True, env={k: "spoofed" for k in marker}))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("spoof")
+    jc.rec.run_finished("spoof", since=mark)
+    log_path = jc.run(run_id).log_path
+    assert log_path is not None
+    assert Path(log_path).read_text() == f"{run_id}|{jc.instance_id}|unset\n"
+
+
 def test_log_holds_stdout_and_stderr_and_empty_output_leaves_no_file(jc_sqlite: JC) -> None:
     jc = jc_sqlite
     jc.create(
