@@ -40,10 +40,10 @@ def kill_leftovers(
     own restart recovers what it left; the lease rule settles its runs).
     """
     markers: list[procs.Marker]
-    # The embedded worker's tasks carry no JOBCONTROL_WORKER; a remote worker's own.
-    extra: procs.Marker = marker or {"JOBCONTROL_WORKER": None}
     if not kept:
-        markers = [{"JOBCONTROL_INSTANCE": instance_id, **extra}]
+        # The embedded worker's tasks carry no JOBCONTROL_WORKER; a remote worker's its own.
+        own: procs.Marker = marker or {"JOBCONTROL_WORKER": None}
+        markers = [{"JOBCONTROL_INSTANCE": instance_id, **own}]
     else:
         markers = [
             {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id, **(marker or {})}
