@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -33,6 +34,8 @@ from jobcontrol.errors import (
 from jobcontrol.service import audit
 from jobcontrol.store import Store
 from jobcontrol.store import access_queries as q
+
+log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "jc_"
 ADMIN_USER = "admin"
@@ -264,7 +267,8 @@ def authenticate(
     now: datetime | None = None,
     known: dict[str, User] | None = None,
 ) -> User | None:
-    """The user the token belongs to, or None. Records last_seen at most once a minute.
+    """The user the token belongs to, or None. Records last_seen at most once a minute,
+    when the database takes the write at once (never waiting for its lock).
 
     ``known`` (token hash -> user) remembers who authenticated: while the database
     does not answer, a token it accepted before still reads the daemon's status
@@ -290,8 +294,16 @@ def authenticate(
     if known is not None:
         known[digest] = user
     if user.last_seen is None or now - user.last_seen >= LAST_SEEN_EVERY:
-        with store.write() as conn:
-            q.touch_user(conn, user.id, now, now - LAST_SEEN_EVERY)
+        # Bookkeeping: a request never waits for it or fails by it. While SQLite's write
+        # lock is held (a backup, a long maintenance transaction) or its disk is full,
+        # the read above still answers, and a status read must go on answering.
+        try:
+            with store.write(wait=False) as conn:
+                q.touch_user(conn, user.id, now, now - LAST_SEEN_EVERY)
+        except StoreUnavailable as exc:
+            log.info(
+                "last use of %s's token not recorded (the next request tries): %s", user.name, exc
+            )
     return user
 
 

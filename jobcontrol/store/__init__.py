@@ -259,24 +259,50 @@ class Store:
         return database
 
     @contextmanager
-    def write(self) -> Iterator[Connection]:
-        """One write transaction: committed on success, rolled back on error."""
+    def write(self, *, wait: bool = True) -> Iterator[Connection]:
+        """One write transaction: committed on success, rolled back on error.
+
+        ``wait=False``: on SQLite, ``StoreUnavailable`` at once while another transaction
+        of this process or another holds the write lock (or the disk is full), instead of
+        waiting out the busy timeout. For bookkeeping that must never hold up what it
+        rides on, such as a request recording its token's last use."""
         lock = self._write_lock
-        if lock is not None and not lock.acquire(timeout=self.busy_timeout):
+        if lock is not None and not lock.acquire(timeout=self.busy_timeout if wait else 0):
             # Another thread of this process holds the turn to write, itself waiting for
             # the file's lock (another process's transaction) or writing for that long.
             raise StoreUnavailable(
                 f"database error: database is locked (waited {self.busy_timeout:g}s behind "
                 "another write of this process, itself held up)"
+                if wait
+                else "database error: database is locked (another write of this process "
+                "is under way)"
             )
         try:
-            yield from self._transaction("BEGIN IMMEDIATE")
+            if wait or not self.is_sqlite:
+                yield from self._transaction("BEGIN IMMEDIATE")
+            else:
+                yield from self._write_at_once()
         finally:
             if lock is not None:
                 lock.release()
         checkpointer = self._checkpointer
         if checkpointer is not None:  # committed
             checkpointer.wrote()
+
+    def _write_at_once(self) -> Iterator[Connection]:
+        """A SQLite write transaction on a connection of the pool whose busy timeout is 0
+        for its length."""
+        try:
+            with self.engine.connect() as conn:
+                raw = conn.connection.dbapi_connection
+                assert raw is not None
+                raw.execute("PRAGMA busy_timeout=0")
+                try:
+                    yield from _sqlite_txn(conn, "BEGIN IMMEDIATE")
+                finally:
+                    raw.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        except SQLAlchemyError as exc:
+            raise wrap_error(exc) from exc
 
     def _wal_setting(self, dbapi_conn: Any, record: Any) -> None:
         """The WAL size at which this connection's COMMITs checkpoint: SQLite's 1,000

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 import stat
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -128,6 +129,34 @@ def test_last_seen_is_written_at_most_once_a_minute(store: Store) -> None:
     assert users.get_user(store, "bob").last_seen == T0
     users.authenticate(store, token, now=T0 + timedelta(seconds=61))
     assert users.get_user(store, "bob").last_seen == T0 + timedelta(seconds=61)
+
+
+@pytest.mark.timeout(20)  # the store's busy timeout (30 s) would fail it: it must not wait
+def test_a_token_is_accepted_at_once_while_another_process_holds_the_write_lock(
+    sqlite_url: str,
+) -> None:
+    store = Store(sqlite_url)  # the daemon's busy timeout, 30 s
+    store.upgrade()
+    try:
+        _, token = users.add_user(store, "bob", "viewer")
+        users.authenticate(store, token, now=T0)
+        blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=10)
+        blocker.execute("BEGIN IMMEDIATE")  # a backup or a long maintenance transaction
+        try:
+            # Its last use is due to be recorded, and cannot be now: it is not, and the
+            # request goes on (a status read during an outage) without waiting for the lock.
+            later = T0 + timedelta(seconds=61)
+            bob = users.authenticate(store, token, now=later)
+            assert bob is not None
+            assert bob.name == "bob"
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert users.get_user(store, "bob").last_seen == T0
+        users.authenticate(store, token, now=later)  # the next request records it
+        assert users.get_user(store, "bob").last_seen == later
+    finally:
+        store.dispose()
 
 
 def test_first_start_writes_an_admin_token_0600_once(store: Store, tmp_path: Path) -> None:
