@@ -11,6 +11,9 @@ Every signal's sender is the ``Dispatcher``; keyword arguments:
   trigger, state, exit_status, root_run_id, parent_run_id, reason, requested_by; a task's
   ``run_finished`` also ``cpu_us`` and ``mem_peak_bytes`` from its cgroup)
 * ``schedule_changed``: ``job_id``, ``name``, ``next_runs`` (armed time or None)
+* ``database_changed``: ``ok`` (bool), ``since`` (epoch seconds the outage began, or
+  None), ``error``: the database stopped or started answering, as the daemon's parts
+  see it together (sent by ``Runtime`` from the thread that met the change)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ state_changed = _signals.signal("state-changed")
 run_started = _signals.signal("run-started")
 run_finished = _signals.signal("run-finished")
 schedule_changed = _signals.signal("schedule-changed")
+database_changed = _signals.signal("database-changed")
 
 # Wake-ups across the run queue, within one process. Their sender is the ``Store``
 # both sides share, so a dispatcher and a worker of another database never hear

@@ -2,7 +2,9 @@
 
 A part that meets a transient database error calls ``failed``; the first one
 is logged (once, not once per retry), and ``recovered`` logs the way back with
-how long it lasted. ``/healthz``, ``/status`` and ``/metrics`` read the state.
+how long it lasted. ``/healthz``, ``/status`` and ``/metrics`` read the state;
+``watch`` adds a callable called (on the failing or recovering thread, with no
+lock held) each time an outage begins or ends: the daemon's event stream.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,11 @@ class Outage:
         self._error: str | None = None
         self._outages = 0
         self._failures = 0
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call ``changed()`` each time an outage begins or ends."""
+        self._watchers.append(changed)
 
     def failed(self, exc: BaseException) -> None:
         with self._lock:
@@ -42,6 +50,7 @@ class Outage:
             self._since = time.time()
             self._outages += 1
         log.warning("%s: the database does not answer; retrying until it does: %s", self.who, exc)
+        self._changed()
 
     def recovered(self) -> None:
         with self._lock:
@@ -50,6 +59,14 @@ class Outage:
             lasted = time.time() - self._since
             self._since, self._error = None, None
         log.warning("%s: the database answers again after %.1fs", self.who, lasted)
+        self._changed()
+
+    def _changed(self) -> None:
+        for changed in list(self._watchers):
+            try:
+                changed()
+            except Exception:  # a watcher's fault must not stop the retry it reports
+                log.exception("%s: a watcher of the database's state failed", self.who)
 
     @property
     def down(self) -> bool:

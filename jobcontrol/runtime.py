@@ -8,6 +8,7 @@ in-process wake-ups (``events``) so the path between tasks takes no poll.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,12 @@ class Runtime:
         self.relay: Relay | None = (
             None if store.is_sqlite else Relay(store, name="daemon", role="daemon")
         )
+        # What the event stream last said of the database (``database.changed``).
+        self._database_ok = True
+        self._database_lock = threading.Lock()
+        self.dispatcher.outage.watch(self._outage_changed)
+        if self.relay is not None:
+            self.relay.outage.watch(self._outage_changed)
 
     def start(self) -> Dispatcher:
         """Recover, start the dispatcher, kill what lost runs left on this host, then
@@ -112,9 +119,22 @@ class Runtime:
                 # PostgreSQL: every write to the lane table reaches it through the relay.
                 lane_pushes=None if self.relay is None else self._relay_listening,
             )
+            self.worker.outage.watch(self._outage_changed)
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
         return d
+
+    def _outage_changed(self) -> None:
+        """An outage of one part began or ended: tell the event stream when the daemon's
+        answer (any part down) changed."""
+        with self._database_lock:  # sent under it, so the stream has them in order
+            state = self.database()
+            if state["ok"] == self._database_ok:
+                return
+            self._database_ok = state["ok"]
+            events.database_changed.send(
+                self.dispatcher, ok=state["ok"], since=state["since"], error=state["error"]
+            )
 
     def _spool_dir(self) -> Path:
         return self.spool_dir or self.config.log_root / "spool"

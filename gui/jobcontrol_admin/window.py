@@ -42,6 +42,7 @@ from jobcontrol_admin.connection import ConnectionDialog, Found, find
 from jobcontrol_admin.expression import ExpressionEditor
 from jobcontrol_admin.feed import EventFeed
 from jobcontrol_admin.filtering import STATES, JobFilter
+from jobcontrol_admin.formats import format_time, parse_time
 from jobcontrol_admin.history import HistoryPanel
 from jobcontrol_admin.model import JobIdRole, JobNode, JobTreeModel
 from jobcontrol_admin.properties import PropertiesPanel
@@ -57,6 +58,7 @@ EVENT_INTERVAL_MS = 50
 # view lay out and paint every visible row again (50-100 ms on this machine).
 ORDER_INTERVAL_MS = 1000
 EXPAND_ALL_UP_TO = 500  # a first snapshot this big or smaller opens fully expanded
+DATABASE_DOWN_STYLE = "color: #b00020; font-weight: bold;"
 # Spec 10.5: new jobs are inactive and continue on error. Its boxes are TIMED, but
 # DESIGN decision 9 makes SEQUENCE the box type everywhere, the GUI's new box too.
 TEMPLATES = {
@@ -287,8 +289,13 @@ class MainWindow(QMainWindow):
         self.counts_label.setObjectName("counts")
         self.paused_label = QLabel("")
         self.paused_label.setObjectName("paused")
+        # The daemon's database outage (status, then ``database.changed`` events).
+        self.database_label = QLabel("")
+        self.database_label.setObjectName("database")
+        self.database_label.setStyleSheet(DATABASE_DOWN_STYLE)
         status = self.statusBar()
         status.addWidget(self.connection_label, 1)
+        status.addPermanentWidget(self.database_label)
         status.addPermanentWidget(self.paused_label)
         status.addPermanentWidget(self.counts_label)
 
@@ -444,6 +451,9 @@ class MainWindow(QMainWindow):
         if not events:
             return
         self.model.apply(events, order=False)
+        for event in events:
+            if event.type == "database.changed" and isinstance(event.data, dict):
+                self._show_database(event.data)
         if self.history is not None:
             self.history.on_events(events)
         if self.workers is not None:
@@ -485,7 +495,26 @@ class MainWindow(QMainWindow):
     def _show_status(self, status: dict[str, Any]) -> None:
         self.paused = bool(status.get("paused"))
         self.paused_label.setText("Timers paused" if self.paused else "")
+        if isinstance(status.get("database"), dict):
+            self._show_database(status["database"])
         self.update_actions()
+
+    def _show_database(self, database: dict[str, Any]) -> None:
+        """The daemon's database: nothing while it answers; while it does not, since when
+        and why (runs, timers and edits wait for it, nothing is lost)."""
+        if database.get("ok", True):
+            self.database_label.setText("")
+            self.database_label.setToolTip("")
+            return
+        since = format_time(parse_time(database.get("since")))
+        self.database_label.setText(
+            f"Database unavailable since {since}" if since else "Database unavailable"
+        )
+        self.database_label.setToolTip(
+            f"{database.get('error') or 'the database does not answer'}\n"
+            "The daemon retries until it answers: timers that come due, runs that end and "
+            "edits wait for it, and nothing is lost."
+        )
 
     def _show_level(self, level: str) -> None:
         action = self.level_actions.get(level.upper())

@@ -184,7 +184,8 @@ def whoami(user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, An
 
 @router.get("/api/v1/status", tags=["system"])
 def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) -> dict[str, Any]:
-    """Tree state, timers armed (and the next few), paused, runs in flight, version, uptime."""
+    """Tree state, timers armed (and the next few), timers come due and not yet run, paused,
+    runs in flight, version, uptime, the database and disk space."""
     view = ctx.engine.status()
     now = datetime.now(UTC)
     db = ctx.database_state()
@@ -203,6 +204,8 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
         "paused": view["paused"],
         "timers_armed": view["timers_armed"],
         "next_timers": [{"job": t["job"], "at": t["at"].isoformat()} for t in view["next_timers"]],
+        "timers_due": view["timers_due"],
+        "due_timers": [{"job": t["job"], "at": t["at"].isoformat()} for t in view["due_timers"]],
         "runs_in_flight": [
             {**r, "started": r["started"].isoformat() if r["started"] else None}
             for r in view["runs_in_flight"]
@@ -316,6 +319,11 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             unserved,
         ),
         "jobcontrol_timers_armed": ("Top-level trees scheduled.", d["timers_armed"]),
+        "jobcontrol_timers_due": (
+            "Top-level trees whose timer came due and whose run has not started yet "
+            "(waiting for the database, or held while timers are paused).",
+            d["timers_due"],
+        ),
         "jobcontrol_timers_paused": (
             "1 while timers are paused.",
             d["paused"],

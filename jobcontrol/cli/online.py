@@ -303,12 +303,38 @@ def _box_logs(client: Client, run: dict[str, Any]) -> int:
 
 def _status(client: Client, args: argparse.Namespace) -> int:
     s = client.status()
+    db = s.get("database") or {"ok": True}
+    timers = f"timers: {'paused' if s['paused'] else 'running'}, {s['timers_armed']} armed"
+    due = s.get("timers_due", 0)
+    if due:
+        timers += f", {due} come due and not started"
     lines = [
-        f"daemon version {s['version']}, up {s['uptime_s']:.0f}s, tree state {s['tree_state']}",
-        f"timers: {'paused' if s['paused'] else 'running'}, {s['timers_armed']} armed",
+        f"daemon version {s['version']}, up {s['uptime_s']:.0f}s, tree state {s['tree_state']}"
     ]
     if s.get("containment"):
-        lines.insert(1, f"task containment: {s['containment']}")
+        lines.append(f"task containment: {s['containment']}")
+    if not db["ok"]:
+        lines.append(
+            f"database: UNAVAILABLE since {out.when(db['since'])}: {db['error']} "
+            "(the daemon retries until it answers; nothing is lost meanwhile)"
+        )
+    for space in (s.get("disk") or {}).values():
+        if space["error"]:
+            lines.append(f"{space['what']} {space['path']}: cannot be read: {space['error']}")
+        elif space["low"]:
+            lines.append(
+                f"{space['what']} {space['path']}: LOW ON SPACE, {out.size(space['free_bytes'])} "
+                f"free (low below {out.size(space['low_below_bytes'])})"
+            )
+    lines.append(timers)
+    waits = (
+        "waiting for the database"
+        if not db["ok"]
+        else "held while timers are paused"
+        if s["paused"]
+        else "starting"
+    )
+    lines += [f"  {t['job']} due at {out.when(t['at'])}, {waits}" for t in s.get("due_timers", [])]
     lines += [f"  {t['job']} at {out.when(t['at'])}" for t in s["next_timers"]]
     lines.append(f"runs in flight: {len(s['runs_in_flight'])}")
     lines += [

@@ -126,13 +126,20 @@ class TreeTimers:
         return int(self.d.call(handler).result(self.d.config.edit_timeout))
 
     def status(self, next_timers: int = 5) -> dict[str, Any]:
-        """Timers armed (count and the earliest few) and root runs in flight, read consistently."""
+        """Timers armed (count and the earliest few), timers come due whose tree run has not
+        started yet (count and the oldest few), and root runs in flight, read consistently."""
 
         def handler() -> dict[str, Any]:
             nodes = self.d.tree.nodes
-            armed = sorted(
+            now = self.d.clock.now()
+            scheduled = sorted(
                 (a.when, nodes[i].job.name) for i, a in list(self.armed.items()) if i in nodes
             )
+            # A timer whose time has passed has fired (or is held by a pause): its tree run
+            # waits to be started, for the dispatcher's turn or for the database. It is not
+            # shown as armed.
+            due = [(when, name) for when, name in scheduled if when <= now]
+            armed = [(when, name) for when, name in scheduled if when > now]
             runs = []
             for tr in list(self.d.runs.tree_runs.values()):
                 frame = (
@@ -150,6 +157,8 @@ class TreeTimers:
                 "paused": self._timers_paused,
                 "timers_armed": len(armed),
                 "next_timers": [{"job": name, "at": when} for when, name in armed[:next_timers]],
+                "timers_due": len(due),
+                "due_timers": [{"job": name, "at": when} for when, name in due[:next_timers]],
                 "runs_in_flight": sorted(runs, key=lambda r: r["run_id"] or 0),
             }
 

@@ -536,7 +536,8 @@ class Engine:
         return self._live
 
     def status(self) -> dict[str, Any]:
-        """Tree state, paused, timers armed and the next few, root runs in flight."""
+        """Tree state, paused, timers armed and the next few, timers come due and not yet run,
+        root runs in flight."""
         d = self._require_dispatcher()
         return {**d.status(), "tree_state": str(d.protocol.state)}
 
@@ -561,10 +562,14 @@ class Engine:
         return self._attached().busy_jobs()
 
     def dispatcher_gauges(self) -> dict[str, int]:
-        """Timers armed, paused (0/1), edits that waited for the tree, handler failures."""
+        """Timers armed, timers come due and not yet run, paused (0/1), edits that waited for
+        the tree, handler failures."""
         d = self._attached()
+        now = d.clock.now()
+        scheduled = list(d.tree_timers.armed.values())
         return {
-            "timers_armed": len(d.tree_timers.armed),
+            "timers_armed": len(scheduled),
+            "timers_due": sum(1 for a in scheduled if a.when <= now),
             "paused": 1 if d.paused else 0,
             "tree_state_waits": d.protocol.waits,
             "failures": d.stats.failures,

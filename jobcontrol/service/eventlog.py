@@ -26,6 +26,9 @@ Event data (JSON-ready; job views are ``engine.job_view`` dicts, as in ``snapsho
 * ``lane.changed``: ``names`` (lanes added, set, drained, resumed or removed; read
   ``/lanes`` for what they are now). Claims and heartbeats have no event: a client
   that shows them polls ``/workers`` and ``/queue``.
+* ``database.changed``: ``ok``, ``since`` (when the outage began, or None), ``error``:
+  the database stopped answering the daemon (any of its parts), or answers again.
+  Nothing in the job tree changes with it.
 
 ``apply_event`` is the client side of that contract: it updates a tree of
 views in place, so ``snapshot`` + ``since(seq)`` replayed equals a later snapshot.
@@ -41,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from blinker import Signal
@@ -242,6 +245,8 @@ class EventLog:
             ("run.started", events.run_started, self._run_data),
             ("run.finished", events.run_finished, self._run_data),
             ("schedule.changed", events.schedule_changed, self._schedule_data),
+            # Sent by the daemon's runtime from the thread that met the outage's start or end.
+            ("database.changed", events.database_changed, _database_data),
         ]
         for type_, signal, build in builders:
             receiver = self._receiver(type_, build)
@@ -371,6 +376,12 @@ class EventLog:
 def _lanes_data(names: list[str], **_: Any) -> dict[str, Any]:
     """Lane changes made here, and (``relayed``) another process's: a STOPPED lane."""
     return {"names": list(names)}
+
+
+def _database_data(ok: bool, since: float | None, error: str | None) -> dict[str, Any]:
+    """The database stopped or started answering (``since``: when the outage began)."""
+    began = None if since is None else datetime.fromtimestamp(since, UTC).isoformat()
+    return {"ok": ok, "since": began, "error": error}
 
 
 def _deleted_data(job_ids: list[int]) -> dict[str, Any]:

@@ -159,3 +159,56 @@ def test_a_bad_disk_low_mark_starts_nothing(jc_sqlite: JobControl) -> None:
     assert "jobcontrol: --disk-low 'lots': not a size" in refused.stderr, refused.stderr
     assert jc.live_daemons() == []
     assert not jc.state_dir.exists(), "nothing is created for a refused start"
+
+
+TICKER = """\
+jobs:
+  - name: Ticker
+    timer: every 1s
+    active: true
+    children:
+      - {name: tick, active: true, command: "true"}
+  - name: Once
+    children:
+      - {name: once, active: true, command: "echo once"}
+"""
+
+
+def test_a_full_disk_under_the_database_is_an_outage_ridden_out(
+    small_tmpfs: Path, make_jc: MakeJC
+) -> None:
+    """The SQLite file's filesystem fills up (its WAL cannot grow): the daemon stays up,
+    says why in health and status (which still answer), refuses what would write, and
+    goes on where it was once space is freed."""
+    jc = make_jc(f"sqlite:///{small_tmpfs}/jobcontrol.db")  # the state directory elsewhere
+    jc.upgraded().load(write(jc.base / "jobs.yaml", TICKER))
+    jc.ok("daemon", "start")
+    assert wait_until(lambda: len(jc.history("tick")) >= 2, RUN_WAIT), jc.history("tick")
+
+    filler = fill(small_tmpfs)
+    try:
+        # The ticker's next writes need room the file does not have.
+        assert wait_until(lambda: health(jc)[0] == 503, RUN_WAIT), health(jc)
+        status, body = health(jc)
+        assert body["status"] == "database unavailable", body
+        assert "database or disk is full" in body["reason"], body
+        shown = jc.run("status")
+        assert shown.returncode == 0, shown.stderr
+        assert "database: UNAVAILABLE since " in shown.stdout, shown.stdout
+        assert "database or disk is full" in shown.stdout, shown.stdout
+        refused = jc.run("run", "Once")
+        assert refused.returncode != 0, refused.stdout
+        assert "database or disk is full" in refused.stderr, refused.stderr
+        assert metrics(jc)["jobcontrol_database_up"] == 0
+    finally:
+        filler.unlink()
+
+    assert wait_until(lambda: health(jc)[0] == 200, RUN_WAIT), health(jc)
+    ticks = len(jc.history("tick"))
+    assert wait_until(lambda: len(jc.history("tick")) >= ticks + 2, RUN_WAIT), "no ticks"
+    assert jc.history("once") == [], "the refused run must not have happened"
+    ran = run_and_wait(jc, "once")
+    assert (ran["state"], ran["exit_status"]) == ("succeeded", 0), ran
+    assert all(r["state"] == "succeeded" for r in jc.history("tick")), jc.history("tick")
+    assert "database:" not in jc.ok("status").stdout
+    assert len(jc.live_daemons()) == 1, "the daemon went on"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,14 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     assert running, jc.history("through")
 
     assert jc.marked(), "the task runs"  # (also learns the marker while the database answers)
+    feed_out = jc.base / "events.out"
+    feed = jc.popen(
+        "events",
+        "--after",
+        str(jc.json("status")["event_seq"]),
+        output=feed_out,
+        errors=jc.base / "events.err",
+    )
     own_server.halt()  # the outage begins while `through` runs
     try:
         assert wait_until(lambda: _health(base)[0] == 503, 15), "healthz stayed 200"
@@ -108,6 +117,9 @@ def test_the_daemon_rides_out_a_postgresql_outage(
         online = jc.run("status", "--json")
         assert online.returncode == 0, describe(online)
         assert '"ok": false' in online.stdout, online.stdout
+        human = jc.run("status")
+        assert human.returncode == 0, describe(human)
+        assert "database: UNAVAILABLE since " in human.stdout, human.stdout
         # The task ends during the outage; its outcome waits in the worker.
         fd = os.open(gate, os.O_RDWR | os.O_NONBLOCK)
         os.write(fd, b"go\n")
@@ -130,6 +142,29 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     status_after = jc.json("status")
     assert status_after["database"]["ok"] is True, status_after
     assert status_after["database"]["outages"] >= 1, status_after
+    assert "database:" not in jc.ok("status").stdout
+
+    # The event stream (what the admin client shows) said when it went and came back.
+    def database_events() -> list[dict[str, object]]:
+        lines = [line.split(" ", 2) for line in feed_out.read_text().splitlines()]
+        return [json.loads(data) for _, kind, data in lines if kind == "database.changed"]
+
+    def told() -> bool:  # down first, up last, each change once (a part that met the
+        # server still starting may have said "down" once more after the first "up")
+        oks = [e["ok"] for e in database_events()]
+        return (
+            len(oks) >= 2
+            and oks[0] is False
+            and oks[-1] is True
+            and oks[::2] == [False] * len(oks[::2])
+        )
+
+    assert wait_until(told, 15), (feed_out.read_text(), (jc.base / "events.err").read_text())
+    feed.send_signal(signal.SIGINT)
+    down, up = database_events()[0], database_events()[-1]
+    assert down["since"], down
+    assert down["error"], down
+    assert (up["since"], up["error"]) == (None, None), up
     for job in ("through", "after", "Through"):
         assert all(r["state"] not in ("queued", "running") for r in jc.history(job)), job
     metrics = jc.run("daemon", "status")

@@ -21,12 +21,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import shiboken6
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 
+from jobcontrol_admin.session import Session
+from jobcontrol_admin.window import MainWindow
 from tests.acceptance.harness import JobControl, describe
 
 WAIT_MS = 20_000  # the bound on every wait for the daemon to answer or a run to end
@@ -68,6 +71,16 @@ def admin_daemon(sqlite_url: str, tmp_path: Path) -> Iterator[AdminDaemon]:
     finally:
         problems = jc.cleanup()
     assert not problems, "\n".join(problems)
+
+
+def open_window(qtbot: Any, url: str, token: str) -> MainWindow:
+    """A shown main window, connected and live."""
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    window.connect_to(Session(url, token))
+    qtbot.waitUntil(lambda: window.connection_state == "live", timeout=WAIT_MS)
+    return window
 
 
 def _settle(app: QApplication) -> None:

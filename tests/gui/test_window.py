@@ -19,10 +19,9 @@ from PySide6.QtCore import QModelIndex, QPoint, Qt
 from jobcontrol.client import Client, Event
 from jobcontrol_admin.expression import ExpressionEditor
 from jobcontrol_admin.model import COL
-from jobcontrol_admin.session import Session
 from jobcontrol_admin.window import MainWindow
 from tests.acceptance.harness import JobControl, describe, write
-from tests.gui.conftest import WAIT_MS, AdminDaemon
+from tests.gui.conftest import WAIT_MS, AdminDaemon, open_window
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,15 +30,6 @@ pytestmark = pytest.mark.timeout(120)
 def client(admin_daemon: AdminDaemon) -> Iterator[Client]:
     with Client(admin_daemon.url, admin_daemon.token) as c:
         yield c
-
-
-def open_window(qtbot: Any, url: str, token: str) -> MainWindow:
-    window = MainWindow()
-    qtbot.addWidget(window)
-    window.show()
-    window.connect_to(Session(url, token))
-    qtbot.waitUntil(lambda: window.connection_state == "live", timeout=WAIT_MS)
-    return window
 
 
 @pytest.fixture

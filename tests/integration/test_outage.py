@@ -19,6 +19,7 @@ import pytest
 
 from jobcontrol import RunState, events
 from jobcontrol.model import RunRecord
+from jobcontrol.service.eventlog import EventLog
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from tests.integration.conftest import MakeJC
@@ -44,6 +45,9 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     jc.wait_quiet()
     ticks_before = len(jc.runs("tick"))
     assert ticks_before == 1
+    stream = EventLog(jc.dispatcher)  # the daemon's event stream, as its API serves it
+    stream.start()
+    first_seq = stream.last_seq
 
     mark = jc.rec.mark()
     root = jc.run_now("Long")
@@ -63,6 +67,16 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
         jc.timers.advance(timedelta(seconds=5))  # the ticker comes due during the outage
         poll_until("the dispatcher to meet it too", lambda: jc.dispatcher.outage.down)
         assert jc.run(through).state is RunState.RUNNING  # its end is not written yet...
+        # Status tells the truth: the ticker's timer fired and its run waits for the
+        # database; it is not shown as armed with a time already past.
+        status = jc.dispatcher.status()
+        assert (status["timers_armed"], status["timers_due"]) == (0, 1), status
+        assert [t["job"] for t in status["due_timers"]] == ["Ticker"], status
+        assert status["next_timers"] == [], status
+        down = [e.data for e in stream.since(first_seq) if e.type == "database.changed"]
+        assert [(e["ok"], bool(e["since"]), "locked" in e["error"]) for e in down] == [
+            (False, True, True)
+        ], down
     finally:
         blocker.rollback()
         blocker.close()
@@ -92,6 +106,12 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     active = [r for r in jc.dump()["run"] if r["state"] in ("queued", "running", "waiting")]
     assert active == []
     assert jc.dispatcher.stats.failures == 0
+    # One event when the outage began (whichever part met it first), one when it ended.
+    seen = [e.data for e in stream.since(first_seq) if e.type == "database.changed"]
+    assert [(e["ok"], e["since"], e["error"]) for e in seen[1:]] == [(True, None, None)], seen
+    status = jc.dispatcher.status()
+    assert (status["timers_armed"], status["timers_due"]) == (1, 0), status
+    stream.stop()
 
 
 # ------------------------------------------------------------ ends the dispatcher missed

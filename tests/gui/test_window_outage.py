@@ -1,0 +1,83 @@
+"""The main window while the daemon's database is away: a real daemon on a PostgreSQL
+server of this module's own, stopped (``pg_ctl stop -m fast``) and started again.
+
+The operator sees the outage in the status bar, from the event stream, while the
+window stays connected to the daemon (which stays up); it goes when the database
+answers again. A window opened during the outage says so from the daemon's status.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.acceptance.harness import JobControl, describe, write
+from tests.gui.conftest import WAIT_MS, open_window
+from tests.pgserver import PostgresServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+
+TICKER = """\
+jobs:
+  - name: Ticker
+    timer: every 1s
+    active: true
+    children:
+      - {name: tick, active: true, command: "true"}
+"""
+OUTAGE_MS = 30_000  # the daemon meets the outage at its next tick (1 s), or a beat
+
+
+@pytest.fixture
+def daemon(own_server: PostgresServer, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A daemon with a ticking tree on its own database: (API base URL, token)."""
+    own_server.create_database("gui_outage")
+    jc = JobControl(own_server.url("gui_outage"), tmp_path / "user")
+    try:
+        jc.upgraded().load(write(tmp_path / "ticker.yaml", TICKER))
+        jc.ok("daemon", "start")
+        status = jc.ok("daemon", "status")
+        match = re.search(r"admin API: (\S+)/api/v1", status.stdout)
+        assert match, describe(status)
+        yield match.group(1), jc.token_file.read_text().strip()
+    finally:
+        if not own_server.running:
+            own_server.resume()
+        problems = jc.cleanup()
+        own_server.drop_database("gui_outage")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_status_bar_says_while_the_database_is_away(
+    qtbot: Any, own_server: PostgresServer, daemon: tuple[str, str]
+) -> None:
+    url, token = daemon
+    window = open_window(qtbot, url, token)
+    assert window.database_label.text() == ""
+
+    own_server.halt()
+    try:
+        qtbot.waitUntil(
+            lambda: window.database_label.text().startswith("Database unavailable since "),
+            timeout=OUTAGE_MS,
+        )
+        tip = window.database_label.toolTip()
+        assert "The daemon retries until it answers" in tip, tip
+        assert window.connection_state == "live", "the daemon itself stays up"
+        # A window opened now learns it from the daemon's status.
+        late = open_window(qtbot, url, token)
+        qtbot.waitUntil(
+            lambda: late.database_label.text().startswith("Database unavailable since "),
+            timeout=WAIT_MS,
+        )
+        late.close()
+    finally:
+        own_server.resume()
+
+    qtbot.waitUntil(lambda: window.database_label.text() == "", timeout=OUTAGE_MS)
+    assert window.database_label.toolTip() == ""
+    window.close()
