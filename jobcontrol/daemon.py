@@ -711,6 +711,7 @@ def start_detached(
         env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
         env |= {READY_SOCKET: address, "JOBCONTROL_DB": opts.db_url}
         log_fd = filemodes.open_private(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        written_from = os.fstat(log_fd).st_size  # the log may be a running daemon's too
         with open(log_fd, "ab") as out:
             child = subprocess.Popen(
                 [sys.executable, "-m", "jobcontrol", *argv],
@@ -731,10 +732,7 @@ def start_detached(
                 except TimeoutError:
                     pass
                 if child.poll() is not None:
-                    raise JobControlError(
-                        f"the {what} exited at start (status {child.returncode}); "
-                        f"see {opts.log_file}:\n" + _tail(opts.log_file)
-                    )
+                    raise _start_failed(what, child.returncode, opts.log_file, written_from)
         finally:
             sock.close()
         child.terminate()
@@ -773,8 +771,21 @@ def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) 
     raise JobControlError(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _start_failed(what: str, status: int, log_file: Path, offset: int) -> JobControlError:
+    """Why a detached daemon or worker exited before it was ready: the error it gave
+    (its ``jobcontrol: ...`` line), else the last lines it wrote. Only what this child
+    wrote: the file may be the log of a daemon that runs (the usual reason to exit)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(log_file, "rb") as log_in:
+            log_in.seek(offset)
+            lines = log_in.read().decode(errors="replace").splitlines()
     except OSError:
-        return ""
+        lines = []
+    reasons = [
+        line.removeprefix("jobcontrol: ") for line in lines if line.startswith("jobcontrol: ")
+    ]
+    if reasons:
+        return JobControlError(f"the {what} did not start: {reasons[-1]} (log {log_file})")
+    return JobControlError(
+        f"the {what} exited at start (status {status}); see {log_file}:\n" + "\n".join(lines[-20:])
+    )

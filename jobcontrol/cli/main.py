@@ -165,7 +165,12 @@ def _commands(sub: Any) -> None:
             help="the local executor's slot groups instead of --slots, e.g. 'fast:1 manual,*:4'",
         )
         d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
-        d.add_argument("--log-level", default="INFO")
+        d.add_argument(
+            "--log-level",
+            type=cli_worker.log_level,
+            default="INFO",
+            help=cli_worker.LOG_LEVEL_HELP,
+        )
         d.add_argument(
             "--log-format",
             choices=("text", "json"),  # daemon.LOG_FORMATS (not imported: CLI start-up)

@@ -29,6 +29,20 @@ from jobcontrol.store import redact
 COMMANDS = frozenset({"worker", "worker-credentials"})
 
 
+# The daemon's and a worker process's log levels (the admin API's ``LogLevel``).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVEL_HELP = "DEBUG, INFO, WARNING or ERROR (default %(default)s)"
+
+
+def log_level(text: str) -> str:
+    """``--log-level``'s value, any case; refused before anything starts otherwise."""
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level: use {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}"
+        )
+    return text.upper()
+
+
 def add_parsers(sub: Any) -> None:
     w = sub.add_parser(
         "worker",
@@ -51,7 +65,7 @@ def add_parsers(sub: Any) -> None:
     )
     w.add_argument("--slots", type=int, default=None, help="one group of N slots, every queue")
     w.add_argument("--log-root", type=Path, default=None, help="where task logs go")
-    w.add_argument("--log-level", default="INFO")
+    w.add_argument("--log-level", type=log_level, default="INFO", help=LOG_LEVEL_HELP)
     w.add_argument("--log-format", choices=("text", "json"), default="text")
     w.add_argument(
         "--pass-env",

@@ -311,3 +311,17 @@ def test_jobcontrol_admin_without_the_gui_extra_says_how_to_install_it(
         assert len(lines) == 1, describe(result)
         assert "the gui extra" in lines[0], describe(result)
         assert "pip install 'jobcontrol[gui]'" in lines[0], describe(result)
+
+
+def test_a_bad_log_level_starts_nothing(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    for command in (("daemon", "start"), ("daemon", "run"), ("worker", "start")):
+        refused = jc.run(*command, "--log-level", "loud")
+        assert refused.returncode == 2, describe(refused)
+        assert (
+            "argument --log-level: 'loud' is not a log level: use DEBUG, INFO, WARNING or ERROR"
+            in refused.stderr
+        ), refused.stderr
+        assert "Traceback" not in refused.stderr, refused.stderr
+    assert jc.live_daemons() == []
+    assert not jc.state_dir.exists(), "nothing is created for a refused start"

@@ -139,6 +139,9 @@ def test_daemon_life_cycle(jc: JobControl) -> None:
         assert refused.returncode != 0, describe(refused)
         assert "another Job Control daemon" in refused.stderr, describe(refused)
         assert "is running on" in refused.stderr, describe(refused)
+    # `start` says why its daemon did not start, not what the running one logged.
+    assert "the daemon did not start: another Job Control daemon" in second.stderr, second.stderr
+    assert "Dispatcher initialising" not in second.stderr, second.stderr
     assert load.returncode == 0, describe(load)
     assert "0 created, 0 changed, 0 deleted" in load.stdout, describe(load)
     assert stop.returncode != 0, describe(stop)
