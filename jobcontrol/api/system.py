@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
+from jobcontrol import logbatch
 from jobcontrol.api.deps import ApiContext, Context, require
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.service import audit
@@ -49,7 +50,8 @@ def healthz(ctx: Context) -> JSONResponse:
     """No authentication: 200 while the dispatcher runs and the database answers, else 503.
 
     Low disk space is said in the body (``status: low disk space``) but keeps 200: the
-    daemon still records every run, and a restart would not free a byte.
+    daemon still records every run, and a restart would not free a byte. So are lines of
+    the daemon's own log that could not be written (``status: log not written``).
     """
     if not ctx.engine.running:
         return JSONResponse({"status": "stopped"}, status_code=503)
@@ -60,15 +62,26 @@ def healthz(ctx: Context) -> JSONResponse:
     stopped = _stopped_lanes(ctx)
     troubled = _workers_with_log_problems(ctx)
     unserved = _unserved(ctx, "/healthz")
-    if ctx.disk is None and not stopped and not troubled and not unserved:
+    lost = logbatch.lost()
+    losing = lost is not None and lost.pending > 0
+    if ctx.disk is None and not stopped and not troubled and not unserved and not losing:
         return JSONResponse({"status": "ok"})
     spaces = ctx.disk() if ctx.disk is not None else {}
     low = [space.describe() for space in spaces.values() if space.low]
+    # The daemon's own log: it goes on without it (every run is in the database).
+    unlogged = (
+        [
+            f"the daemon's log: {lost.pending} lines not written since {_iso(lost.since)}: {lost.error}"
+        ]
+        if lost is not None and losing
+        else []
+    )
     # A STOPPED lane keeps 200 too: the other lanes run; the body says which and why.
     # So does a worker whose task output met a problem (a full spool, a failed write):
     # its runs go on, and the output it could not keep is said in the run's reason.
     problems = [
         *low,
+        *unlogged,
         *(f"lane {s['name']} STOPPED: {s['reason']}" for s in stopped),
         *(
             f"worker {w['name']}: {w['log_problems']} task runs' output met a problem, "
@@ -80,6 +93,8 @@ def healthz(ctx: Context) -> JSONResponse:
     status = "ok"
     if low:
         status = "low disk space"
+    elif unlogged:
+        status = "log not written"
     elif stopped:
         status = "lane stopped"
     elif unserved:
@@ -214,6 +229,20 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
         "stopped_lanes": _stopped_lanes(ctx),
         "unserved_queues": _unserved(ctx, "/status"),
         "disk": {key: d.as_dict() for key, d in ctx.disk().items()} if ctx.disk else None,
+        "daemon_log": _daemon_log(),
+    }
+
+
+def _daemon_log() -> dict[str, Any] | None:
+    """Lines of the daemon's own log that could not be written (None: no such log)."""
+    lost = logbatch.lost()
+    if lost is None:
+        return None
+    return {
+        "lines_lost": lost.total,
+        "losing_since": _iso(lost.since) if lost.pending else None,
+        "lines_lost_since": lost.pending,
+        "error": lost.error,
     }
 
 
@@ -306,6 +335,7 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
         except StoreUnavailable as exc:
             log.info("unserved queues not read for /metrics: %s", exc)
     d = ctx.engine.dispatcher_gauges()
+    lost = logbatch.lost()
     conns = ctx.connections
     return {
         "jobcontrol_workers": ("Workers registered and not stopped.", live),
@@ -333,6 +363,14 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             d["tree_state_waits"],
         ),
         "jobcontrol_events_seq": ("Sequence number of the last event.", ctx.eventlog.last_seq),
+        "jobcontrol_log_lines_lost_total": (
+            "Lines of the daemon's own log that could not be written (a full disk).",
+            lost.total if lost is not None else 0,
+        ),
+        "jobcontrol_log_losing": (
+            "1 while the daemon's own log cannot be written.",
+            1 if lost is not None and lost.pending else 0,
+        ),
         "jobcontrol_database_up": ("1 while the database answers, 0 during an outage.", up),
         "jobcontrol_database_outages_total": ("Database outages ridden out.", db["outages"]),
         "jobcontrol_database_errors_total": (

@@ -326,6 +326,12 @@ def _status(client: Client, args: argparse.Namespace) -> int:
                 f"{space['what']} {space['path']}: LOW ON SPACE, {out.size(space['free_bytes'])} "
                 f"free (low below {out.size(space['low_below_bytes'])})"
             )
+    unlogged = s.get("daemon_log") or {}
+    if unlogged.get("losing_since"):
+        lines.append(
+            f"daemon log: NOT WRITTEN since {out.when(unlogged['losing_since'])}, "
+            f"{unlogged['lines_lost_since']} lines lost: {unlogged['error']}"
+        )
     lines.append(timers)
     waits = (
         "waiting for the database"

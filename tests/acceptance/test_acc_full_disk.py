@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,6 +144,23 @@ jobs:
     assert seen["jobcontrol_log_root_disk_low"] == 1
     assert len(jc.live_daemons()) == 1, "the daemon goes on"
 
+    # The daemon's own log is on the full disk too: once the page it has is used up, its
+    # lines are counted as lost, and said in health, status and metrics.
+    for _ in range(60):
+        if metrics(jc)["jobcontrol_log_losing"] == 1:
+            break
+        run_and_wait(jc, "writer")  # four lines or so in the daemon's log
+    seen = metrics(jc)
+    assert seen["jobcontrol_log_losing"] == 1, seen
+    assert seen["jobcontrol_log_lines_lost_total"] >= 1, seen
+    status, body = health(jc)
+    assert (status, body["status"]) == (200, "low disk space"), body
+    assert "the daemon's log: " in body["reason"], body
+    assert "No space left on device" in body["reason"], body
+    shown = jc.ok("status").stdout
+    assert "daemon log: NOT WRITTEN since " in shown, shown
+    lost = int(seen["jobcontrol_log_lines_lost_total"])
+
     filler.unlink()
     ran = run_and_wait(jc, "writer")
     assert (ran["state"], ran["exit_status"], ran["reason"]) == ("succeeded", 0, None), ran
@@ -150,7 +168,16 @@ jobs:
     assert marker.exists()
     status, body = health(jc)
     assert (status, body["status"]) == (200, "ok"), body
-    assert metrics(jc)["jobcontrol_state_dir_disk_low"] == 0
+    seen = metrics(jc)
+    assert seen["jobcontrol_state_dir_disk_low"] == 0
+    assert seen["jobcontrol_log_losing"] == 0
+    said = [line for line in jc.daemon_log(10_000).splitlines() if "could not be written" in line]
+    assert len(said) == 1, said
+    counted = re.search(
+        r" WARNING jobcontrol\.logbatch: (\d+) log lines could not be written", said[0]
+    )
+    assert counted, said
+    assert int(counted.group(1)) >= lost, said  # (more may have been lost since)
 
 
 def test_a_bad_disk_low_mark_starts_nothing(jc_sqlite: JobControl) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import os
+import subprocess
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +197,66 @@ def test_held_lines_are_written_when_the_block_raises_and_a_bad_line_is_reported
         handle()
     mine = [line for line in stream.getvalue().splitlines() if "jobcontrol.test" in line]
     assert [m.split(": ", 1)[1] for m in mine] == ["before the failure"]
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs, unmounted after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_lines_a_full_disk_drops_are_counted_and_said_once_it_has_room(tiny_tmpfs: Path) -> None:
+    from jobcontrol import logbatch
+
+    with open(tiny_tmpfs / "daemon.log", "w", encoding="utf-8") as out:
+        configure_logging("INFO", out)
+        log = logging.getLogger("jobcontrol.test")
+        log.info("before")
+        assert logbatch.lost() == logbatch.Lost(0, 0, None, None)
+        filler = tiny_tmpfs / "filler"
+        with open(filler, "wb", buffering=0) as fill, contextlib.suppress(OSError):
+            while True:
+                fill.write(b"\0" * 4096)
+        long = "x" * 5000  # past the page the file has: each line needs room
+        for n in range(3):
+            log.warning("lost %d %s", n, long)
+        with logbatch.held():  # lines written together are counted one by one
+            log.info("lost 3 %s", long)
+            log.info("lost 4 %s", long)
+        lost = logbatch.lost()
+        assert lost is not None
+        assert (lost.total, lost.pending) == (5, 5), lost
+        assert lost.since is not None
+        assert lost.error == "No space left on device", lost
+
+        filler.unlink()
+        log.info("after")
+        lost = logbatch.lost()
+        assert lost == logbatch.Lost(5, 0, None, None), lost
+    written = (tiny_tmpfs / "daemon.log").read_text().splitlines()
+    said = [line.split(": ", 1)[1] for line in written]
+    assert said[0] == "before", said
+    # The first lost line was cut short where the file's last page ended: the line
+    # written next starts a line of its own all the same.
+    assert said[1].startswith("lost 0 xxx"), said
+    assert len(said[1]) < len("lost 0 ") + len(long), said
+    notice = written[2]
+    assert " WARNING jobcontrol.logbatch: 5 log lines could not be written, from " in notice
+    assert notice.endswith("until now: No space left on device"), notice
+    assert said[3:] == ["after"], said
