@@ -8,9 +8,7 @@ is freed, runs succeed again.
 from __future__ import annotations
 
 import errno
-import os
 import re
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import httpx
 import pytest
 
 from tests.acceptance.harness import JobControl, wait_until, write
+from tests.tmpfs import tmpfs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,23 +29,8 @@ RUN_WAIT = 30.0
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted after the test (ask for it before ``make_jc``, so the
     daemon on it is stopped first)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "1m") as mount:
         yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def fill(mount: Path) -> Path:

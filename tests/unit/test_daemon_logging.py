@@ -6,8 +6,6 @@ import contextlib
 import io
 import json
 import logging
-import os
-import subprocess
 import threading
 import time
 import warnings
@@ -18,6 +16,7 @@ import pytest
 
 from jobcontrol.daemon import configure_logging
 from jobcontrol.errors import JobControlError
+from tests.tmpfs import tmpfs
 
 
 @pytest.fixture
@@ -202,22 +201,8 @@ def test_held_lines_are_written_when_the_block_raises_and_a_bad_line_is_reported
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs, unmounted after the test."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "tiny", "64k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 @pytest.mark.usefixtures("restore_logging")
