@@ -90,7 +90,7 @@ class HoldingStreamHandler(logging.StreamHandler[TextIO]):
             except RecursionError:
                 raise
             except Exception as exc:  # a stream that cannot even be asked
-                unwritten = data
+                unwritten = data.encode(errors="backslashreplace")
                 self._error = str(exc) or type(exc).__name__
             if not unwritten:
                 self._pending, self._since, self._error = 0, None, None
@@ -98,13 +98,13 @@ class HoldingStreamHandler(logging.StreamHandler[TextIO]):
                 return
             # Not reported on stderr, which is the log itself under `daemon start`:
             # counted, and said once the log takes lines again.
-            ends = unwritten.count(b"\n") if isinstance(unwritten, bytes) else unwritten.count("\n")
-            lines = max(1, min(ends, text.count("\n")))  # the catching-up line is not one
+            # The catching-up line, written first, is not one of the lines lost.
+            lines = max(1, min(unwritten.count(b"\n"), text.count("\n")))
             self.lost_total += lines
             self._pending += lines
             self._since = self._since or time.time()
 
-    def _out(self, text: str) -> bytes | str:
+    def _out(self, text: str) -> bytes:
         """Write ``text`` whole; what could not be written (empty: all was).
 
         To the stream's file descriptor, past the stream's buffer: a line the disk has no

@@ -63,19 +63,18 @@ def healthz(ctx: Context) -> JSONResponse:
     troubled = _workers_with_log_problems(ctx)
     unserved = _unserved(ctx, "/healthz")
     lost = logbatch.lost()
-    losing = lost is not None and lost.pending > 0
-    if ctx.disk is None and not stopped and not troubled and not unserved and not losing:
-        return JSONResponse({"status": "ok"})
-    spaces = ctx.disk() if ctx.disk is not None else {}
-    low = [space.describe() for space in spaces.values() if space.low]
     # The daemon's own log: it goes on without it (every run is in the database).
     unlogged = (
         [
             f"the daemon's log: {lost.pending} lines not written since {_iso(lost.since)}: {lost.error}"
         ]
-        if lost is not None and losing
+        if lost is not None and lost.pending
         else []
     )
+    if ctx.disk is None and not stopped and not troubled and not unserved and not unlogged:
+        return JSONResponse({"status": "ok"})
+    spaces = ctx.disk() if ctx.disk is not None else {}
+    low = [space.describe() for space in spaces.values() if space.low]
     # A STOPPED lane keeps 200 too: the other lanes run; the body says which and why.
     # So does a worker whose task output met a problem (a full spool, a failed write):
     # its runs go on, and the output it could not keep is said in the run's reason.
