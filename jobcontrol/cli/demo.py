@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import logging
 import queue
 import sys
 import tempfile
@@ -31,12 +32,19 @@ class _Printer:
         self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._print, name="jc-demo-printer", daemon=True)
 
+        self.closed = False
+
     def _print(self) -> None:
         while (line := self.lines.get()) is not None:
             print(line, flush=True)
 
     def say(self, text: str) -> None:
         self.lines.put(f"{_stamp()}  {text}")
+
+    def close(self) -> None:
+        self.closed = True
+        self.lines.put(None)
+        self.thread.join(5)
 
     def on_run_started(self, _sender: Any, run: dict[str, Any]) -> None:
         self.say(f"start   {run['kind']:4} {run['job_name']!r} (run {run['id']}, {run['trigger']})")
@@ -56,6 +64,28 @@ class _Printer:
         self.say(f"timer   tree {name!r} next runs at {when}")
 
 
+class _WarningLines(logging.Handler):
+    """The demo's warnings as lines of its own, stamped and in order with the runs (the
+    daemon's log format is for a log file); on stderr once the printer has stopped."""
+
+    def __init__(self, printer: _Printer) -> None:
+        super().__init__(logging.WARNING)
+        self.printer = printer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = f"{record.levelname.lower():7} {record.getMessage()}"
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+        except Exception:  # a record that cannot be formatted: logging's own report
+            self.handleError(record)
+            return
+        if self.printer.closed:
+            print(f"{_stamp()}  {text}", file=sys.stderr, flush=True)
+        else:
+            self.printer.say(text)
+
+
 def run_demo(directory: Path | None, *, duration: float | None, slots: int, verbose: bool) -> int:
     tmp = None
     if directory is None:
@@ -63,11 +93,15 @@ def run_demo(directory: Path | None, *, duration: float | None, slots: int, verb
         directory = Path(tmp.name)
     filemodes.make_dir(directory)  # private, like a state directory (a given one stays as it is)
     configure_logging("DEBUG" if verbose else "WARNING")
+    printer = _Printer()
+    if not verbose:  # -v keeps the daemon's log format: it is a debugging aid
+        root = logging.getLogger()
+        root.handlers.clear()
+        root.addHandler(_WarningLines(printer))
     opts = DaemonOptions(
         db_url=f"sqlite:///{directory / 'demo.db'}", state_dir=directory, slots=slots, api=False
     )
     daemon = Daemon(opts)
-    printer = _Printer()
     receivers: list[tuple[Any, Any]] = [
         (events.run_started, printer.on_run_started),
         (events.run_finished, printer.on_run_finished),
@@ -108,8 +142,7 @@ def run_demo(directory: Path | None, *, duration: float | None, slots: int, verb
         for sig, fn in receivers:
             sig.disconnect(fn)
         printer.say("stopped cleanly")
-        printer.lines.put(None)
-        printer.thread.join(5)
+        printer.close()
         if tmp is not None:
             tmp.cleanup()
     return 0

@@ -128,3 +128,22 @@ def test_a_demo_directory_it_makes_is_private_and_warns_of_nothing(
     assert result.returncode == 0, result.stderr
     assert where.stat().st_mode & 0o777 == 0o700
     assert "open to its group" not in result.stderr, result.stderr
+
+
+def test_a_demo_warning_is_a_stamped_line_among_the_runs_not_a_log_record(
+    tmp_path: Path, make_jc: Callable[[str], JobControl]
+) -> None:
+    where = tmp_path / "open"
+    where.mkdir()
+    where.chmod(0o755)  # given as it is: the demo warns, and leaves it so
+    jc = make_jc(f"sqlite:///{tmp_path / 'unused.db'}")
+    result = jc.run("demo", "--duration", "1", "--dir", str(where))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    warned = stamped(lines, r"warning (?P<text>.*)")
+    assert [m["text"] for _, m in warned if "open to its group" in m["text"]] == [
+        f"{where} is mode 0755, open to its group and all users: `chmod 700 {where}` closes it"
+    ], result.stdout
+    # Nothing in the daemon's log format (date, level, logger name) on either stream.
+    assert " WARNING " not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert re.fullmatch(STAMP + "stopped cleanly", lines[-1]), result.stdout
