@@ -73,19 +73,32 @@ class RunUsage:
     mem_peak_bytes: int | None = None
 
 
-@dataclass
+_JOIN_FAIL = f"{{ echo {shlex.quote(JOIN_FAILED_LINE)} >&2; exit {JOIN_FAILED_STATUS}; }}"
+
+
+@dataclass(frozen=True)
 class RunCgroup:
-    """One run's cgroup (v2), and its v1 memory cgroup in a hybrid layout."""
+    """One run's cgroup (v2), and its v1 memory cgroup in a hybrid layout.
+
+    Its directories are also kept as text (``dirs``): the files a run's start and end
+    touch are named by joining text, not ``Path`` objects, on every task's path
+    (bench/README.md, twenty-third round)."""
 
     path: Path
     memory_v1: Path | None = None
+    # ``path`` and ``memory_v1`` as text, the v2 one first.
+    dirs: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        dirs = (
+            (str(self.path),) if self.memory_v1 is None else (str(self.path), str(self.memory_v1))
+        )
+        object.__setattr__(self, "dirs", dirs)
 
     def join_script(self) -> str:
         """Shell text that puts the shell into the cgroup(s), or stops it with a reason."""
-        targets = [self.path] + ([self.memory_v1] if self.memory_v1 is not None else [])
-        writes = " && ".join(f"echo $$ >{shlex.quote(str(p / 'cgroup.procs'))}" for p in targets)
-        fail = f"{{ echo {shlex.quote(JOIN_FAILED_LINE)} >&2; exit {JOIN_FAILED_STATUS}; }}"
-        return f"{{ {writes}; }} || {fail}; "
+        writes = " && ".join(f"echo $$ >{shlex.quote(d + '/cgroup.procs')}" for d in self.dirs)
+        return f"{{ {writes}; }} || {_JOIN_FAIL}; "
 
     def pids(self) -> list[int]:
         """The processes in the run's cgroup now (none once it is gone)."""
@@ -120,22 +133,21 @@ class RunCgroup:
 
     def usage(self) -> RunUsage:
         """CPU time and peak memory so far; a figure that cannot be read is None (logged)."""
-        cpu = _read_key(self.path / "cpu.stat", "usage_usec")
+        dirs = self.dirs
+        cpu = _read_key(f"{dirs[0]}/cpu.stat", "usage_usec")
         peak: int | None = None
-        if self.memory_v1 is not None:
-            peak = _read_int(self.memory_v1 / "memory.max_usage_in_bytes")
-        elif (self.path / "memory.peak").exists():
-            peak = _read_int(self.path / "memory.peak")
+        if len(dirs) > 1:
+            peak = _read_int(f"{dirs[1]}/memory.max_usage_in_bytes")
+        elif os.path.exists(f"{dirs[0]}/memory.peak"):
+            peak = _read_int(f"{dirs[0]}/memory.peak")
         return RunUsage(cpu_us=cpu, mem_peak_bytes=peak)
 
     def remove(self) -> bool:
         """Remove the cgroup(s); False while processes remain (they are left running)."""
         done = True
-        for path in (self.path, self.memory_v1):
-            if path is None:
-                continue
+        for path in self.dirs:
             try:
-                path.rmdir()
+                os.rmdir(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
@@ -201,17 +213,15 @@ class Containment:
             return None
         if self.warmer is not None:
             self.warmer.joining()
-        cg = RunCgroup(self.base / f"run-{run_id}")
-        if self.memory_base is not None:
-            cg.memory_v1 = self.memory_base / f"run-{run_id}"
-        for path in (cg.path, cg.memory_v1):
-            if path is None:
-                continue
+        name = f"run-{run_id}"
+        memory = self.memory_base
+        cg = RunCgroup(self.base / name, None if memory is None else memory / name)
+        for i, path in enumerate(cg.dirs):
             try:
-                path.mkdir()
+                os.mkdir(path)
             except FileExistsError:
                 # Left by an earlier try of the same run (a crash): reuse it if empty.
-                if path == cg.path and cg.populated():
+                if i == 0 and cg.populated():
                     raise ContainmentError(f"cgroup {path} already holds processes") from None
             except OSError as exc:
                 cg.remove()
@@ -819,7 +829,7 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path | str) -> str:
     """A cgroup file's text: one read on a raw descriptor, three times cheaper than
     ``Path.read_text`` (it runs twice per task run, on the worker's hot path)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -829,7 +839,7 @@ def _read(path: Path) -> str:
         os.close(fd)
 
 
-def _read_int(path: Path) -> int | None:
+def _read_int(path: Path | str) -> int | None:
     try:
         return int(_read(path).strip())
     except (OSError, ValueError) as exc:
@@ -837,7 +847,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _read_key(path: Path, key: str) -> int | None:
+def _read_key(path: Path | str, key: str) -> int | None:
     try:
         for line in _read(path).splitlines():
             name, _, value = line.partition(" ")
@@ -850,7 +860,7 @@ def _read_key(path: Path, key: str) -> int | None:
     return None
 
 
-def join_failure(log_path: Path | None) -> str | None:
+def join_failure(log_path: Path | str | None) -> str | None:
     """Why a task's shell could not join its cgroup, from the head of its log (or None)."""
     if log_path is None:
         return None

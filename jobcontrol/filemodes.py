@@ -166,7 +166,7 @@ class LogAccess:
         if not make_dir(path, self.dir_mode, self.gid):
             set_mode(path, self.dir_mode, self.gid)
 
-    def open_log(self, path: Path) -> BinaryIO:
+    def open_log(self, path: Path | str) -> BinaryIO:
         """A new task log, mode 0600 (0640 of the group) from the first byte.
 
         ``OSError`` (ENOSPC) when its filesystem has less than ``diskspace.LOG_ROOM`` free:

@@ -280,6 +280,7 @@ class Worker:
         self.store = runqueue.store
         self.clock = clock
         self.log_root = log_root
+        self._log_root = str(log_root)
         self.instance_id = instance_id
         self._marker_extra = dict(marker or {})
         self.host = socket.gethostname()
@@ -349,7 +350,7 @@ class Worker:
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
         self._strays: set[int] = set()  # runs held in the database, unknown here (a beat)
-        self._log_dirs: set[Path] = set()
+        self._log_dirs: set[str] = set()
         # Read once: os.environ decodes every variable on each read. Only the pass-through
         # list reaches a task, never the daemon's own secrets (taskenv).
         self._base_env = (pass_env or PassEnv()).select(os.environ)
@@ -1120,7 +1121,7 @@ class Worker:
             self._active[run.id] = active
             active.kill_reason = self._kill_first.pop(run.id, None)
         outcome: TaskOutcome | None = None
-        log_path: Path | None = None
+        log_path: str | None = None
         sink: DatabaseLog | None = None
         stored: StoredLog | None = None
         started = run.started or self.clock.now()
@@ -1134,7 +1135,7 @@ class Worker:
                         NOT_STARTED, RunState.FAILED, None, f"log spool: {self.log_problem}"
                     )
                 else:
-                    outcome = self._spawn_and_wait(active, sink.spool_path, sink)
+                    outcome = self._spawn_and_wait(active, str(sink.spool_path), sink)
             else:
                 log_path = self._log_path(run, started)
                 outcome = self._spawn_and_wait(active, log_path)
@@ -1192,7 +1193,7 @@ class Worker:
             self.log_problems += 1
 
     def _spawn_and_wait(
-        self, active: _Active, log_path: Path, sink: DatabaseLog | None = None
+        self, active: _Active, log_path: str, sink: DatabaseLog | None = None
     ) -> TaskOutcome:
         """Run the task with its output to ``log_path``, or to ``sink`` (then ``log_path``
         is the sink's spool, which only the worker writes)."""
@@ -1203,7 +1204,7 @@ class Worker:
         env.update(self._marker(run.id))
         env["JOBCONTROL_JOB"] = run.job_name
         env["JOBCONTROL_JOB_ID"] = str(run.job_id)
-        env["JOBCONTROL_LOG"] = DB_LOG if sink is not None else str(log_path)
+        env["JOBCONTROL_LOG"] = DB_LOG if sink is not None else log_path
         try:
             out = sink.out if sink is not None else self._open_log(log_path)
         except OSError as exc:  # no log, no run: a task never runs blind (full disk)
@@ -1240,9 +1241,7 @@ class Worker:
             active.pid = proc.pid
             timed_out = False
             try:
-                rc = self._wait_recording_pid(
-                    proc, run, DB_LOG if sink is not None else str(log_path)
-                )
+                rc = self._wait_recording_pid(proc, run, DB_LOG if sink is not None else log_path)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 with self._cond:
@@ -1255,7 +1254,7 @@ class Worker:
         outcome = _outcome(run, rc, active.kill_reason, timed_out)
         return self._contained(active, outcome, log_path) if cg is not None else outcome
 
-    def _contained(self, active: _Active, outcome: TaskOutcome, log_path: Path) -> TaskOutcome:
+    def _contained(self, active: _Active, outcome: TaskOutcome, log_path: str) -> TaskOutcome:
         """What the run's cgroup says: its usage, or that the task never joined it. The
         cgroup is removed once the end is recorded (``_execute``)."""
         cg = active.cgroup
@@ -1292,13 +1291,15 @@ class Worker:
 
     # ---------------------------------------------------------- logs and the record
 
-    def _log_path(self, run: RunRecord, started: datetime) -> Path:
-        return self.log_root / f"job-{run.job_id}" / f"{started:%Y%m%d-%H%M%S}-run{run.id}.log"
+    def _log_path(self, run: RunRecord, started: datetime) -> str:
+        """Text, not a ``Path``: joined and parsed on every task's path (bench/README.md,
+        twenty-third round)."""
+        return f"{self._log_root}/job-{run.job_id}/{started:%Y%m%d-%H%M%S}-run{run.id}.log"
 
-    def _open_log(self, log_path: Path) -> BinaryIO:
-        job_dir = log_path.parent
+    def _open_log(self, log_path: str) -> BinaryIO:
+        job_dir = log_path.rpartition("/")[0]
         if job_dir not in self._log_dirs:
-            self.log_access.make_job_dir(job_dir)
+            self.log_access.make_job_dir(Path(job_dir))
             self._log_dirs.add(job_dir)
         return self.log_access.open_log(log_path)
 
@@ -1307,7 +1308,7 @@ class Worker:
         active: _Active,
         outcome: TaskOutcome,
         started: datetime,
-        log_path: Path | None,
+        log_path: str | None,
         g: _Group,
         stored: StoredLog | None = None,
     ) -> RunRecord | None:
@@ -1327,10 +1328,10 @@ class Worker:
                 outcome = replace(outcome, reason=reason)
         elif log_path is not None:
             try:
-                if log_path.stat().st_size == 0:
-                    log_path.unlink()  # empty output leaves no file (spec 7.8)
+                if os.stat(log_path).st_size == 0:
+                    os.unlink(log_path)  # empty output leaves no file (spec 7.8)
                 else:
-                    kept = str(log_path)
+                    kept = log_path
             except FileNotFoundError:
                 pass
         ended = self.clock.now()
