@@ -137,6 +137,7 @@ class Dispatcher:
         self.outage = Outage("dispatcher")
         # Leases are judged only once workers have had a lease's time to renew them.
         self._leases_judged_after = time.monotonic() + config.lease
+        self._rode_out_s = 0.0  # how long outages were ridden out, in all (``_was_paused``)
         self._receivers: list[tuple[Any, Any]] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -310,6 +311,7 @@ class Dispatcher:
     def _run_loop(self) -> None:
         next_poll = time.monotonic() + self.config.poll_interval
         steady = False  # runs in flight at every turn since ``next_poll`` was set
+        rode = self._rode_out_s  # how long outages had been ridden out when it was set
         while True:
             if not self.runs.tree_runs:
                 steady = False
@@ -326,10 +328,11 @@ class Dispatcher:
                 # A busy queue must not starve the back-up poll (ends and leases).
                 now = time.monotonic()
                 if steady and now - next_poll > max(PAUSE_S, 2 * self.config.poll_interval):
-                    self._was_paused(now - next_poll)
+                    self._was_paused(now - next_poll, self._rode_out_s - rode)
                 events_.append(self._poll)
                 next_poll = now + self.config.poll_interval
                 steady = bool(self.runs.tree_runs)
+                rode = self._rode_out_s
             if events_:
                 self._handle_safely(events_, None)
             if after is _STOP:
@@ -373,19 +376,25 @@ class Dispatcher:
         finally:
             self._handling_since = None
 
-    def _was_paused(self, late: float) -> None:
-        """The back-up poll came ``late`` seconds after it was due: the dispatcher did not
-        run (the process stopped, SIGSTOP, or its host paused or starved). Its workers
-        may have been held up as long (the embedded one is the same process): a lease
+    def _was_paused(self, late: float, outage: float) -> None:
+        """The back-up poll came ``late`` seconds after it was due, ``outage`` of them spent
+        riding out a database that did not answer (``_ride_out``). The rest, the
+        dispatcher did not run (the process stopped, SIGSTOP, or its host paused or
+        starved) or waited for a database slow to answer. Its workers may have been held
+        up as long (the embedded one is the same process, on the same database): a lease
         that ran out meanwhile says nothing of them. Leases are judged again once they
-        have had a lease's time to renew them, as after an outage."""
+        have had a lease's time to renew them, as after an outage (which says so
+        itself, when it begins and when it ends: no second line for it here)."""
         self._leases_judged_after = max(
             self._leases_judged_after, time.monotonic() + self.config.lease
         )
+        if late - outage <= PAUSE_S:
+            return
         log.warning(
-            "the dispatcher did not run for %.1fs (a stopped process or a paused host): "
-            "leases are judged again in %gs, once workers have renewed them",
-            late,
+            "the dispatcher did not run for %.1fs (a stopped process, a paused host, or a "
+            "database slow to answer): leases are judged again in %gs, once workers have "
+            "renewed them",
+            late - outage,
             self.config.lease,
         )
 
@@ -415,6 +424,7 @@ class Dispatcher:
         rebuild re-derives what those events would have done.
         """
         held = self.runs.held()  # before any rebuild attempt clears the memory
+        began = time.monotonic()
         failed = exc is not None
         if exc is not None:
             self.outage.failed(exc)
@@ -440,6 +450,7 @@ class Dispatcher:
         if failed:
             self.outage.recovered()
             self._leases_judged_after = time.monotonic() + self.config.lease
+            self._rode_out_s += time.monotonic() - began
 
     def _rebuild(self, held: list[Held]) -> None:
         """Everything held in memory, re-derived from the database (as after an outage).

@@ -167,6 +167,10 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     assert (up["since"], up["error"]) == (None, None), up
     for job in ("through", "after", "Through"):
         assert all(r["state"] not in ("queued", "running") for r in jc.history(job)), job
+    # The log says the database was away; not that the daemon was stopped or paused.
+    log_text = jc.daemon_log(400)
+    assert "the database answers again after" in log_text, log_text
+    assert "did not run for" not in log_text, log_text
     metrics = jc.run("daemon", "status")
     assert metrics.returncode == 0, describe(metrics)
     jc.ok("daemon", "stop", "--kill")
