@@ -20,6 +20,8 @@ def list_workers(ctx: Context, _user: Viewer) -> dict[str, Any]:
     """Name, host, pid, slots (used / free), queues (null: every queue), version, when it
     started, its last heartbeat and how old that is on the daemon's clock, the most it
     said it would go until its next (``beat_s``: a third of a lease while it holds runs,
-    a minute while idle), when it stopped (null while it runs), and the task runs it holds."""
+    a minute while idle), when it stopped (null while it runs), the task runs it holds,
+    and its ``state``: online, late (not heard of within its lease), gone (on the daemon's
+    host, its process is not running) or stopped."""
     workers = ctx.engine.workers()
     return {"workers": [views.jsonable(w) for w in workers]}

@@ -151,12 +151,24 @@ def table_workers(workers: Sequence[Mapping[str, Any]]) -> str:
             str(w["pid"]),
             f"{w['used']}/{w['slots']}",
             _groups(w),
-            f"stopped {when(w['stopped'])}" if w["stopped"] else age(w["heartbeat_age_s"]),
+            _heartbeat(w),
             _held(w["runs"]),
         ]
         for w in workers
     ]
     return table(headers, rows) if rows else "no workers"
+
+
+_LATE = {"late": " (late)", "gone": " (process gone)"}
+
+
+def _heartbeat(w: Mapping[str, Any]) -> str:
+    """How long ago it beat; ``(late)`` when not heard of within its lease (SIGSTOP, cut
+    off, a host down), ``(process gone)`` when its process on the daemon's host is not
+    running though it never said it stopped."""
+    if w["stopped"]:
+        return f"stopped {when(w['stopped'])}"
+    return age(w["heartbeat_age_s"]) + _LATE.get(w.get("state", ""), "")
 
 
 def _groups(w: Mapping[str, Any]) -> str:

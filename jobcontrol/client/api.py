@@ -320,8 +320,8 @@ class Client:
     def workers(self) -> list[dict[str, Any]]:
         """Every registered worker, live ones first: slots (``used``, ``free``), ``queues``
         (None: every queue), ``heartbeat`` / ``heartbeat_age_s`` / ``beat_s`` (the most it
-        goes between beats now), ``stopped`` (None while it runs) and the ``runs`` it
-        holds; times are ISO text."""
+        goes between beats now), ``stopped`` (None while it runs), the ``runs`` it
+        holds and its ``state`` (online, late, gone or stopped); times are ISO text."""
         workers: list[dict[str, Any]] = self._json("GET", "/workers")["workers"]
         return workers
 

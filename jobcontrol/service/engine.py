@@ -606,9 +606,15 @@ class Engine:
             return queries.count_queued(conn)
 
     def workers(self) -> list[dict[str, Any]]:
-        """Every registered worker, live ones first (the daemon's clock when it runs)."""
+        """Every registered worker, live ones first (the daemon's clock when it runs), each
+        with its ``state`` (``worker_state``)."""
+        now = self.clock.now()
         with self.store.read() as conn:
-            return runqueue.list_workers(conn, self.clock.now())
+            workers = runqueue.list_workers(conn, now)
+        host = socket.gethostname()
+        for w in workers:
+            w["state"] = worker_state(w, now, host)
+        return workers
 
     def live_workers(self) -> list[dict[str, Any]]:
         """The workers not stopped: name, ``log_problems``, ``log_problem``."""
@@ -662,20 +668,36 @@ class Engine:
         return active, armed
 
 
-def _serving(worker: dict[str, Any], now: datetime, host: str) -> bool:
-    """Whether a registered worker takes runs now: not stopped, heard of lately (within a
-    lease, ``runqueue.DEFAULT_LEASE``, or twice the beat interval an idle worker stated;
-    a stopped process, SIGSTOP, is not heard of), and on this host its process alive
-    (``worker_alive``). The daemon's own embedded worker goes by its process alone: its
-    heartbeat may lag behind a busy daemon, never its claims."""
+def worker_state(worker: dict[str, Any], now: datetime, host: str) -> str:
+    """What a registered worker is doing, as the operator is told (``jobcontrol workers``,
+    ``GET /api/v1/workers``):
+
+    - ``online``: it takes runs: heard of lately (within a lease,
+      ``runqueue.DEFAULT_LEASE``, or twice the beat interval an idle worker stated), and
+      on this host its process alive (``worker_alive``). The daemon's own embedded worker
+      goes by its process alone: its heartbeat may lag behind a busy daemon, never its
+      claims;
+    - ``late``: not heard of for longer than that, though it never said it stopped: a
+      process stopped (SIGSTOP), cut off from the database, or a host down. Its runs are
+      settled once their leases run out;
+    - ``gone``: on this host, its process is not running and it never said it stopped
+      (killed);
+    - ``stopped``: it said it stopped (or a daemon's start on its host found it gone).
+    """
+    if worker["stopped"] is not None:
+        return "stopped"
     if worker["host"] == host:
         if not worker_alive(worker, host):
-            return False
+            return "gone"
         if int(worker["pid"]) == os.getpid():
-            return True
-    elif worker["stopped"] is not None:
-        return False
-    return runqueue.heard_of_lately(worker, now, runqueue.DEFAULT_LEASE.total_seconds())
+            return "online"
+    lately = runqueue.heard_of_lately(worker, now, runqueue.DEFAULT_LEASE.total_seconds())
+    return "online" if lately else "late"
+
+
+def _serving(worker: dict[str, Any], now: datetime, host: str) -> bool:
+    """Whether a registered worker takes runs now (``worker_state``)."""
+    return worker_state(worker, now, host) == "online"
 
 
 def _batch_operation(batch: Batch) -> str:

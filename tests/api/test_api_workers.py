@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
+import subprocess
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from jobcontrol.store.runqueue import RunQueue, WorkerInfo
+from jobcontrol.cli.output import table_workers
+from jobcontrol.store.runqueue import DEFAULT_LEASE, RunQueue, WorkerInfo
 from tests.api.conftest import Api
 from tests.integration.helpers import T0, poll_until, task
 
@@ -105,3 +108,45 @@ def test_stopped_workers_come_after_live_ones_with_their_stop_time(api_any: Api)
     assert stopped["groups"] == [{"queues": ["gpu", "io"], "slots": 2, "used": 0, "runs": []}]
     assert datetime.fromisoformat(stopped["stopped"]) == T0 + timedelta(minutes=1)
     assert stopped["runs"] == []
+
+
+def test_each_worker_says_whether_it_is_online_late_gone_or_stopped(api_any: Api) -> None:
+    """What an operator reads first: which workers take runs. One on another host that
+    stopped beating (SIGSTOP, cut off) is late once a lease passed; one on this host whose
+    process is not running, and that never said it stopped, is gone."""
+    api = api_any
+    queue = RunQueue(api.jc.store)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that is not running (reaped)
+
+    def info(name: str, host: str, pid: int) -> WorkerInfo:
+        return WorkerInfo(name=name, host=host, pid=pid, slots=1, version="1", started=T0)
+
+    queue.register(info("w-remote", "elsewhere", 4242), T0)
+    queue.register(info("w-killed", socket.gethostname(), dead.pid), T0)
+    queue.register(info("w-done", "elsewhere", 4343), T0)
+    queue.deregister("w-done", T0)
+
+    def states() -> dict[str, str]:
+        return {w["name"]: w["state"] for w in workers(api)}
+
+    assert states() == {
+        EMBEDDED: "online",
+        "w-remote": "online",  # heard of within its lease
+        "w-killed": "gone",
+        "w-done": "stopped",
+    }
+    api.jc.advance(DEFAULT_LEASE.total_seconds() + 1)
+    assert states() == {
+        EMBEDDED: "online",  # the daemon's own: its process, not its beat
+        "w-remote": "late",
+        "w-killed": "gone",
+        "w-done": "stopped",
+    }
+    # `jobcontrol workers` says so in its HEARTBEAT column.
+    text = table_workers(workers(api))
+    beat = {row.split()[0]: re.split(r"\s{2,}", row)[-2] for row in text.splitlines()[1:]}
+    assert beat["w-remote"] == "31s ago (late)", text
+    assert beat["w-killed"] == "31s ago (process gone)", text
+    assert beat[EMBEDDED] == "31s ago", text
+    assert beat["w-done"].startswith("stopped "), text
