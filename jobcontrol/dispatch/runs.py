@@ -700,6 +700,7 @@ class TreeRuns:
                 self._ran_from(frame, row.started)
                 self._propagate(frame, self._finish(frame, KILLED_STATUS, RunState.LOST))
         if settled:
+            runqueue.lease_lapsed(conn, [r.worker for r in settled if r.worker is not None])
             self.stop_lanes_after_worker_ends(settled)
 
     def stop_lanes_after_worker_ends(self, lost: list[RunRecord]) -> None:

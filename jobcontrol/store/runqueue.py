@@ -936,6 +936,20 @@ def expired_leases(conn: Connection, now: datetime) -> list[RunRecord]:
     return [queries.run_from_row(r) for r in rows]
 
 
+def lease_lapsed(conn: Connection, names: Sequence[str]) -> None:
+    """Workers whose runs' leases ran out: whatever beat they last stated (an idle one's
+    minute, said before it claimed them), they held runs, so from now they are judged by
+    the lease alone (``heard_of_lately``) until their next beat states its interval
+    again. A worker stopped with SIGSTOP just after a claim reads as late once its runs
+    are settled, not up to two idle beats later."""
+    if names:
+        conn.execute(
+            update(worker)
+            .where(worker.c.name.in_(sorted(set(names))), worker.c.stopped.is_(None))
+            .values(beat_s=None)
+        )
+
+
 def request_kill(conn: Connection, run_id: int) -> bool:
     """Ask the worker holding a running task run to kill it; False if it is not running."""
     stmt = (

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from jobcontrol import RunState
 from jobcontrol.cli.output import table_workers
 from jobcontrol.store.runqueue import DEFAULT_LEASE, RunQueue, WorkerInfo
 from tests.api.conftest import Api
-from tests.integration.helpers import T0, poll_until, task
+from tests.conftest import MakeJC
+from tests.integration.helpers import T0, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,3 +152,35 @@ def test_each_worker_says_whether_it_is_online_late_gone_or_stopped(api_any: Api
     assert beat["w-killed"] == "31s ago (process gone)", text
     assert beat[EMBEDDED] == "31s ago", text
     assert beat["w-done"].startswith("stopped "), text
+
+
+def test_a_worker_whose_runs_lease_ran_out_reads_late_at_once(db_url: str, make_jc: MakeJC) -> None:
+    """It stated an idle beat (a minute: judged alive for two) and then claimed a run: a
+    SIGSTOP then leaves its run to be settled when the lease runs out, and from then on
+    it is late, not online for up to two minutes more."""
+    # The dispatcher judges leases half a second after its start, every 0.2 s.
+    jc = make_jc(db_url, slots=0, lease=0.5, poll_interval=0.2)
+    jc.create(box("Box", active=True), task("t", "true", "Box", active=True))
+    queue = RunQueue(jc.store, timedelta(seconds=30))
+    queue.register(
+        WorkerInfo(name="w-idle", host="elsewhere", pid=4242, slots=1, version="1", started=T0),
+        T0,
+    )
+    queue.heartbeat("w-idle", T0, every=60.0)  # idle: its next beat within a minute
+    jc.run_now("Box")
+    [claimed] = poll_until(
+        "a run to claim", lambda: queue.claim("w-idle", "elsewhere", jc.clock.now())
+    )
+
+    def state() -> str:
+        [w] = [w for w in jc.engine.workers() if w["name"] == "w-idle"]
+        return str(w["state"])
+
+    jc.clock.set(T0 + timedelta(seconds=29))
+    assert state() == "online"
+    jc.clock.set(T0 + timedelta(seconds=31))  # its lease ran out; two idle beats have not
+    poll_until("its run to be settled", lambda: jc.run(claimed.id).state is RunState.LOST)
+    assert state() == "late"
+    # Its next beat (it was only stopped) states its interval again: online.
+    queue.heartbeat("w-idle", jc.clock.now(), every=10.0)
+    assert state() == "online"
