@@ -683,22 +683,33 @@ class TreeRuns:
         conn, now = self.d.tx.conn, self.d.clock.now()
         settled: list[RunRecord] = []
         for row in runqueue.expired_leases(conn, now):
-            reason = (
-                f"lost: worker {row.worker} stopped renewing its lease "
+            local = row.host == local_host
+            expired = (
+                f"worker {row.worker} stopped renewing its lease "
                 f"(expired {row.lease_until:%Y-%m-%d %H:%M:%S} UTC)"
             )
-            if not self._settle_lost(row, reason, now):
+            state = RunState.LOST
+            if not row.kill_requested:
+                reason = f"lost: {expired}"
+            elif local:
+                # A kill was asked of its worker, which never carried it out: it is killed
+                # all the same, by the collection below, and recorded as the kill it was.
+                state = RunState.KILLED
+                reason = f"killed: {expired} before it carried out the kill; killed on {row.host}"
+            else:
+                reason = f"lost: {expired} before it carried out the kill requested"
+            if not self._settle_lost(row, reason, now, state):
                 continue
             settled.append(row)
             log.warning("task run %s (%s) %s", row.id, row.job_name, reason)
-            if row.host == local_host:
+            if local:
                 # Provably ours to collect: nothing of a lost run may keep running.
                 self.d.tx.after(lambda row=row: kill(row))  # type: ignore[misc]
             frame = self.frames.get(row.id)
-            if frame is not None and not self._retry(frame, RunState.LOST, KILLED_STATUS):
+            if frame is not None and not self._retry(frame, state, KILLED_STATUS):
                 frame.tree_run.current_task = None
                 self._ran_from(frame, row.started)
-                self._propagate(frame, self._finish(frame, KILLED_STATUS, RunState.LOST))
+                self._propagate(frame, self._finish(frame, KILLED_STATUS, state))
         if settled:
             runqueue.lease_lapsed(conn, [r.worker for r in settled if r.worker is not None])
             self.stop_lanes_after_worker_ends(settled)
@@ -714,9 +725,11 @@ class TreeRuns:
             store = self.d.store
             self.d.tx.after(lambda: events.lanes_changed.send(store, names=stopped))
 
-    def _settle_lost(self, row: RunRecord, reason: str, now: datetime) -> bool:
+    def _settle_lost(
+        self, row: RunRecord, reason: str, now: datetime, state: RunState = RunState.LOST
+    ) -> bool:
         values: dict[str, Any] = {
-            "state": RunState.LOST,
+            "state": state,
             "exit_status": KILLED_STATUS,
             "ended": now,
             "reason": reason,

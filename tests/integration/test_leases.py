@@ -15,6 +15,9 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import sqlalchemy as sa
 from jobcontrol import RunState
 from jobcontrol.procs import pid_alive
 from tests.integration.conftest import MakeJC
-from tests.integration.helpers import T0, box, poll_until, task
+from tests.integration.helpers import JC, T0, USER, box, poll_until, task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]
 
@@ -72,16 +75,9 @@ def _in_transaction(url: str, pid_marker: str) -> bool:
         engine.dispose()
 
 
-def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
-    postgres_url: str, make_jc: MakeJC, tmp_path: Path
-) -> None:
-    jc = make_jc(postgres_url, slots=0, lease=2.0, poll_interval=0.2)
-    gate = jc.gate()
-    jc.create(
-        box("Box", active=True),
-        task("held", gate.command, "Box", active=True),
-        task("next", "echo next", "Box", active=True),
-    )
+@contextmanager
+def _worker_process(postgres_url: str, jc: JC, tmp_path: Path) -> Iterator[_Remote]:
+    """A worker ``remote-1`` in a process of its own, ready; killed at the end."""
     app = f"jc-test-worker-{os.getpid()}"
     worker_url = f"{postgres_url}?application_name={app}"
     root_dir = Path(__file__).resolve().parents[2]
@@ -95,24 +91,58 @@ def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
         assert worker.stdout is not None
         assert select.select([worker.stdout], [], [], 30)[0], err.read_text()
         assert worker.stdout.readline().strip() == "ready", err.read_text()
+        yield _Remote(worker, err, app)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        worker.kill()
+        worker.wait(10)
+        if worker.stdout is not None:
+            worker.stdout.close()
 
+
+@dataclass
+class _Remote:
+    proc: subprocess.Popen[str]
+    err: Path
+    app: str  # its connections' application_name
+
+    def freeze(self, postgres_url: str) -> None:
+        """SIGSTOP between two transactions (a frozen open transaction would hold locks)."""
+        for _ in range(50):
+            self.proc.send_signal(signal.SIGSTOP)
+            if not _in_transaction(postgres_url, self.app):
+                return
+            self.proc.send_signal(signal.SIGCONT)
+        pytest.fail("could not freeze the worker outside a transaction")
+
+
+def _held_run(jc: JC, mark: int) -> int:
+    """The run of ``held`` once the worker runs its process."""
+    held: int = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "held", since=mark
+    ).run["id"]
+    poll_until("the worker to run the task", lambda: jc.run(held).pid is not None)
+    assert jc.run(held).worker == "remote-1"
+    return held
+
+
+def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
+    postgres_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    jc = make_jc(postgres_url, slots=0, lease=2.0, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(
+        box("Box", active=True),
+        task("held", gate.command, "Box", active=True),
+        task("next", "echo next", "Box", active=True),
+    )
+    with _worker_process(postgres_url, jc, tmp_path) as worker:
         mark = jc.rec.mark()
         root = jc.run_now("Box")
-        held = jc.rec.wait_for(
-            lambda s: s.name == "run_started" and s.run["job_name"] == "held", since=mark
-        ).run["id"]
-        poll_until("the worker to run the task", lambda: jc.run(held).pid is not None)
-        assert jc.run(held).worker == "remote-1"
+        held = _held_run(jc, mark)
         task_pids = jc.wait_task_process(held)
 
-        # Freeze it between two transactions (a frozen open transaction would hold locks).
-        for _ in range(50):
-            worker.send_signal(signal.SIGSTOP)
-            if not _in_transaction(postgres_url, app):
-                break
-            worker.send_signal(signal.SIGCONT)
-        else:
-            pytest.fail("could not freeze the worker outside a transaction")
+        worker.freeze(postgres_url)
         lease = jc.run(held).lease_until
         assert lease is not None
 
@@ -136,7 +166,7 @@ def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
             lambda s: s.name == "run_started" and s.run["job_name"] == "next", since=mark
         ).run["id"]
 
-        worker.send_signal(signal.SIGCONT)  # back, late
+        worker.proc.send_signal(signal.SIGCONT)  # back, late
         done = jc.rec.run_finished("Box", since=mark, timeout=30)
         assert (done["id"], done["exit_status"]) == (root, 255)
         assert jc.run(nxt).state is RunState.SUCCEEDED
@@ -144,12 +174,46 @@ def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
         assert (after.state, after.exit_status, after.reason) == (row.state, 255, row.reason)
         poll_until(
             "the worker to say it could not record the settled run",
-            lambda: "after it had been settled" in err.read_text()
-            or "was settled while worker" in err.read_text(),
+            lambda: "after it had been settled" in worker.err.read_text()
+            or "was settled while worker" in worker.err.read_text(),
         )
-    finally:
-        worker.send_signal(signal.SIGCONT)
-        worker.kill()
-        worker.wait(10)
-        if worker.stdout is not None:
-            worker.stdout.close()
+
+
+def test_a_kill_its_frozen_worker_never_carried_out_is_recorded_as_the_kill_it_was(
+    postgres_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    """An operator kills a tree whose task's worker (on this host) is frozen: the kill is
+    asked of the worker, which cannot act. When the lease runs out the dispatcher kills
+    what is left on this host, and the run says killed, not lost; the tree stops there."""
+    jc = make_jc(postgres_url, slots=0, lease=2.0, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(
+        box("Box", active=True),
+        task("held", gate.command, "Box", active=True),
+        task("next", "echo next", "Box", active=True),
+    )
+    with _worker_process(postgres_url, jc, tmp_path) as worker:
+        mark = jc.rec.mark()
+        root = jc.run_now("Box")
+        held = _held_run(jc, mark)
+        task_pids = jc.wait_task_process(held)
+        worker.freeze(postgres_url)
+        lease = jc.run(held).lease_until
+        assert lease is not None
+
+        jc.engine.kill("Box", user=USER)
+        jc.sync()
+        assert jc.run(held).state is RunState.RUNNING  # asked of its worker, which is frozen
+        assert jc.run(held).kill_requested
+
+        jc.clock.set(lease + timedelta(seconds=1))  # the lease has run out
+        settled = jc.rec.run_finished("held", since=mark, timeout=10)
+        assert (settled["state"], settled["exit_status"]) == ("killed", 255)
+        row = jc.run(held)
+        assert row.state is RunState.KILLED
+        assert "before it carried out the kill" in (row.reason or ""), row.reason
+        poll_until("the killed task's processes to end", lambda: not jc.task_pids(held))
+        assert not any(pid_alive(pid) for pid in task_pids)
+        done = jc.rec.run_finished("Box", since=mark, timeout=10)
+        assert (done["id"], done["state"], done["exit_status"]) == (root, "killed", 255)
+        assert jc.runs("next") == [], "a killed tree runs nothing after the kill"
