@@ -5,9 +5,11 @@ Three tables side by side, all read from the admin API (``/workers``, ``/lanes``
 
 * **Workers**: one row per worker, its groups, a slot bar (used / total), the runs it
   holds and since when, its last heartbeat. A worker that stopped is hidden unless
-  "Show stopped" is ticked; one whose heartbeat is older than the default lane's stale
-  timeout (its leases have run out), or than twice the beat it said it would make (an
-  idle worker's, a minute), is shown greyed and marked *stale*.
+  "Show stopped" is ticked; one the daemon says is late (not heard of within its
+  lease, or twice the beat it said it would make: an idle worker's, a minute) is shown
+  greyed and marked *STALE*, one whose process on the daemon's host is not running
+  *GONE* (from a daemon that does not say, the panel judges by the default lane's
+  stale timeout).
 * **Lanes**: the rules (max slots, poll, stale), running, queue depth, oldest wait, and
   the state: open, draining (runs still finishing) / drained, or STOPPED with its reason.
   Drain / resume (operator), edit / add / remove (admin).
@@ -147,13 +149,21 @@ def groups_text(worker: Mapping[str, Any]) -> str:
 
 
 def worker_is_stale(worker: Mapping[str, Any], stale_after_s: float) -> bool:
-    """Not heard of for longer than the stale timeout, or than twice the beat it said it
-    would make (an idle worker beats once a minute: ``beat_s``)."""
+    """As the daemon judges it (``state``: late, or gone: its process on the daemon's
+    host is not running); from a daemon that does not say, not heard of for longer than
+    the stale timeout, or than twice the beat it said it would make (an idle worker beats
+    once a minute: ``beat_s``)."""
+    state = worker.get("state")
+    if isinstance(state, str):
+        return state in ("late", "gone")
     age = worker.get("heartbeat_age_s")
     every = worker.get("beat_s")
     if isinstance(every, int | float):
         stale_after_s = max(stale_after_s, 2 * every)
     return worker.get("stopped") is None and isinstance(age, int | float) and age > stale_after_s
+
+
+_STALE_WORD = {"late": "STALE", "gone": "GONE"}
 
 
 # ---------------------------------------------------------------- the slot bar
@@ -598,7 +608,11 @@ class WorkersPanel(QWidget):
             heartbeat = (
                 f"stopped {format_time(parse_time(w.get('stopped')))}"
                 if stopped
-                else (f"STALE — {age} ago" if stale else f"{age} ago")
+                else (
+                    f"{_STALE_WORD.get(str(w.get('state')), 'STALE')} — {age} ago"
+                    if stale
+                    else f"{age} ago"
+                )
             )
             items = [
                 _item(w.get("name"), w.get("name")),
@@ -615,7 +629,12 @@ class WorkersPanel(QWidget):
                 f"{w.get('version')}, started {format_time(parse_time(w.get('started')))}; "
                 f"last heartbeat {format_time(parse_time(w.get('heartbeat')))}"
             )
-            if stale:
+            if stale and w.get("state") == "gone":
+                tip += (
+                    "\nIts process on the daemon's host is not running, and it never said it"
+                    " stopped (killed): its runs are settled by the dispatcher."
+                )
+            elif stale:
                 tip += (
                     f"\nNo heartbeat for longer than the stale timeout ({seconds_text(stale_after)}):"
                     " its leases have run out and its runs are settled by the dispatcher."

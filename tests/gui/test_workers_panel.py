@@ -10,6 +10,8 @@ that an event, not the clock, brought the change.
 from __future__ import annotations
 
 import re
+import socket
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -362,6 +364,11 @@ def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
         # Idle, heard of 90 s ago, having said it beats once a minute: not stale yet.
         queue.register(WorkerInfo("idler", "far-host", 4243, 1, "test", long_ago), long_ago)
         queue.heartbeat("idler", datetime.now(UTC) - timedelta(seconds=90), every=60.0)
+        # On the daemon's host, heard of just now, but its process is not running: killed.
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        now = datetime.now(UTC)
+        queue.register(WorkerInfo("killed", socket.gethostname(), dead.pid, 1, "test", now), now)
     finally:
         store.dispose()
     # A read begun before 'gone' stopped (its registration's events start one) may show
@@ -385,7 +392,12 @@ def test_a_stale_worker_is_greyed_and_a_stopped_one_hidden_until_asked(
     idler = panel.worker_table.item(rows()["idler"], WORKER_COLUMNS.index("Heartbeat")).text()
     assert not idler.startswith("STALE"), idler
     assert not panel.worker_table.item(rows()["idler"], 0).font().italic()
-    live = next(name for name in rows() if name not in ("ghost", "idler"))
+    killed = rows()["killed"]
+    heartbeat = panel.worker_table.item(killed, WORKER_COLUMNS.index("Heartbeat")).text()
+    assert heartbeat.startswith("GONE — "), heartbeat
+    assert "is not running" in panel.worker_table.item(killed, 0).toolTip()
+    assert panel.worker_table.item(killed, 0).font().italic()
+    live = next(name for name in rows() if name not in ("ghost", "idler", "killed"))
     assert not panel.worker_table.item(rows()[live], 0).font().italic()
     panel.show_stopped.setChecked(True)
     assert "gone" in rows()
