@@ -142,7 +142,13 @@ def _commands(sub: Any) -> None:
     )
 
     workers = sub.add_parser(
-        "workers", help="the workers: slots in use, heartbeat, the runs each one holds"
+        "workers",
+        help="the workers: slots in use, heartbeat, the runs each one holds",
+        description="Every registered worker, live ones first. HEARTBEAT says how long ago "
+        "it beat, '(late)' when it was not heard of within its lease (stopped by SIGSTOP, "
+        "cut off, a host down: its runs are settled as their leases run out) and '(process "
+        "gone)' when its process on this host is not running though it never said it "
+        "stopped. --json gives each one's 'state': online, late, gone or stopped.",
     )
     workers.add_argument("--json", action="store_true", help="a JSON list, one object per worker")
 
