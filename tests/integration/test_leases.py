@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -126,10 +126,20 @@ def _held_run(jc: JC, mark: int) -> int:
     return held
 
 
-def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
-    postgres_url: str, make_jc: MakeJC, tmp_path: Path
-) -> None:
-    jc = make_jc(postgres_url, slots=0, lease=2.0, poll_interval=0.2)
+@dataclass
+class _Held:
+    mark: int
+    root: int  # the run of Box
+    held: int  # the run of its task `held`, on the frozen worker
+    task_pids: list[int]
+    lease: datetime  # when its lease runs out
+
+
+@contextmanager
+def _frozen_while_held(
+    postgres_url: str, jc: JC, tmp_path: Path
+) -> Iterator[tuple[_Remote, _Held]]:
+    """Box (`held`, then `next`) run by a worker process, frozen while `held` runs."""
     gate = jc.gate()
     jc.create(
         box("Box", active=True),
@@ -141,10 +151,18 @@ def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
         root = jc.run_now("Box")
         held = _held_run(jc, mark)
         task_pids = jc.wait_task_process(held)
-
         worker.freeze(postgres_url)
         lease = jc.run(held).lease_until
         assert lease is not None
+        yield worker, _Held(mark, root, held, task_pids, lease)
+
+
+def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
+    postgres_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    jc = make_jc(postgres_url, slots=0, lease=2.0, poll_interval=0.2)
+    with _frozen_while_held(postgres_url, jc, tmp_path) as (worker, f):
+        mark, root, held, task_pids, lease = f.mark, f.root, f.held, f.task_pids, f.lease
 
         jc.clock.set(lease - timedelta(milliseconds=500))  # still vouched for
         jc.sync()
@@ -186,20 +204,8 @@ def test_a_kill_its_frozen_worker_never_carried_out_is_recorded_as_the_kill_it_w
     asked of the worker, which cannot act. When the lease runs out the dispatcher kills
     what is left on this host, and the run says killed, not lost; the tree stops there."""
     jc = make_jc(postgres_url, slots=0, lease=2.0, poll_interval=0.2)
-    gate = jc.gate()
-    jc.create(
-        box("Box", active=True),
-        task("held", gate.command, "Box", active=True),
-        task("next", "echo next", "Box", active=True),
-    )
-    with _worker_process(postgres_url, jc, tmp_path) as worker:
-        mark = jc.rec.mark()
-        root = jc.run_now("Box")
-        held = _held_run(jc, mark)
-        task_pids = jc.wait_task_process(held)
-        worker.freeze(postgres_url)
-        lease = jc.run(held).lease_until
-        assert lease is not None
+    with _frozen_while_held(postgres_url, jc, tmp_path) as (worker, f):
+        mark, root, held, task_pids, lease = f.mark, f.root, f.held, f.task_pids, f.lease
 
         jc.engine.kill("Box", user=USER)
         jc.sync()
