@@ -31,8 +31,7 @@ class _Printer:
     def __init__(self) -> None:
         self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._print, name="jc-demo-printer", daemon=True)
-
-        self.closed = False
+        self.closed = False  # once it has stopped, warnings go to stderr (``_WarningLines``)
 
     def _print(self) -> None:
         while (line := self.lines.get()) is not None:

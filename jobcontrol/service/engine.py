@@ -634,7 +634,7 @@ class Engine:
             workers = runqueue.list_workers(conn, now)
             stopped = {n for n, x in lanes.load(conn).by_name.items() if x.stopped_at}
         host = socket.gethostname()
-        serving = [w for w in workers if _serving(w, now, host)]
+        serving = [w for w in workers if worker_state(w, now, host) == "online"]
         if any(w["queues"] is None for w in serving):
             return []  # a worker that takes every queue
         served = {q for w in serving for q in w["queues"]}
@@ -693,11 +693,6 @@ def worker_state(worker: dict[str, Any], now: datetime, host: str) -> str:
             return "online"
     lately = runqueue.heard_of_lately(worker, now, runqueue.DEFAULT_LEASE.total_seconds())
     return "online" if lately else "late"
-
-
-def _serving(worker: dict[str, Any], now: datetime, host: str) -> bool:
-    """Whether a registered worker takes runs now (``worker_state``)."""
-    return worker_state(worker, now, host) == "online"
 
 
 def _batch_operation(batch: Batch) -> str:
