@@ -126,10 +126,11 @@ class CliDaemon:
     --kill``, and if that fails the pid ``daemon start`` printed gets SIGKILL.
     """
 
-    def __init__(self, db: str, tmp: Path) -> None:
+    def __init__(self, db: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+        """``env``: settings for the daemon on top of ``cli_env`` (``JOBCONTROL_*``)."""
         self.db = db
         self.state_dir = tmp / "state"
-        self.env = cli_env(tmp)
+        self.env = cli_env(tmp) | (env or {})
         self.pid: int | None = None
         self.workers: dict[str, int] = {}  # worker processes started: name -> pid
 
@@ -205,6 +206,15 @@ class CliDaemon:
             if alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+    def log_lines(self, containing: str) -> list[str]:
+        """The daemon log's lines that contain ``containing``."""
+        return [
+            line
+            for log in sorted(self.state_dir.glob("daemon-*.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if containing in line
+        ]
 
     def log_tail(self, lines: int = 15) -> str:
         logs = sorted(self.state_dir.glob("daemon-*.log"))

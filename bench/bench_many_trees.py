@@ -89,13 +89,20 @@ def _trend(samples: list[tuple[float, float]]) -> float:
 
 
 def engine(
-    db: str, tmp: Path, trees: int, duration: float, worker_process: bool = False
+    db: str,
+    tmp: Path,
+    trees: int,
+    duration: float,
+    worker_process: bool = False,
+    cpu_pin: str | None = None,
 ) -> dict[str, Any]:
     """The daemon over a window of ``duration`` s; lateness samples and CPU.
 
     ``worker_process``: the daemon only dispatches (``--slots 0``) and a worker process
-    of its own (``jobcontrol worker start``, 8 slots) runs the tasks (PostgreSQL)."""
-    with d.CliDaemon(db, tmp) as daemon:
+    of its own (``jobcontrol worker start``, 8 slots) runs the tasks (PostgreSQL).
+    ``cpu_pin``: the daemon's ``$JOBCONTROL_CPU_PIN`` (None: its default)."""
+    env = {"JOBCONTROL_CPU_PIN": cpu_pin} if cpu_pin else None
+    with d.CliDaemon(db, tmp, env) as daemon:
         print(f"  {daemon.load(d.one_task_trees(trees, 'every 1s'), tmp / 'trees.yaml')}")
         pid = daemon.start("--slots", "0") if worker_process else daemon.start()
         wpid = daemon.start_worker("bench-worker", 8) if worker_process else None
@@ -111,6 +118,7 @@ def engine(
         time.sleep(GRACE_S)
         stop_at = datetime.now(UTC)
         daemon.stop()
+        pinned = daemon.log_lines("threads kept on CPU") + daemon.log_lines("threads free on")
     wall, own, children = cpu1.since(cpu0)
     system = cpu1.system - cpu0.system
     switches = thr1.switches - thr0.switches
@@ -185,6 +193,7 @@ def engine(
         "switches_per_run": switches / tree_runs_in_window if tree_runs_in_window else 0.0,
         "worker_cpu_pct": 100 * worker_own / wall if worker_process else None,
         "children_cpu_pct": 100 * children / wall,
+        "cpu_pin": [line.split("cpupin: ", 1)[-1] for line in pinned],
     }
 
 
@@ -304,6 +313,8 @@ def report(
         rep.notes.append(f"engine: {eng['never_ran']} trees never ran")
     if eng["failed"]:
         rep.notes.append(f"engine: {eng['failed']} task runs did not succeed")
+    for line in eng["cpu_pin"]:
+        rep.notes.append(f"engine: {line}")
     if duration < 60:
         rep.notes.append(f"a short run ({duration:g} s; the benchmark's default is 60 s)")
     rep.checks.append(
@@ -331,6 +342,11 @@ def main() -> int:
         help="PostgreSQL: the daemon only dispatches (--slots 0) and a worker process "
         "of its own runs the tasks (with --pg; SQLite keeps its embedded worker)",
     )
+    p.add_argument(
+        "--cpu-pin",
+        metavar="MODE",
+        help="the daemon's $JOBCONTROL_CPU_PIN: auto (its default), off, or a CPU number",
+    )
     args = p.parse_args()
     if args.duration <= 0 or args.trees <= 0:
         p.error("--trees and --duration must be positive")
@@ -345,7 +361,11 @@ def main() -> int:
         print(f"[sqlite] daemon: {args.trees} trees for {args.duration:g} s ...", flush=True)
         (tmp / "sqlite").mkdir()
         eng = engine(
-            str(tmp / "sqlite" / "jobcontrol.db"), tmp / "sqlite", args.trees, args.duration
+            str(tmp / "sqlite" / "jobcontrol.db"),
+            tmp / "sqlite",
+            args.trees,
+            args.duration,
+            cpu_pin=args.cpu_pin,
         )
         reports.append(report("sqlite", args.trees, eng, base, args.duration))
         if args.pg:
@@ -355,7 +375,9 @@ def main() -> int:
                     flush=True,
                 )
                 (tmp / "pg").mkdir()
-                eng = engine(url, tmp / "pg", args.trees, args.duration, args.worker_process)
+                eng = engine(
+                    url, tmp / "pg", args.trees, args.duration, args.worker_process, args.cpu_pin
+                )
                 reports.append(report("postgresql", args.trees, eng, base, args.duration))
     for rep in reports:
         rep.print(as_json=args.json)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import filemodes, gcpause, places, procs, slotgroups
+from jobcontrol import cpupin, filemodes, gcpause, places, procs, slotgroups
 from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError
@@ -95,6 +95,7 @@ class DaemonOptions:
     pass_env: PassEnv = field(default_factory=PassEnv)
     log_access: LogAccess = field(default_factory=LogAccess)
     cgroups: str = "auto"  # $JOBCONTROL_CGROUPS: a cgroup per task run where possible, or off
+    cpu_pin: str = "auto"  # $JOBCONTROL_CPU_PIN: a busy daemon's threads on one CPU (cpupin)
     task_log_store: str = "file"  # $JOBCONTROL_TASK_LOGS: log files, or the database (run_log)
     disk_low: LowMark = field(default_factory=lambda: LowMark.parse(DEFAULT_LOW))
     # The admin API's bounds (``api.server``): None is what the open-files limit allows.
@@ -576,7 +577,13 @@ class Daemon:
     def run_forever(self) -> None:
         """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
         StopSignals(lambda _signum: self.stop_requested.set()).install()
-        serve(self.start, self.stop, self.stop_requested, "JobControl shutdown request")
+        serve(
+            self.start,
+            self.stop,
+            self.stop_requested,
+            "JobControl shutdown request",
+            cpu_pin=self.opts.cpu_pin,
+        )
 
 
 def _signal_name(signum: int) -> str:
@@ -640,18 +647,24 @@ class StopSignals:
 
 
 def serve(
-    start: Callable[[], object], stop: Callable[[], None], stop_requested: threading.Event, why: str
+    start: Callable[[], object],
+    stop: Callable[[], None],
+    stop_requested: threading.Event,
+    why: str,
+    cpu_pin: str = "auto",
 ) -> None:
     """Start, say READY=1 (to systemd, and to ``daemon start`` or ``worker start``), wait
     for ``stop_requested``, say STOPPING=1, stop: the foreground life of the daemon and of
-    a worker process."""
+    a worker process. ``cpu_pin``: where its threads run while it is busy (``cpupin``)."""
     # `start`'s socket hears READY=1 once; systemd's hears every state change.
     started_by = os.environ.pop(READY_SOCKET, None)
     # What is alive now lives as long as the process (modules, the options, the store's
     # engine): kept out of the collector's full passes, which stop every thread.
     frozen = gcpause.freeze_startup()
     log.debug("%d start-up objects kept out of full garbage collections", frozen)
+    pin = cpupin.CpuPin(cpu_pin)
     start()
+    pin.start()
     try:
         procs.sd_notify("READY=1")
         if started_by:
@@ -661,6 +674,7 @@ def serve(
         procs.sd_notify("STOPPING=1")
         log.info("%s", why)
     finally:
+        pin.stop()
         stop()
 
 

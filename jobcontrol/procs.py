@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, NamedTuple
 
+from jobcontrol import cpupin
+
 log = logging.getLogger(__name__)
 
 # Variables a task process carries (``KEY: value``), or must not carry (``KEY: None``).
@@ -67,17 +69,23 @@ def spawn(
     command's line (a cgroup's join script). OSError (a missing ``cwd``, ...) propagates.
     """
     # No preexec_fn and nothing else that would stop CPython from using vfork: the
-    # benchmark compares this against a bare subprocess.run of /bin/sh.
-    return subprocess.Popen(
-        ["/bin/sh", "-c", prelude + command],
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=subprocess.STDOUT,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        close_fds=True,
-    )
+    # benchmark compares this against a bare subprocess.run of /bin/sh. The task gets
+    # every CPU of the process's set, even while its threads are kept on one.
+    leave = cpupin.enter_spawn()
+    try:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", prelude + command],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        if leave:
+            cpupin.leave_spawn()
 
 
 def wait_child(proc: subprocess.Popen[bytes], timeout: float | None) -> int | None:

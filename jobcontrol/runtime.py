@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import events, gcpause
+from jobcontrol import cpupin, events, gcpause
 from jobcontrol.cgroups import Containment, JoinWarmer
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
@@ -192,6 +192,9 @@ class Runtime:
         series: dict[str, tuple[str, float]] = {}
         if gcpause.WATCH is not None:  # a daemon's process (``daemon.serve``)
             series |= gcpause.WATCH.gauges()
+        pin = cpupin.monitor()
+        if pin is not None:
+            series |= pin.gauges()
         checkpointer = self.store.checkpointer
         if checkpointer is not None:
             series["jobcontrol_sqlite_checkpoints_total"] = (

@@ -81,6 +81,7 @@ class WorkerOptions:
     pass_env: PassEnv = field(default_factory=PassEnv)
     log_access: LogAccess = field(default_factory=LogAccess)
     cgroups: str = "auto"
+    cpu_pin: str = "auto"  # $JOBCONTROL_CPU_PIN (``cpupin``)
     kill_grace: float = 5.0
     drain_timeout: float | None = None  # after SIGTERM, then the runs in hand are killed
 
@@ -353,4 +354,5 @@ class RemoteWorker:
             lambda: self.stop(kill_running=self.kill_requested.is_set()),
             self.stop_requested,
             f"worker {self.opts.name} stopping: no new claims; the runs in hand end first",
+            cpu_pin=self.opts.cpu_pin,
         )

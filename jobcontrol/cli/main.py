@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobcontrol import cgroups, diskspace, slotgroups, taskenv
+from jobcontrol import cgroups, cpupin, diskspace, slotgroups, taskenv
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
@@ -752,6 +752,7 @@ def _daemon(args: argparse.Namespace) -> int:
         opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
         opts.log_access = LogAccess.for_group(args.log_group)
         opts.cgroups = cgroups.resolve_mode(os.environ)
+        opts.cpu_pin = cpupin.resolve_mode(os.environ)
         opts.task_log_store = _task_logs(os.environ)
         opts.disk_low = diskspace.LowMark.parse(args.disk_low)
         # Refused in one line here, before the daemon (or its detached child) touches

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobcontrol import cgroups, slotgroups, taskenv
+from jobcontrol import cgroups, cpupin, slotgroups, taskenv
 from jobcontrol.cli import unit
 from jobcontrol.errors import JobControlError, OptionError
 from jobcontrol.filemodes import LogAccess
@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     opts.pass_env = taskenv.resolve(args.pass_env, os.environ)
     opts.log_access = LogAccess.for_group(args.log_group)
     opts.cgroups = cgroups.resolve_mode(os.environ)
+    opts.cpu_pin = cpupin.resolve_mode(os.environ)
     from jobcontrol.daemon import configure_logging, start_detached
     from jobcontrol.store import Store
     from jobcontrol.workerd import RemoteWorker, refuse_unusable
