@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,20 @@ def test_usage_reads_each_cpu_of_the_host() -> None:
     assert all(v > 0 for v in busy.values())
 
 
+def in_a_process(code: str, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run ``code`` in a Python process of its own; it and the JSON it printed."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done, json.loads(done.stdout)
+
+
 # The monitor in a process of its own (it sets that process's threads' CPUs): readings
 # scripted as a test scripts a clock, threads, sets and the task real.
 MONITOR = textwrap.dedent(
@@ -159,16 +174,7 @@ def test_the_monitor_keeps_every_thread_on_one_cpu_while_busy_and_lets_go_after(
         "tuple(next(readings))",
         "(lambda r: (r[0], r[1], {int(k): v for k, v in r[2].items()}))(next(readings))",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parents[2],
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    done, result = in_a_process(code, json.dumps(script))
     every = cpu_list(frozenset(allowed))
     first, second, third = result["steps"]
     assert first == {"kept": high, "threads": [str(high)], "task": every, "after_spawn": str(high)}
@@ -209,16 +215,7 @@ FAULT = textwrap.dedent(
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to keep on")
 def test_a_cpu_the_kernel_refuses_is_counted_and_said_and_the_threads_stay_free() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", FAULT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parents[2],
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    done, result = in_a_process(FAULT)
     every = cpu_list(frozenset(os.sched_getaffinity(0)))
     assert result == {"kept": None, "errors": 1, "threads": [every]}
     assert "WARNING threads could not be kept on CPU 4095" in done.stderr, done.stderr
