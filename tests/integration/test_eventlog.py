@@ -115,6 +115,35 @@ def test_every_change_arrives_in_order_with_consecutive_numbers(
     assert all(e.at == jc.clock.now() for e in events)
 
 
+def test_an_event_read_later_shows_the_job_as_it_was_at_the_event(
+    jc_sqlite: JC, elog: EventLog
+) -> None:
+    # Events are built on their first read (no client reads most of them); what they
+    # show is copied when they happen, since the engine changes a job's record in place.
+    jc = jc_sqlite
+    jc.create(task("flaky", "exit 3", active=True))
+    mark = jc.rec.mark()
+    jc.run_now("flaky")
+    jc.rec.run_finished("flaky", since=mark)
+    jc.sync()
+    jc.modify("flaky", command="true")
+    mark = jc.rec.mark()
+    jc.run_now("flaky")
+    jc.rec.run_finished("flaky", since=mark)
+    jc.sync()
+
+    finished = [e.data for e in elog.since(0) if e.type == "run.finished"]
+    assert [(f["run"]["state"], f["job"]["exit_status"]) for f in finished] == [
+        ("failed", 3),
+        ("succeeded", 0),
+    ]
+    assert [f["job"]["command"] for f in finished] == ["exit 3", "true"]
+    assert [f["job"]["version"] for f in finished] == [1, 2]
+    started = [e.data["job"] for e in elog.since(0) if e.type == "run.started"]
+    assert [v["state"] for v in started] == ["running", "running"]
+    assert started[1]["exit_status"] == 3  # the first run's, until the second ended
+
+
 def test_a_timer_run_announces_the_rearmed_schedule(jc_sqlite: JC, elog: EventLog) -> None:
     jc = jc_sqlite
     jc.create(task("hourly", "true", timer="every 1h", active=True))
