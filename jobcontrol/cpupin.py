@@ -4,9 +4,9 @@ The interpreter runs one thread at a time. When the daemon is busy its threads h
 the interpreter lock to each other thousands of times a second, and a hand-over to a
 thread asleep on another CPU costs a wake-up across CPUs (an interrupt to that CPU,
 and on a virtual machine an exit to the hypervisor). On this project's 2-CPU
-benchmark host, 500 trees every second: the daemon spent 2.5 ms of CPU per tree run
-free to move, 2.0 ms with its threads on one CPU, and ran 18 % more tree runs a second
-(bench/README.md). A daemon that is not busy loses by it: a task's end and the
+benchmark host, 500 trees every second: the daemon spent 2.3-2.4 ms of CPU per tree
+run free to move, 1.9-2.0 ms with its threads on one CPU, and ran 8-17 % more tree
+runs a second (bench/README.md, twenty-fourth round). A daemon that is not busy loses by it: a task's end and the
 dispatcher's reaction to it then run side by side on two CPUs, and a sequence of short
 tasks ran 5-9 % slower kept on one.
 
@@ -278,9 +278,9 @@ class CpuPin:
             )
 
     def _apply(self, cpus: set[int] | frozenset[int], kept_on: int | None) -> None:
-        """Every thread of the process (but those starting a task) onto ``cpus``, and
-        ``kept_on`` recorded for the threads that start one; OSError: none moved
-        further, and nothing recorded."""
+        """``kept_on`` recorded for the threads that start tasks, and every thread of
+        the process (but those starting one) onto ``cpus``. OSError: the threads moved
+        so far stay moved, and the caller lets them all go."""
         global _kept_on
         with _LOCK:
             _kept_on = kept_on
