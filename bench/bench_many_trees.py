@@ -118,7 +118,7 @@ def engine(
         time.sleep(GRACE_S)
         stop_at = datetime.now(UTC)
         daemon.stop()
-        pinned = daemon.log_lines("threads kept on CPU") + daemon.log_lines("threads free on")
+        pinned = daemon.log_lines(" jobcontrol.cpupin: ")  # what the monitor did, in order
     wall, own, children = cpu1.since(cpu0)
     system = cpu1.system - cpu0.system
     switches = thr1.switches - thr0.switches
@@ -193,7 +193,7 @@ def engine(
         "switches_per_run": switches / tree_runs_in_window if tree_runs_in_window else 0.0,
         "worker_cpu_pct": 100 * worker_own / wall if worker_process else None,
         "children_cpu_pct": 100 * children / wall,
-        "cpu_pin": [line.split("cpupin: ", 1)[-1] for line in pinned],
+        "cpu_pin": [line.split(" jobcontrol.cpupin: ", 1)[1] for line in pinned],
     }
 
 

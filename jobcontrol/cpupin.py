@@ -34,13 +34,14 @@ has a single CPU has nothing to choose: ``auto`` does nothing there.
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import logging
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from jobcontrol.errors import OptionError
 
@@ -154,13 +155,17 @@ class CpuPin:
         self.mode = mode
         self.allowed = allowed if allowed is not None else frozenset(os.sched_getaffinity(0))
         self._usage = usage or Usage().read
-        self.kept_on: int | None = None
         self.changes = 0
         self.errors = 0
         self.last_own = 0.0
         self._last: tuple[float, float, dict[int, float]] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def kept_on(self) -> int | None:
+        """The CPU the threads are kept on, or None (the record the spawns read)."""
+        return _kept_on
 
     @property
     def active(self) -> bool:
@@ -243,6 +248,7 @@ class CpuPin:
         return f"{max(0.0, busy.get(self.kept_on, 0.0) - own):.0%} of CPU {self.kept_on}"
 
     def _keep(self, cpu: int, why: str) -> None:
+        was = self.kept_on
         try:
             self._apply({cpu}, cpu)
         except OSError as exc:
@@ -250,7 +256,6 @@ class CpuPin:
             log.warning("threads could not be kept on CPU %s: %s", cpu, exc)
             self._let_go("an error")
             return
-        was, self.kept_on = self.kept_on, cpu
         self.changes += 1
         log.info(
             "%s: threads kept on CPU %s%s (tasks run on CPUs %s)",
@@ -261,13 +266,15 @@ class CpuPin:
         )
 
     def _let_go(self, why: str) -> None:
+        global _kept_on
         was = self.kept_on
-        self.kept_on = None
         try:
             self._apply(self.allowed, None)
         except OSError as exc:
             self.errors += 1
             log.warning("threads could not be let go on CPUs %s: %s", cpu_list(self.allowed), exc)
+            with _LOCK:
+                _kept_on = None  # the spawns widen no thread for a CPU it may not be on
         if was is not None:
             self.changes += 1
             log.info(
@@ -278,12 +285,12 @@ class CpuPin:
             )
 
     def _apply(self, cpus: set[int] | frozenset[int], kept_on: int | None) -> None:
-        """``kept_on`` recorded for the threads that start tasks, and every thread of
-        the process (but those starting one) onto ``cpus``. OSError: the threads moved
-        so far stay moved, and the caller lets them all go."""
+        """Every thread of the process (but those starting a task) onto ``cpus``, then
+        ``kept_on`` recorded for the threads that start tasks (``kept_on``). OSError:
+        the threads moved so far stay moved, the record stays as it was, and the
+        caller lets them all go."""
         global _kept_on
         with _LOCK:
-            _kept_on = kept_on
             for tid in os.listdir("/proc/self/task"):
                 if int(tid) in _SPAWNING:
                     continue
@@ -291,6 +298,7 @@ class CpuPin:
                     _setaffinity_nogil(frozenset(cpus), int(tid))
                 except ProcessLookupError:
                     pass  # the thread ended meanwhile
+            _kept_on = kept_on
 
     def gauges(self) -> dict[str, tuple[str, float]]:
         """The series for ``/metrics`` (name -> (help, value))."""
@@ -368,11 +376,13 @@ def _set_own(m: CpuPin, cpus: frozenset[int]) -> None:
         log.warning("a thread could not be put on CPUs %s: %s", cpu_list(cpus), exc)
 
 
-_MASKS: dict[frozenset[int], ctypes.Array[ctypes.c_ulong]] = {}
+_MASKS: dict[frozenset[int], Any] = {}  # a ``ctypes`` array of the set's bits
 
 
 def _setaffinity_nogil(cpus: frozenset[int], tid: int = 0) -> None:
     """``os.sched_setaffinity(tid, cpus)`` (0: the calling thread) without the lock."""
+    import ctypes  # here: only a process whose threads are kept on a CPU needs it
+
     mask = _MASKS.get(cpus)
     if mask is None:
         bits = ctypes.sizeof(ctypes.c_ulong) * 8
@@ -381,10 +391,15 @@ def _setaffinity_nogil(cpus: frozenset[int], tid: int = 0) -> None:
             mask[cpu // bits] |= 1 << (cpu % bits)
         _MASKS[cpus] = mask
     # A function of ``ctypes.CDLL`` gives up the interpreter lock for the call.
-    if _LIBC.sched_setaffinity(tid, ctypes.sizeof(mask), mask) != 0:
+    if _libc().sched_setaffinity(tid, ctypes.sizeof(mask), mask) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.sched_setaffinity.argtypes = (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sched_setaffinity.argtypes = (ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p)
+    return libc
