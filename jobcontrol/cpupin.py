@@ -20,7 +20,8 @@ its threads on one CPU only while they use most of one:
   of the set is clearly less busy; **let go** when none is, or when the process's own
   use falls under ``UNPIN_AT``.
 - **Looks** every ``BUSY_S`` while kept or busy, every ``QUIET_S`` otherwise: an idle
-  daemon wakes for it once in ``QUIET_S``.
+  daemon wakes for it once in ``QUIET_S``. The first look is ``FIRST_S`` after the
+  start, for a daemon that starts with a backlog of runs due.
 
 A task's process gets the CPU set the daemon started with, whatever its threads are
 kept on: the thread that starts it takes that set for the ``Popen`` (a child takes
@@ -52,6 +53,7 @@ PIN_AT = 0.85  # of one CPU, over a look: the interpreter is what the daemon wai
 UNPIN_AT = 0.6  # below it, two CPUs serve the daemon better than one
 CROWDED_AT = 0.3  # other work's share of the CPU the threads are kept on
 MARGIN = 0.15  # how much less busy another CPU must be to move there
+FIRST_S = 0.5
 BUSY_S = 2.0
 QUIET_S = 5.0
 
@@ -192,10 +194,12 @@ class CpuPin:
         # Processes started together look at different instants, so two of them on one
         # host do not both move at once.
         jitter = random.uniform(0.0, 0.25)
-        busy = True  # a daemon often starts as runs come due: its first look is soon
+        # A daemon often starts as runs come due (every tree whose timer passed while it
+        # was down): its first look is soon, so that a start-up backlog drains on one CPU.
+        wait = FIRST_S
         failing = False
         while True:
-            if self._stop.wait((BUSY_S if busy else QUIET_S) * (1 + jitter)):
+            if self._stop.wait(wait * (1 + jitter)):
                 return
             try:
                 self.look()
@@ -215,6 +219,7 @@ class CpuPin:
                     log.info("CPU use and sets to be had again")
                 failing = False
             busy = failing or self.kept_on is not None or self.last_own >= UNPIN_AT
+            wait = BUSY_S if busy else QUIET_S
 
     def look(self) -> int | None:
         """Measure since the last look and act on ``decide``; the CPU kept on after."""

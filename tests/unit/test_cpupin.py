@@ -219,3 +219,39 @@ def test_a_cpu_the_kernel_refuses_is_counted_and_said_and_the_threads_stay_free(
     every = cpu_list(frozenset(os.sched_getaffinity(0)))
     assert result == {"kept": None, "errors": 1, "threads": [every]}
     assert "WARNING threads could not be kept on CPU 4095" in done.stderr, done.stderr
+
+
+class _Waits:
+    """The monitor's stop event, recording each wait; it stops the loop after ``looks``."""
+
+    def __init__(self, looks: int) -> None:
+        self.timeouts: list[float] = []
+        self.looks = looks
+
+    def wait(self, timeout: float) -> bool:
+        self.timeouts.append(timeout)
+        return len(self.timeouts) > self.looks
+
+
+def test_the_first_look_is_soon_then_busy_and_quiet_spells_set_the_pace() -> None:
+    # A daemon that starts with a backlog of runs due is kept on one CPU within a
+    # second, not after the first busy-pace look.
+    own_per_s = iter([0.1, 0.9, 0.9, 0.1])  # over each look: quiet, busy, busy, quiet
+    clock = {"t": 0.0, "own": 0.0}
+
+    def usage() -> tuple[float, float, dict[int, float]]:
+        clock["t"] += 1.0
+        clock["own"] += next(own_per_s, 0.0)
+        return clock["t"], clock["own"], {0: clock["t"]}
+
+    pin = cpupin.CpuPin("auto", allowed=frozenset({0}), usage=usage)  # one CPU: no moves
+    pin._last = (0.0, 0.0, {0: 0.0})
+    waits = _Waits(looks=4)
+    pin._stop = waits  # type: ignore[assignment]
+    pin._run()
+    paces = [cpupin.FIRST_S, cpupin.QUIET_S, cpupin.BUSY_S, cpupin.BUSY_S, cpupin.QUIET_S]
+    assert len(waits.timeouts) == len(paces)
+    jitter = waits.timeouts[0] / cpupin.FIRST_S - 1
+    assert 0.0 <= jitter <= 0.25
+    assert waits.timeouts == pytest.approx([p * (1 + jitter) for p in paces])
+    assert cpupin.FIRST_S < cpupin.BUSY_S
