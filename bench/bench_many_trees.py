@@ -62,6 +62,7 @@ HERE = Path(__file__).resolve().parent
 
 TARGET_P99_MS = 100.0
 TARGET_GROWTH_MS = 10.0
+SETTLED_S = 10.0  # a figure from here on: past the backlog of all trees due at start
 GRACE_S = 3.0  # after the window, before the stop: runs due late in the window can start
 INTERVAL = timedelta(seconds=1)
 
@@ -75,6 +76,48 @@ def _thirds(samples: list[tuple[float, float]], window_s: float) -> list[list[fl
     for offset, late in samples:
         out[min(2, max(0, int(3 * (offset - first) / span)))].append(late)
     return out
+
+
+def _seconds(
+    samples: list[tuple[float, float]], readings: list[tuple[d.Cpu, d.Threads]]
+) -> list[dict[str, float]]:
+    """Per second of the window (by due time): runs, p50 and p99 lateness; and, over
+    the same second, the daemon's CPU (its kernel's share), CPU per run and context
+    switches per run."""
+    by_second: dict[int, list[float]] = defaultdict(list)
+    for due, late in samples:
+        by_second[int(due)].append(late)
+    w0 = readings[0][0].at
+    out = []
+    for (c0, t0), (c1, t1) in zip(readings, readings[1:], strict=False):
+        second = round(c0.at - w0)
+        lates = by_second.get(second, [])
+        wall, own, _ = c1.since(c0)
+        runs = len(lates)
+        out.append(
+            {
+                "second": second,
+                "runs": runs,
+                "p50": c.median(lates) if lates else 0.0,
+                "p99": c.percentile(lates, 99) if lates else 0.0,
+                "cpu_pct": 100 * own / wall if wall else 0.0,
+                "kernel_pct": 100 * (c1.system - c0.system) / own if own else 0.0,
+                "cpu_ms_per_run": 1000 * own / runs if runs else 0.0,
+                "switches_per_run": (t1.switches - t0.switches) / runs if runs else 0.0,
+            }
+        )
+    return out
+
+
+def _print_seconds(label: str, seconds: list[dict[str, float]]) -> None:
+    print(f"\n  {label}: second by second (runs by due time; CPU over that second)")
+    print("    s   runs  p50 ms  p99 ms  CPU %  kernel %  CPU ms/run  switches/run")
+    for r in seconds:
+        print(
+            f"  {r['second']:3.0f}  {r['runs']:5.0f}  {r['p50']:6.1f}  {r['p99']:6.1f}  "
+            f"{r['cpu_pct']:5.1f}  {r['kernel_pct']:8.1f}  {r['cpu_ms_per_run']:10.2f}  "
+            f"{r['switches_per_run']:12.1f}"
+        )
 
 
 def _trend(samples: list[tuple[float, float]]) -> float:
@@ -108,7 +151,16 @@ def engine(
         wpid = daemon.start_worker("bench-worker", 8) if worker_process else None
         w0, cpu0, thr0 = datetime.now(UTC), d.cpu(pid), d.threads(pid)
         wcpu0 = d.cpu(wpid) if wpid is not None else None
-        time.sleep(duration)
+        # The daemon's CPU and its threads' context switches, second by second: where
+        # the window's p99 was made (a start-up backlog, an episode later on).
+        readings: list[tuple[d.Cpu, d.Threads]] = [(cpu0, thr0)]
+        end = time.monotonic() + duration
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            try:
+                readings.append((d.cpu(pid), d.threads(pid)))
+            except OSError:
+                break  # died: said below
         try:
             cpu1, thr1 = d.cpu(pid), d.threads(pid)
             wcpu1 = d.cpu(wpid) if wpid is not None else None
@@ -180,6 +232,7 @@ def engine(
     last_first_s = max((f - w0).total_seconds() for f in firsts if f is not None)
     return {
         "samples": samples,
+        "seconds": _seconds(samples, readings),
         "window_s": window_s,
         "pending": pending,
         "skipped": skipped,
@@ -245,6 +298,10 @@ def _figures(rep: c.Report, label: str, res: dict[str, Any]) -> dict[str, float]
         rep.add(f"{label}: p50, {name} third", c.median(part), "ms")
         rep.add(f"{label}: p99, {name} third", c.percentile(part, 99), "ms")
     rep.add(f"{label}: lateness trend", _trend(res["samples"]), "ms/min")
+    settled = [late for due, late in res["samples"] if due >= SETTLED_S]
+    if settled and res["window_s"] > 2 * SETTLED_S:
+        # Not a target: where the window's p99 comes from, beside a start-up backlog.
+        rep.add(f"{label}: p99, from {SETTLED_S:g} s on", c.percentile(settled, 99), "ms")
     if res["min_ms"] < 0:
         rep.notes.append(
             f"{label}: a run started {-res['min_ms']:.3f} ms before its due time "
@@ -347,6 +404,11 @@ def main() -> int:
         metavar="MODE",
         help="the daemon's $JOBCONTROL_CPU_PIN: auto (its default), off, or a CPU number",
     )
+    p.add_argument(
+        "--per-second",
+        action="store_true",
+        help="also print the engine's lateness, CPU and context switches second by second",
+    )
     args = p.parse_args()
     if args.duration <= 0 or args.trees <= 0:
         p.error("--trees and --duration must be positive")
@@ -368,6 +430,7 @@ def main() -> int:
             cpu_pin=args.cpu_pin,
         )
         reports.append(report("sqlite", args.trees, eng, base, args.duration))
+        per_second = [("sqlite", eng)]
         if args.pg:
             with c.postgres("bench_many_trees") as url:
                 print(
@@ -379,8 +442,12 @@ def main() -> int:
                     url, tmp / "pg", args.trees, args.duration, args.worker_process, args.cpu_pin
                 )
                 reports.append(report("postgresql", args.trees, eng, base, args.duration))
+                per_second.append(("postgresql", eng))
     for rep in reports:
         rep.print(as_json=args.json)
+    if args.per_second:
+        for name, eng in per_second:
+            _print_seconds(f"engine [{name}]", eng["seconds"])
     return 0 if all(r.holds for r in reports) else 1
 
 
