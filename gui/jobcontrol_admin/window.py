@@ -101,6 +101,9 @@ class MainWindow(QMainWindow):
         self.view.set_column_widths()
         # Events are applied at once, then at most every EVENT_INTERVAL_MS while they pour in.
         self._queued_events: list[Event] = []
+        # ``database.changed`` events shown so far: a status read sent before the last of
+        # them may answer after it, and must not put the older state back.
+        self._database_events = 0
         self._event_timer = QTimer(self)
         self._event_timer.setObjectName("event-pacer")
         self._event_timer.setSingleShot(True)
@@ -340,7 +343,7 @@ class MainWindow(QMainWindow):
         if daemon_status is not None:
             self._show_status(daemon_status)
         else:
-            session.read("Status", lambda c: c.status(), self._show_status)
+            self._read_status(failed=None)
         session.read("Log level", lambda c: c.log_level(), self._show_level, lambda _exc: None)
         self.update_actions()
 
@@ -428,7 +431,10 @@ class MainWindow(QMainWindow):
 
     @Slot(int, list)
     def _snapshot(self, seq: int, jobs: list[dict[str, Any]]) -> None:
-        self._queued_events.clear()  # older than the snapshot
+        # The queued events are older than the snapshot, which does not say what the
+        # database did: that is still the last ``database.changed`` among them.
+        self._show_database_events(self._queued_events)
+        self._queued_events.clear()
         selected = self.selected_ids()
         current = self.current_id()
         first = self.model.seq is None
@@ -451,9 +457,7 @@ class MainWindow(QMainWindow):
         if not events:
             return
         self.model.apply(events, order=False)
-        for event in events:
-            if event.type == "database.changed" and isinstance(event.data, dict):
-                self._show_database(event.data)
+        self._show_database_events(events)
         if self.history is not None:
             self.history.on_events(events)
         if self.workers is not None:
@@ -478,9 +482,7 @@ class MainWindow(QMainWindow):
             self._lost_since_live = False
             self.connection_label.setText(f"Live: {url}{caught}")
             if previous != "live" and self.session is not None:
-                self.session.read(
-                    "Status", lambda c: c.status(), self._show_status, lambda _e: None
-                )
+                self._read_status(failed=lambda _e: None)
         elif state == "lost":
             self._lost_since_live = True
             detail = f": {message}" if message else ""
@@ -492,12 +494,33 @@ class MainWindow(QMainWindow):
             self.connection_label.setText(f"Connecting to {url}…")
         self.update_actions()
 
-    def _show_status(self, status: dict[str, Any]) -> None:
+    def _read_status(self, *, failed: Callable[[Exception], None] | None) -> None:
+        """Ask the daemon's status; show it when it answers."""
+        if self.session is None:
+            return
+        sent = self._database_events
+        self.session.read(
+            "Status", lambda c: c.status(), lambda s: self._show_status(s, sent=sent), failed
+        )
+
+    def _show_status(self, status: dict[str, Any], *, sent: int | None = None) -> None:
+        """A status the daemon answered; ``sent``: the ``database.changed`` events shown when
+        it was asked for. Its database state is older than an event shown since (the event
+        stream says every change), so it is shown only when none came meanwhile."""
         self.paused = bool(status.get("paused"))
         self.paused_label.setText("Timers paused" if self.paused else "")
-        if isinstance(status.get("database"), dict):
+        current = sent is None or sent == self._database_events
+        if current and isinstance(status.get("database"), dict):
             self._show_database(status["database"])
         self.update_actions()
+
+    def _show_database_events(self, events: list[Event]) -> None:
+        """Show the last ``database.changed`` of these events, if any."""
+        for event in reversed(events):
+            if event.type == "database.changed" and isinstance(event.data, dict):
+                self._database_events += 1
+                self._show_database(event.data)
+                return
 
     def _show_database(self, database: dict[str, Any]) -> None:
         """The daemon's database: nothing while it answers; while it does not, since when
@@ -859,10 +882,12 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ the dispatcher
 
     def pause_timers(self) -> None:
-        self._act("Pause timers", lambda c: c.pause(), lambda s: self._show_status(s))
+        sent = self._database_events
+        self._act("Pause timers", lambda c: c.pause(), lambda s: self._show_status(s, sent=sent))
 
     def resume_timers(self) -> None:
-        self._act("Resume timers", lambda c: c.resume(), lambda s: self._show_status(s))
+        sent = self._database_events
+        self._act("Resume timers", lambda c: c.resume(), lambda s: self._show_status(s, sent=sent))
 
     def set_log_level(self, level: str) -> None:
         self._act("Log level", lambda c: c.set_log_level(level), self._show_level)

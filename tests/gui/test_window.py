@@ -439,6 +439,45 @@ def test_pause_resume_and_log_level(qtbot: Any, window: MainWindow, client: Clie
     qtbot.waitUntil(lambda: client.log_level() == "DEBUG", timeout=WAIT_MS)
 
 
+AWAY = Event(
+    None,
+    "database.changed",
+    {"ok": False, "since": "2026-11-28T10:00:00+00:00", "error": "connection refused"},
+)
+
+
+def test_a_status_asked_before_an_outage_event_does_not_hide_it(
+    qtbot: Any, window: MainWindow
+) -> None:
+    """The event stream and status replies race: a status the daemon answered before the
+    database went away, delivered after the stream said so, leaves the outage shown."""
+    assert window.session is not None
+    window._read_status(failed=None)  # the daemon answers: the database is fine
+    window._events([AWAY])  # and the stream's news comes first
+    assert window.database_label.text().startswith("Database unavailable since ")
+    session = window.session
+    qtbot.waitUntil(lambda: not session._pending, timeout=WAIT_MS)  # the reply came
+    assert window.database_label.text().startswith("Database unavailable since ")
+    # A status asked for after the event is current: it shows the database back.
+    window._read_status(failed=None)
+    qtbot.waitUntil(lambda: window.database_label.text() == "", timeout=WAIT_MS)
+
+
+def test_a_fresh_snapshot_keeps_the_outage_its_queued_events_said(
+    qtbot: Any, window: MainWindow
+) -> None:
+    """Events queued while the window paces them, then a fresh snapshot (the stream
+    resynced): the snapshot replaces the jobs but not what the database did."""
+    window._event_timer.start()  # events that come now wait for the next round
+    window._events([AWAY])
+    assert window.database_label.text() == "", "queued, not shown yet"
+    seq = window.model.seq
+    assert seq is not None
+    window._snapshot(seq, [node.view for node in window.model.nodes.values()])
+    assert window.database_label.text().startswith("Database unavailable since ")
+    assert "connection refused" in window.database_label.toolTip()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
