@@ -209,6 +209,11 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
             "since": _iso(db["since"]),
             "error": db["error"],
             "outages": db["outages"],
+            # Which parts meet the outage: the dispatcher, the worker, the notifications.
+            "parts": {
+                name: {**part, "since": _iso(part["since"])}
+                for name, part in db.get("parts", {}).items()
+            },
         },
         "version": ctx.version,
         "containment": ctx.containment() if ctx.containment is not None else None,

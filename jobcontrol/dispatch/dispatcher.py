@@ -21,8 +21,9 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -145,6 +146,9 @@ class Dispatcher:
         self._tx: Tx | None = None
         self._stopping = threading.Event()  # a stop ends a wait for the database
         self._handling_since: float | None = None  # when the handler under way began
+        # Held by the dispatcher thread, but while it waits out an outage between tries:
+        # then the tree stays as the database last left it, and readers may look (``parked``).
+        self._owner = threading.Lock()
 
     # ------------------------------------------------------------ life cycle
 
@@ -298,6 +302,20 @@ class Dispatcher:
         self._queue.put((fn, fut))
         return fut
 
+    @contextmanager
+    def parked(self, timeout: float) -> Iterator[bool]:
+        """While the dispatcher waits out an outage, hold it there (True) so another thread
+        may read the tree as the database last left it; False when it is not parked
+        within ``timeout`` (it runs handlers: read through ``call``). Nothing read here
+        may be changed."""
+        if not self.outage.down or not self._owner.acquire(timeout=timeout):
+            yield False
+            return
+        try:
+            yield self.outage.down
+        finally:
+            self._owner.release()
+
     def post_wait_elapsed(self, run_id: int) -> None:
         self._queue.put((lambda: self.runs.wait_elapsed(run_id), None))
 
@@ -305,7 +323,7 @@ class Dispatcher:
         self._queue.put((lambda: self.runs.task_done(run_id), None))
 
     def _loop(self) -> None:
-        with self.store.pinned():
+        with self._owner, self.store.pinned():
             self._run_loop()
 
     def _run_loop(self) -> None:
@@ -431,7 +449,12 @@ class Dispatcher:
         edits = [pending] if pending is not None else []
         delay = 0.05 if exc is not None else 0.0
         while True:
-            if self._stopping.wait(delay):
+            self._owner.release()  # parked: readers may look at the tree meanwhile
+            try:
+                stopped = self._stopping.wait(delay)
+            finally:
+                self._owner.acquire()
+            if stopped:
                 return  # stopped first: the next start rebuilds from the database
             delay = min(max(delay * 2, 0.05), 2.0)
             try:

@@ -75,6 +75,11 @@ def _health(base: str) -> tuple[int, dict[str, object]]:
     return r.status_code, r.json()
 
 
+def _dispatcher_ok(jc: JobControl) -> bool:
+    """Whether the daemon's dispatcher, as its status says, has the database."""
+    return bool(jc.json("status")["database"]["parts"]["dispatcher"]["ok"])
+
+
 def _ticks(jc: JobControl) -> int:
     result = jc.run("history", "tick", "--json", "--limit", "1000")
     return len(json.loads(result.stdout)) if result.returncode == 0 else -1
@@ -120,6 +125,14 @@ def test_the_daemon_rides_out_a_postgresql_outage(
         human = jc.run("status")
         assert human.returncode == 0, describe(human)
         assert "database: UNAVAILABLE since " in human.stdout, human.stdout
+        # The job tree still reads, as the database last left it, once the dispatcher
+        # itself waits for the database (the ticker's next tick meets the outage).
+        assert wait_until(lambda: not _dispatcher_ok(jc), 15), jc.json("status")["database"]
+        listed = jc.run("ls", "--json")
+        assert listed.returncode == 0, describe(listed)
+        states = {j["name"]: j["state"] for j in json.loads(listed.stdout)}
+        assert set(states) == {"Ticker", "tick", "Through", "through", "after"}, states
+        assert states["through"] == "running", states
         # The task ends during the outage; its outcome waits in the worker.
         fd = os.open(gate, os.O_RDWR | os.O_NONBLOCK)
         os.write(fd, b"go\n")

@@ -3,7 +3,8 @@ server of this module's own, stopped (``pg_ctl stop -m fast``) and started again
 
 The operator sees the outage in the status bar, from the event stream, while the
 window stays connected to the daemon (which stays up); it goes when the database
-answers again. A window opened during the outage says so from the daemon's status.
+answers again. A window opened during the outage says so from the daemon's status,
+and shows the jobs as the database last left them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jobcontrol.client import Client
 from tests.acceptance.harness import JobControl, describe, write
 from tests.gui.conftest import WAIT_MS, open_window
 from tests.pgserver import PostgresServer
@@ -33,8 +35,8 @@ OUTAGE_MS = 30_000  # the daemon meets the outage at its next tick (1 s), or a b
 
 
 @pytest.fixture
-def daemon(own_server: PostgresServer, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """A daemon with a ticking tree on its own database: (API base URL, token)."""
+def daemon(own_server: PostgresServer, tmp_path: Path) -> Iterator[tuple[str, str, JobControl]]:
+    """A daemon with a ticking tree on its own database: (API base URL, token, its CLI)."""
     own_server.create_database("gui_outage")
     jc = JobControl(own_server.url("gui_outage"), tmp_path / "user")
     try:
@@ -43,7 +45,7 @@ def daemon(own_server: PostgresServer, tmp_path: Path) -> Iterator[tuple[str, st
         status = jc.ok("daemon", "status")
         match = re.search(r"admin API: (\S+)/api/v1", status.stdout)
         assert match, describe(status)
-        yield match.group(1), jc.token_file.read_text().strip()
+        yield match.group(1), jc.token_file.read_text().strip(), jc
     finally:
         if not own_server.running:
             own_server.resume()
@@ -53,27 +55,43 @@ def daemon(own_server: PostgresServer, tmp_path: Path) -> Iterator[tuple[str, st
 
 
 def test_the_status_bar_says_while_the_database_is_away(
-    qtbot: Any, own_server: PostgresServer, daemon: tuple[str, str]
+    qtbot: Any, own_server: PostgresServer, daemon: tuple[str, str, JobControl]
 ) -> None:
-    url, token = daemon
+    url, token, jc = daemon
     window = open_window(qtbot, url, token)
     assert window.database_label.text() == ""
 
     own_server.halt()
     try:
-        qtbot.waitUntil(
-            lambda: window.database_label.text().startswith("Database unavailable since "),
-            timeout=OUTAGE_MS,
-        )
+        try:
+            qtbot.waitUntil(
+                lambda: window.database_label.text().startswith("Database unavailable since "),
+                timeout=OUTAGE_MS,
+            )
+        except qtbot.TimeoutError:
+            with Client(url, token) as client:
+                database = client.status()["database"]
+            pytest.fail(
+                f"the window shows {window.database_label.text()!r}, "
+                f"the daemon's status says {database}; its log:\n{jc.daemon_log()}"
+            )
         tip = window.database_label.toolTip()
         assert "The daemon retries until it answers" in tip, tip
         assert window.connection_state == "live", "the daemon itself stays up"
-        # A window opened now learns it from the daemon's status.
+        # A window opened once the dispatcher itself waits for the database learns the
+        # outage from the daemon's status, and still shows the jobs.
+        with Client(url, token) as client:
+            qtbot.waitUntil(
+                lambda: not client.status()["database"]["parts"]["dispatcher"]["ok"],
+                timeout=OUTAGE_MS,
+            )
         late = open_window(qtbot, url, token)
         qtbot.waitUntil(
             lambda: late.database_label.text().startswith("Database unavailable since "),
             timeout=WAIT_MS,
         )
+        assert late.model.find("Ticker") is not None, "the late window shows the jobs"
+        assert late.model.find("tick") is not None
         late.close()
     finally:
         own_server.resume()

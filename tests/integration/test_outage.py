@@ -77,6 +77,13 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
         assert [(e["ok"], bool(e["since"]), "locked" in e["error"]) for e in down] == [
             (False, True, True)
         ], down
+        # A client that connects now still gets the tree (``/tree``), as the database
+        # last left it: ``through`` running, numbered with the events said so far.
+        seq, views = stream.snapshot(timeout=5)
+        assert seq == stream.last_seq
+        states = {v["name"]: v["state"] for v in views}
+        assert states.keys() == {"Ticker", "tick", "Long", "through", "after"}, states
+        assert states["through"] == "running", states
     finally:
         blocker.rollback()
         blocker.close()
