@@ -23,11 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jobcontrol import events, logbatch, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
@@ -37,6 +38,8 @@ from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
 from jobcontrol.dispatch.treestate import TreeStateProtocol
 from jobcontrol.errors import (
+    BusyError,
+    JobControlError,
     JobError,
     JobRunningError,
     NotRunningError,
@@ -56,6 +59,11 @@ from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, queries
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# How long ``read`` waits at a time for a handler's answer, or for the dispatcher to be
+# parked waiting out an outage, before it looks again at which of the two it is doing.
+LOOK_S = 0.1
 
 
 @dataclass
@@ -301,6 +309,43 @@ class Dispatcher:
         fut: Future[Any] = Future()
         self._queue.put((fn, fut))
         return fut
+
+    def read(self, fn: Callable[[], T], timeout: float, *, after_signals: bool = False) -> T:
+        """``fn()`` where the tree is consistent: on the dispatcher thread between handlers
+        (with ``after_signals``, last among a handler's after-commit actions, after its
+        signals). While the database does not answer, here, while the dispatcher waits
+        for it (``parked``): the tree as the database last left it. ``fn`` only reads.
+        ``BusyError`` when neither comes within ``timeout``."""
+        taken: list[T] = []
+
+        def read() -> None:
+            taken.append(fn())
+
+        deadline = time.monotonic() + timeout
+        asked: Future[Any] | None = None
+        while True:
+            if asked is None and not self.outage.down:
+                try:
+                    asked = self.call((lambda: self.tx.after(read)) if after_signals else read)
+                except StoreUnavailable:
+                    pass
+            if asked is not None:
+                try:
+                    asked.result(max(0.0, min(LOOK_S, deadline - time.monotonic())))
+                    break
+                except FutureTimeout:
+                    pass
+                except StoreUnavailable:  # its handler met the outage
+                    asked = None
+            with self.parked(LOOK_S) as parked:
+                if parked:
+                    read()
+                    break
+            if time.monotonic() >= deadline:
+                raise BusyError(f"the dispatcher did not answer within {timeout:g}s")
+        if not taken:  # an after-commit action failed: logged there
+            raise JobControlError("the tree could not be read (see the dispatcher's log)")
+        return taken[0]
 
     @contextmanager
     def parked(self, timeout: float) -> Iterator[bool]:
@@ -713,10 +758,7 @@ class Dispatcher:
     def snapshot(self) -> list[tuple[Node, int]]:
         """Every node with its depth, parents before children, siblings in order."""
 
-        result: list[tuple[Node, int]] = self.call(lambda: self.tree.in_order()).result(
-            self.config.edit_timeout
-        )
-        return result
+        return self.read(lambda: self.tree.in_order(), self.config.edit_timeout)
 
 
 def _local_tz() -> tzinfo:

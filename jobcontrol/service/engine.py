@@ -25,7 +25,6 @@ from jobcontrol.definitions.fields import check_name, check_new_name, normalise_
 from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
 from jobcontrol.dispatch.recovery import worker_alive
 from jobcontrol.errors import (
-    BusyError,
     ConflictError,
     JobError,
     JobRunningError,
@@ -497,14 +496,10 @@ class Engine:
     # ------------------------------------------------------------ the live tree and the dispatcher
 
     def _on_dispatcher(self, read: Callable[[Dispatcher], T]) -> T:
-        """``read`` run on the dispatcher thread, between handlers (the tree is consistent there)."""
+        """``read`` where the tree is consistent (``Dispatcher.read``): between handlers, or
+        while the dispatcher waits out an outage."""
         dispatcher = self._require_dispatcher()
-        timeout = dispatcher.config.edit_timeout
-        try:
-            result: T = dispatcher.call(lambda: read(dispatcher)).result(timeout)
-        except TimeoutError:
-            raise BusyError(f"the dispatcher did not answer within {timeout:g}s") from None
-        return result
+        return dispatcher.read(lambda: read(dispatcher), dispatcher.config.edit_timeout)
 
     def job_id(self, job: JobRef) -> int:
         """The id of the job ``job`` names, in the live tree."""

@@ -43,8 +43,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -54,14 +52,10 @@ from blinker import Signal
 from jobcontrol import events
 from jobcontrol.dispatch.dispatcher import Dispatcher
 from jobcontrol.dispatch.tree import Node
-from jobcontrol.errors import BusyError, JobControlError, StoreUnavailable
+from jobcontrol.errors import JobControlError
 from jobcontrol.views import job_view, jsonable
 
 log = logging.getLogger(__name__)
-
-# How long a snapshot waits at a time for the dispatcher's answer, or for it to be parked
-# waiting out an outage, before it looks again at which of the two it is doing.
-PARKED_LOOK_S = 0.1
 
 JobView = dict[str, Any]
 
@@ -349,41 +343,13 @@ class EventLog:
         it, read while the dispatcher waits for it (``Dispatcher.parked``): a client
         opened during an outage shows the jobs, and their changes follow when it answers.
         """
-        taken: list[tuple[int, list[JobView]]] = []
         d = self.dispatcher
 
-        def read() -> None:
-            views = [_view(node, depth) for node, depth in d.tree.in_order()]
-            taken.append((self.last_seq, views))
+        def read() -> tuple[int, list[JobView]]:
+            return self.last_seq, [_view(node, depth) for node, depth in d.tree.in_order()]
 
         limit = timeout if timeout is not None else d.config.edit_timeout
-        deadline = time.monotonic() + limit
-        asked: Future[Any] | None = None
-        while True:
-            if asked is None and not d.outage.down:
-                try:  # queued last among a handler's after-commit actions: after its signals
-                    asked = d.call(lambda: d.tx.after(read))
-                except StoreUnavailable:
-                    pass
-            if asked is not None:
-                try:
-                    asked.result(max(0.0, min(PARKED_LOOK_S, deadline - time.monotonic())))
-                    break
-                except FutureTimeout:
-                    pass
-                except StoreUnavailable:  # its handler met the outage
-                    asked = None
-            # The database does not answer: the tree as it last left it (no event is
-            # numbered meanwhile), read while the dispatcher waits for it.
-            with d.parked(PARKED_LOOK_S) as parked:
-                if parked:
-                    read()
-                    break
-            if time.monotonic() >= deadline:
-                raise BusyError(f"the dispatcher did not answer within {limit:g}s")
-        if not taken:
-            raise JobControlError("the snapshot could not be taken (see the dispatcher's log)")
-        return taken[0]
+        return d.read(read, limit, after_signals=True)
 
     # ------------------------------------------------------------ event data
 

@@ -133,6 +133,9 @@ def test_the_daemon_rides_out_a_postgresql_outage(
         states = {j["name"]: j["state"] for j in json.loads(listed.stdout)}
         assert set(states) == {"Ticker", "tick", "Through", "through", "after"}, states
         assert states["through"] == "running", states
+        shown = jc.run("show", "through", "--json")
+        assert shown.returncode == 0, describe(shown)
+        assert json.loads(shown.stdout)["state"] == "running", shown.stdout
         # The task ends during the outage; its outcome waits in the worker.
         fd = os.open(gate, os.O_RDWR | os.O_NONBLOCK)
         os.write(fd, b"go\n")
