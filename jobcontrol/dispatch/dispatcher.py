@@ -244,7 +244,9 @@ class Dispatcher:
                     )
             except StoreUnavailable as exc:  # their worker kills them all the same
                 log.warning("the kills of the runs in flight are not recorded: %s", exc)
-        if not self._until(lambda: not self.runs.tree_runs, deadline):
+        # While the database does not answer no tree run can end here: not waited for
+        # (their worker kills them with ``--kill``, and keeps what it could not record).
+        if not self._until(lambda: not self.runs.tree_runs or self.outage.down, deadline):
             log.warning(
                 "stopping with %d tree run(s) in flight (%s): the next start settles them",
                 len(self.runs.tree_runs),
@@ -533,13 +535,17 @@ class Dispatcher:
             self.timers.cancel(("tree", top_id))
         for run_id in list(self.runs.frames):
             self.timers.cancel(("wait", run_id))
-        self.tree_timers.armed.clear()
-        self.runs.tree_runs.clear()
-        self.runs.frames.clear()
         with self.store.write() as conn:
             self._tx = tx = Tx(conn)
             try:
-                self.tree = JobTree.build(queries.load_all_jobs(conn))
+                records = queries.load_all_jobs(conn)
+                # The database answers: what memory held goes now, not before. Until then
+                # it stays as the database last left it, for status and the tree's readers
+                # (timers come due wait there, runs in flight are still in flight).
+                self.tree_timers.armed.clear()
+                self.runs.tree_runs.clear()
+                self.runs.frames.clear()
+                self.tree = JobTree.build(records)
                 queries.drop_pending(conn)  # queued ahead: queued again as the runs go on
                 steps = self.runs.resume_tree_runs()
                 steps += self.runs.resume_ended(held)

@@ -66,13 +66,17 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
         poll_until("the worker to meet the locked database", lambda: worker.outage.down)
         jc.timers.advance(timedelta(seconds=5))  # the ticker comes due during the outage
         poll_until("the dispatcher to meet it too", lambda: jc.dispatcher.outage.down)
+        # ...and to try again to rebuild from it, more than once, in vain.
+        poll_until("tries to rebuild", lambda: jc.dispatcher.outage.state().failures >= 3)
         assert jc.run(through).state is RunState.RUNNING  # its end is not written yet...
-        # Status tells the truth: the ticker's timer fired and its run waits for the
-        # database; it is not shown as armed with a time already past.
+        # Status tells the truth all through: the ticker's timer fired and its run waits
+        # for the database; it is not shown as armed with a time already past. The tree
+        # run of ``Long`` is still in flight: its end waits for the database too.
         status = jc.dispatcher.status()
         assert (status["timers_armed"], status["timers_due"]) == (0, 1), status
         assert [t["job"] for t in status["due_timers"]] == ["Ticker"], status
         assert status["next_timers"] == [], status
+        assert [r["job"] for r in status["runs_in_flight"]] == ["Long"], status
         down = [e.data for e in stream.since(first_seq) if e.type == "database.changed"]
         assert [(e["ok"], bool(e["since"]), "locked" in e["error"]) for e in down] == [
             (False, True, True)
