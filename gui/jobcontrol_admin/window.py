@@ -101,9 +101,11 @@ class MainWindow(QMainWindow):
         self.view.set_column_widths()
         # Events are applied at once, then at most every EVENT_INTERVAL_MS while they pour in.
         self._queued_events: list[Event] = []
-        # ``database.changed`` events shown so far: a status read sent before the last of
-        # them may answer after it, and must not put the older state back.
+        # ``database.changed`` events shown so far, and pauses and resumes asked for: a
+        # status read sent before the last of them may answer after it, and must not put
+        # the older state back.
         self._database_events = 0
+        self._pauses_asked = 0
         self._event_timer = QTimer(self)
         self._event_timer.setObjectName("event-pacer")
         self._event_timer.setSingleShot(True)
@@ -498,21 +500,28 @@ class MainWindow(QMainWindow):
         """Ask the daemon's status; show it when it answers."""
         if self.session is None:
             return
-        sent = self._database_events
+        sent = (self._database_events, self._pauses_asked)
         self.session.read(
             "Status", lambda c: c.status(), lambda s: self._show_status(s, sent=sent), failed
         )
 
-    def _show_status(self, status: dict[str, Any], *, sent: int | None = None) -> None:
-        """A status the daemon answered; ``sent``: the ``database.changed`` events shown when
-        it was asked for. Its database state is older than an event shown since (the event
-        stream says every change), so it is shown only when none came meanwhile."""
-        self.paused = bool(status.get("paused"))
-        self.paused_label.setText("Timers paused" if self.paused else "")
-        current = sent is None or sent == self._database_events
-        if current and isinstance(status.get("database"), dict):
-            self._show_database(status["database"])
+    def _show_status(self, status: dict[str, Any], *, sent: tuple[int, int] | None = None) -> None:
+        """A status the daemon answered. ``sent``: the ``database.changed`` events shown and
+        the pauses and resumes asked for when it was asked for (None: it is current). Its
+        database state is older than an event shown since (the event stream says every
+        change), and its pause older than a pause or resume asked for since: each is shown
+        only when none came meanwhile."""
+        events_shown, pauses_asked = sent if sent is not None else (None, None)
+        if "paused" in status and pauses_asked in (None, self._pauses_asked):
+            self._show_paused(bool(status["paused"]))
+        database = status.get("database")
+        if isinstance(database, dict) and events_shown in (None, self._database_events):
+            self._show_database(database)
         self.update_actions()
+
+    def _show_paused(self, paused: bool) -> None:
+        self.paused = paused
+        self.paused_label.setText("Timers paused" if paused else "")
 
     def _show_database_events(self, events: list[Event]) -> None:
         """Show the last ``database.changed`` of these events, if any."""
@@ -882,12 +891,17 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ the dispatcher
 
     def pause_timers(self) -> None:
-        sent = self._database_events
-        self._act("Pause timers", lambda c: c.pause(), lambda s: self._show_status(s, sent=sent))
+        self._pauses_asked += 1  # a status asked for before cannot say what this did
+        self._act("Pause timers", lambda c: c.pause(), self._paused_reply)
 
     def resume_timers(self) -> None:
-        sent = self._database_events
-        self._act("Resume timers", lambda c: c.resume(), lambda s: self._show_status(s, sent=sent))
+        self._pauses_asked += 1
+        self._act("Resume timers", lambda c: c.resume(), self._paused_reply)
+
+    def _paused_reply(self, reply: dict[str, Any]) -> None:
+        """What a pause or resume did (changes run in order: the last one asked is last)."""
+        self._show_paused(bool(reply.get("paused")))
+        self.update_actions()
 
     def set_log_level(self, level: str) -> None:
         self._act("Log level", lambda c: c.set_log_level(level), self._show_level)

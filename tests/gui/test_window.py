@@ -463,6 +463,31 @@ def test_a_status_asked_before_an_outage_event_does_not_hide_it(
     qtbot.waitUntil(lambda: window.database_label.text() == "", timeout=WAIT_MS)
 
 
+def test_a_status_asked_before_a_pause_does_not_undo_it(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    """The status the window asks for as it goes live may answer after a pause the
+    operator asked for meanwhile: it does not show the timers running again."""
+    asked_before = client.status()  # what that status says: timers running
+    assert asked_before["paused"] is False
+    sent = (window._database_events, window._pauses_asked)
+    window.act_pause.trigger()
+    qtbot.waitUntil(lambda: window.paused_label.text() == "Timers paused", timeout=WAIT_MS)
+    window._show_status(asked_before, sent=sent)  # its answer comes now
+    assert window.paused_label.text() == "Timers paused"
+    assert window.act_resume.isEnabled()
+    assert not window.act_pause.isEnabled()
+    # One asked for after the pause is current.
+    window._read_status(failed=None)
+    session = window.session
+    assert session is not None
+    qtbot.waitUntil(lambda: not session._pending, timeout=WAIT_MS)
+    assert window.paused_label.text() == "Timers paused"
+    window.act_resume.trigger()
+    qtbot.waitUntil(lambda: window.paused_label.text() == "", timeout=WAIT_MS)
+    assert client.status()["paused"] is False
+
+
 def test_a_fresh_snapshot_keeps_the_outage_its_queued_events_said(
     qtbot: Any, window: MainWindow
 ) -> None:
