@@ -352,6 +352,7 @@ class HistoryPanel(QWidget):
         self._token = 0  # bumped by show_job: answers for an older token are stale
         self._next: int | None = None
         self._loading = False
+        self._unread: str | None = None  # why the last read failed on an outage
         self._log_token = 0  # bumped by each run selected
         self._log_run: int | None = None
         self._follower: _Follower | None = None
@@ -434,6 +435,7 @@ class HistoryPanel(QWidget):
             return
         self._token += 1
         self.job_id, self.job_name = job_id, name
+        self._unread = None
         self._next = None
         self._loading = False
         self.model.clear()
@@ -463,9 +465,12 @@ class HistoryPanel(QWidget):
         if self.job_id is None or self._closed:
             return
         for event in events:
-            if event.type not in ("run.started", "run.finished") or not isinstance(
-                event.data, dict
-            ):
+            if not isinstance(event.data, dict):
+                continue
+            if event.type == "database.changed" and event.data.get("ok") and self._unread:
+                self.show_job(self.job_id, self.job_name)  # the database answers again
+                return
+            if event.type not in ("run.started", "run.finished"):
                 continue
             run = event.data.get("run")
             if isinstance(run, dict) and run.get("job_id") == self.job_id:
@@ -495,6 +500,12 @@ class HistoryPanel(QWidget):
             if isinstance(exc, ApiError) and exc.status == 404:
                 # Deleted while the page was on its way: the tree drops it next.
                 self.count_label.setText(f"{self.job_name or job_id} no longer exists")
+                return
+            if isinstance(exc, ApiError) and exc.status == 503:
+                # The daemon's database does not answer (the status bar says so): said
+                # here, not in a dialog at each job selected, and read again once it does.
+                self._unread = f"runs not read: {exc}"
+                self._update_count()
                 return
             self.session.error.emit(f"History of {self.job_name or job_id}", str(exc))
 
@@ -528,6 +539,8 @@ class HistoryPanel(QWidget):
         n = self.model.rowCount()
         if self.job_id is None:
             text = ""
+        elif self._unread is not None and n == 0:
+            text = self._unread
         elif self._loading and n == 0:
             text = "loading…"
         elif n == 0:
@@ -535,6 +548,9 @@ class HistoryPanel(QWidget):
         else:
             text = f"{n} run{'' if n == 1 else 's'} shown"
         self.count_label.setText(text)
+        self.count_label.setToolTip(
+            "Read again when the database answers." if self._unread is not None else ""
+        )
         self.older_button.setEnabled(self._next is not None and not self._loading)
 
     # ------------------------------------------------------------ the log

@@ -93,9 +93,25 @@ def test_the_status_bar_says_while_the_database_is_away(
         assert late.model.find("Ticker") is not None, "the late window shows the jobs"
         assert late.model.find("tick") is not None
         late.close()
+        # A job selected now: its runs live in the database. The history says they were
+        # not read, and why, in place of a dialog at each job selected.
+        history = window.history
+        assert history is not None
+        tick = window.model.find("tick")
+        assert tick is not None
+        window.select_ids([tick.id], tick.id)
+        window.view.setCurrentIndex(window.view_index(tick.id))
+        qtbot.waitUntil(
+            lambda: history.count_label.text().startswith("runs not read: "), timeout=WAIT_MS
+        )
+        assert "database" in history.count_label.text(), history.count_label.text()
+        assert [b.text() for b in window.errors if b.isVisible()] == []
     finally:
         own_server.resume()
 
     qtbot.waitUntil(lambda: window.database_label.text() == "", timeout=OUTAGE_MS)
     assert window.database_label.toolTip() == ""
+    # The runs are read again once it answers.
+    qtbot.waitUntil(lambda: history.count_label.text().endswith(" shown"), timeout=WAIT_MS)
+    assert history.model.rowCount() > 0
     window.close()
