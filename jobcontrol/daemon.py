@@ -35,7 +35,7 @@ from sqlalchemy import text
 from jobcontrol import cpupin, filemodes, gcpause, places, procs, slotgroups
 from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
-from jobcontrol.errors import AlreadyRunningError, JobControlError
+from jobcontrol.errors import AlreadyRunningError, JobControlError, StoreUnavailable
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.logbatch import HoldingStreamHandler
 from jobcontrol.runtime import Runtime
@@ -765,6 +765,12 @@ def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) 
         try:
             with store.read() as conn:
                 running = [r.job_name for r in queries.active_runs(conn) if r.parent_run_id is None]
+        except StoreUnavailable as exc:
+            raise JobControlError(
+                f"stop refused: whether jobs are running cannot be read ({exc}); use --kill "
+                "to stop anyway (the daemon kills its runs and keeps their ends on disk until "
+                "the database answers)"
+            ) from None
         finally:
             store.dispose()
         if running:

@@ -218,6 +218,13 @@ def test_a_daemon_stopped_during_an_outage_stops_and_its_runs_keep_their_end(
 
     own_server.halt()
     try:
+        # Without --kill the stop must know whether jobs run: it cannot, and says so.
+        refused = jc.run("daemon", "stop")
+        assert refused.returncode == 1, describe(refused)
+        assert "stop refused: whether jobs are running cannot be read" in refused.stderr
+        assert "use --kill" in refused.stderr, refused.stderr
+        assert len(jc.live_daemons()) == 1, "nothing changed"
+        assert jc.marked(), "the task still runs"
         stopped = jc.run("daemon", "stop", "--kill")
         assert stopped.returncode == 0, describe(stopped) + jc.daemon_log()
         assert jc.live_daemons() == []
