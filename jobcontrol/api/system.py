@@ -214,6 +214,10 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
                 name: {**part, "since": _iso(part["since"])}
                 for name, part in db.get("parts", {}).items()
             },
+            # A write under way for a second or more: the database is slow to answer (a
+            # lock another process holds, a server that does not answer) before the
+            # busy or connect timeout makes it an outage.
+            "slow_write": _slow_write(ctx),
         },
         "version": ctx.version,
         "containment": ctx.containment() if ctx.containment is not None else None,
@@ -235,6 +239,16 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
         "disk": {key: d.as_dict() for key, d in ctx.disk().items()} if ctx.disk else None,
         "daemon_log": _daemon_log(),
     }
+
+
+SLOW_WRITE_S = 1.0
+
+
+def _slow_write(ctx: ApiContext) -> dict[str, Any] | None:
+    longest = ctx.store.longest_write()
+    if longest is None or longest[1] < SLOW_WRITE_S:
+        return None
+    return {"thread": longest[0], "seconds": round(longest[1], 3)}
 
 
 def _daemon_log() -> dict[str, Any] | None:
@@ -377,6 +391,11 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
         ),
         "jobcontrol_database_up": ("1 while the database answers, 0 during an outage.", up),
         "jobcontrol_database_outages_total": ("Database outages ridden out.", db["outages"]),
+        "jobcontrol_database_write_seconds": (
+            "How long the database write under way the longest has taken so far, its wait "
+            "for a lock included (0 when none is under way).",
+            round(longest[1], 3) if (longest := ctx.store.longest_write()) else 0,
+        ),
         "jobcontrol_database_errors_total": (
             "Database operations that failed on a transient error and were retried.",
             db["errors"],

@@ -318,6 +318,12 @@ def _status(client: Client, args: argparse.Namespace) -> int:
             f"database: UNAVAILABLE since {out.when(db['since'])}: {db['error']} "
             "(the daemon retries until it answers; nothing is lost meanwhile)"
         )
+    elif db.get("slow_write"):
+        slow = db["slow_write"]
+        lines.append(
+            f"database: SLOW to answer: a write of {slow['thread']} under way for "
+            f"{slow['seconds']:.1f}s (runs wait for it; past its timeout it is an outage)"
+        )
     for space in (s.get("disk") or {}).values():
         if space["error"]:
             lines.append(f"{space['what']} {space['path']}: cannot be read: {space['error']}")

@@ -194,6 +194,9 @@ class Store:
         # Taken before a connection is checked out, so a waiter holds no connection.
         self._write_lock = threading.RLock() if self.is_sqlite else None
         self._local = threading.local()  # a pinned thread's connection (``pinned``)
+        # Writes under way: thread ident -> (its name, monotonic time the write began,
+        # its wait for the write lock included). Read by ``longest_write``.
+        self._writes: dict[int, tuple[str, float]] = {}
         self._serials = itertools.count(1)  # tells a pinned thread's connections apart
 
     def _make_engine(self, pool_size: int) -> Engine:
@@ -266,6 +269,29 @@ class Store:
         of this process or another holds the write lock (or the disk is full), instead of
         waiting out the busy timeout. For bookkeeping that must never hold up what it
         rides on, such as a request recording its token's last use."""
+        me = threading.get_ident()
+        writes = self._writes
+        if me in writes:  # a write within a write (the lock is re-entrant): the outer counts
+            yield from self._write(wait)
+            return
+        writes[me] = (threading.current_thread().name, time.monotonic())
+        try:
+            yield from self._write(wait)
+        finally:
+            del writes[me]
+
+    def longest_write(self) -> tuple[str, float] | None:
+        """The write under way the longest (its wait for a lock included): the name of
+        its thread and how many seconds so far; None when no write is under way.
+
+        A write waits out the busy timeout (SQLite) or the connect timeout (PostgreSQL)
+        before it fails as an outage: until then, this is what shows that the database
+        is slow to answer (``/status``, ``/metrics``)."""
+        now = time.monotonic()
+        oldest = min(self._writes.copy().values(), key=lambda w: w[1], default=None)
+        return None if oldest is None else (oldest[0], now - oldest[1])
+
+    def _write(self, wait: bool) -> Iterator[Connection]:
         lock = self._write_lock
         if lock is not None and not lock.acquire(timeout=self.busy_timeout if wait else 0):
             # Another thread of this process holds the turn to write, itself waiting for

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,45 @@ def test_a_refused_statement_says_the_drivers_words_not_its_sql_or_values(db_url
             assert secret not in message, message
     finally:
         store.engine.dispose()
+
+
+def test_a_write_waiting_for_another_connections_lock_shows_as_under_way(db_url: str) -> None:
+    """A write held up by another connection's lock (another process's, on either store)
+    is shown as under way, with its thread and how long so far: what /status and
+    /metrics say of a database slow to answer, before any timeout makes it an outage."""
+    store = Store(db_url)
+    store.upgrade()
+    other = Store(db_url)  # its own write lock: as another process's
+    with store.write() as conn:
+        conn.execute(text("CREATE TABLE probe (n INTEGER)"))
+    assert store.longest_write() is None
+    done = threading.Event()
+
+    def writer() -> None:
+        with store.write() as conn:
+            conn.execute(text("INSERT INTO probe VALUES (1)"))
+        done.set()
+
+    t = threading.Thread(target=writer, name="probe-writer")
+    try:
+        with other.write() as held:
+            if not other.is_sqlite:  # (SQLite's BEGIN IMMEDIATE holds the file's lock)
+                held.execute(text("LOCK TABLE probe IN ACCESS EXCLUSIVE MODE"))
+            t.start()
+            deadline = time.monotonic() + 10
+            seen = store.longest_write()
+            while (seen is None or seen[1] < 0.3) and time.monotonic() < deadline:
+                done.wait(0.02)
+                seen = store.longest_write()
+            assert seen is not None, "no write shown as under way"
+            assert seen[1] >= 0.3, seen
+            assert seen[0] == "probe-writer"
+            assert not done.is_set(), "the write did not wait for the lock"
+        assert done.wait(10), "the write never went through once the lock was let go"
+        t.join(10)
+        assert store.longest_write() is None
+        with store.read() as conn:
+            assert conn.execute(text("SELECT count(*) FROM probe")).scalar() == 1
+    finally:
+        other.dispose()
+        store.dispose()
