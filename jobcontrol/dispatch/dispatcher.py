@@ -24,11 +24,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
+
+from sqlalchemy import Connection
 
 from jobcontrol import events, logbatch, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
@@ -154,9 +156,11 @@ class Dispatcher:
         self._tx: Tx | None = None
         self._stopping = threading.Event()  # a stop ends a wait for the database
         self._handling_since: float | None = None  # when the handler under way began
-        # Held by the dispatcher thread, but while it waits out an outage between tries:
-        # then the tree stays as the database last left it, and readers may look (``parked``).
+        # Held by the dispatcher thread, but while it waits out an outage between tries,
+        # and while a handler waits for its write transaction to begin (``_beginning``):
+        # then the tree stays as it is, and readers may look (``parked``).
         self._owner = threading.Lock()
+        self._beginning = False
 
     # ------------------------------------------------------------ life cycle
 
@@ -351,17 +355,37 @@ class Dispatcher:
 
     @contextmanager
     def parked(self, timeout: float) -> Iterator[bool]:
-        """While the dispatcher waits out an outage, hold it there (True) so another thread
-        may read the tree as the database last left it; False when it is not parked
-        within ``timeout`` (it runs handlers: read through ``call``). Nothing read here
-        may be changed."""
-        if not self.outage.down or not self._owner.acquire(timeout=timeout):
+        """While the dispatcher waits out an outage, or waits for a handler's write
+        transaction to begin (a database slow to answer: another process holds SQLite's
+        write lock), hold it there (True) so another thread may read the tree as the
+        database last left it; False when it is not parked within ``timeout`` (it runs
+        handlers: read through ``call``). Nothing read here may be changed."""
+        if not self._waiting() or not self._owner.acquire(timeout=timeout):
             yield False
             return
         try:
-            yield self.outage.down
+            yield self._waiting()
         finally:
             self._owner.release()
+
+    def _waiting(self) -> bool:
+        return self.outage.down or self._beginning
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A handler's write transaction. Until it has begun nothing in memory has
+        changed, so while it waits for the database (up to the busy timeout on SQLite,
+        the connect timeout on PostgreSQL) the dispatcher is parked: reads of the tree
+        and ``/status`` answer meanwhile instead of waiting behind it."""
+        with ExitStack() as stack:
+            self._beginning = True
+            self._owner.release()
+            try:
+                conn = stack.enter_context(self.store.write())
+            finally:
+                self._owner.acquire()
+                self._beginning = False
+            yield conn
 
     def post_wait_elapsed(self, run_id: int) -> None:
         self._queue.put((lambda: self.runs.wait_elapsed(run_id), None))
@@ -612,7 +636,7 @@ class Dispatcher:
         transaction. A request comes alone: its result (or refusal) is returned."""
         result, error = None, None
         self.runs.reacted.clear()
-        with self.store.write() as conn:
+        with self._write() as conn:
             self._tx = tx = Tx(conn)
             try:
                 if pending is not None:

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 from jobcontrol import events
 from jobcontrol.dispatch.runs import TreeRun
 from jobcontrol.dispatch.tree import Evaluator, Node
-from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import (
     TIMER_USER,
     Misfire,
@@ -162,12 +161,12 @@ class TreeTimers:
                 "runs_in_flight": sorted(runs, key=lambda r: r["run_id"] or 0),
             }
 
-        try:
-            result: dict[str, Any] = self.d.call(handler).result(self.d.config.edit_timeout)
-        except StoreUnavailable:
+        if self.d.outage.down:
             # The dispatcher thread waits for the database and changes nothing meanwhile;
             # what it held before the outage is the best answer there is.
-            result = handler()
+            return handler()
+        # Between handlers, or while one waits for the database to begin its transaction.
+        result: dict[str, Any] = self.d.read(handler, self.d.config.edit_timeout)
         return result
 
     def disarm(self, top: Node) -> None:
