@@ -194,9 +194,9 @@ class Store:
         # Taken before a connection is checked out, so a waiter holds no connection.
         self._write_lock = threading.RLock() if self.is_sqlite else None
         self._local = threading.local()  # a pinned thread's connection (``pinned``)
-        # Writes under way: thread ident -> (its name, monotonic time the write began,
-        # its wait for the write lock included). Read by ``longest_write``.
-        self._writes: dict[int, tuple[str, float]] = {}
+        # Writes under way: thread ident -> monotonic time the write began, its wait for
+        # the write lock included. Read by ``longest_write``.
+        self._writes: dict[int, float] = {}
         self._serials = itertools.count(1)  # tells a pinned thread's connections apart
 
     def _make_engine(self, pool_size: int) -> Engine:
@@ -274,7 +274,7 @@ class Store:
         if me in writes:  # a write within a write (the lock is re-entrant): the outer counts
             yield from self._write(wait)
             return
-        writes[me] = (threading.current_thread().name, time.monotonic())
+        writes[me] = time.monotonic()
         try:
             yield from self._write(wait)
         finally:
@@ -287,9 +287,13 @@ class Store:
         A write waits out the busy timeout (SQLite) or the connect timeout (PostgreSQL)
         before it fails as an outage: until then, this is what shows that the database
         is slow to answer (``/status``, ``/metrics``)."""
-        now = time.monotonic()
-        oldest = min(self._writes.copy().values(), key=lambda w: w[1], default=None)
-        return None if oldest is None else (oldest[0], now - oldest[1])
+        writes = self._writes.copy()
+        if not writes:
+            return None
+        ident, began = min(writes.items(), key=lambda w: w[1])
+        # The name looked up here, not on every write: only a status read needs it.
+        name = next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
+        return name, time.monotonic() - began
 
     def _write(self, wait: bool) -> Iterator[Connection]:
         lock = self._write_lock
