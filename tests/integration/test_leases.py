@@ -6,6 +6,12 @@ the run queue. It is frozen with SIGSTOP while its task runs: the dispatcher
 settles the run as lost (255) when the lease runs out, kills what is left of
 it on this host, and the tree goes on as after a failure. When the worker is
 thawed it cannot overwrite the settled row, and it goes on claiming work.
+
+The dispatcher's clock is the test's; the worker's runs at real speed from T0.
+When the test moves the dispatcher's clock past a lease, it moves the worker's
+clock there too (a floor in a file), as real time would have moved both: else
+a run the thawed worker claims would carry a lease already out of date on the
+dispatcher's clock, and be settled as lost.
 """
 
 from __future__ import annotations
@@ -41,12 +47,16 @@ from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.worker import Worker
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-url, log_root, name, instance, t0 = sys.argv[1:6]
+url, log_root, name, instance, t0, floor_file = sys.argv[1:7]
 T0, START = datetime.fromisoformat(t0), time.monotonic()
 
 class Clock:
     def now(self):
-        return T0 + timedelta(seconds=time.monotonic() - START)
+        real = T0 + timedelta(seconds=time.monotonic() - START)
+        try:  # a time the test has moved this clock to: never earlier than that
+            return max(real, datetime.fromisoformat(Path(floor_file).read_text()))
+        except (FileNotFoundError, ValueError):
+            return real
 
 worker = Worker(
     RunQueue(Store(url), timedelta(seconds=2)), clock=Clock(), log_root=Path(log_root),
@@ -83,7 +93,8 @@ def _worker_process(postgres_url: str, jc: JC, tmp_path: Path) -> Iterator[_Remo
     root_dir = Path(__file__).resolve().parents[2]
     err = tmp_path / "worker.err"
     argv = [sys.executable, "-c", WORKER, worker_url, str(tmp_path / "wlogs")]
-    argv += ["remote-1", jc.instance_id, T0.isoformat()]
+    floor = tmp_path / "worker-clock-floor"
+    argv += ["remote-1", jc.instance_id, T0.isoformat(), str(floor)]
     worker = subprocess.Popen(
         argv, cwd=root_dir, stdout=subprocess.PIPE, stderr=err.open("w"), text=True
     )
@@ -91,7 +102,7 @@ def _worker_process(postgres_url: str, jc: JC, tmp_path: Path) -> Iterator[_Remo
         assert worker.stdout is not None
         assert select.select([worker.stdout], [], [], 30)[0], err.read_text()
         assert worker.stdout.readline().strip() == "ready", err.read_text()
-        yield _Remote(worker, err, app)
+        yield _Remote(worker, err, app, floor)
     finally:
         worker.send_signal(signal.SIGCONT)
         worker.kill()
@@ -105,6 +116,12 @@ class _Remote:
     proc: subprocess.Popen[str]
     err: Path
     app: str  # its connections' application_name
+    floor: Path  # a time its clock reads at least
+
+    def clock_at_least(self, when: datetime) -> None:
+        tmp = self.floor.with_suffix(".tmp")
+        tmp.write_text(when.isoformat())
+        tmp.replace(self.floor)  # never read half-written
 
     def freeze(self, postgres_url: str) -> None:
         """SIGSTOP between two transactions (a frozen open transaction would hold locks)."""
@@ -184,6 +201,7 @@ def test_a_frozen_worker_has_its_run_settled_once_and_the_tree_goes_on(
             lambda s: s.name == "run_started" and s.run["job_name"] == "next", since=mark
         ).run["id"]
 
+        worker.clock_at_least(jc.clock.now())  # time went by for it too
         worker.proc.send_signal(signal.SIGCONT)  # back, late
         done = jc.rec.run_finished("Box", since=mark, timeout=30)
         assert (done["id"], done["exit_status"]) == (root, 255)
