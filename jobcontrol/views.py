@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -25,26 +26,70 @@ def tree_order(records: Sequence[JobRecord]) -> list[tuple[JobRecord, int]]:
     return out
 
 
+# The fields of a job its view shows, read in one call: an event captures them when
+# the change happens and builds the view only when a reader asks (``view_of``).
+VIEW_FIELDS = operator.attrgetter(
+    "id",
+    "name",
+    "parent_id",
+    "kind",
+    "active",
+    "last_ran",
+    "last_duration_ms",
+    "exit_status",
+    "next_runs",
+    "timer",
+    "command",
+    "on_error",
+    "box_type",
+    "job_order",
+    "version",
+)
+ViewFields = tuple[Any, ...]
+
+
 def job_view(rec: JobRecord, depth: int, state: str, started: Any) -> dict[str, Any]:
+    return view_of(VIEW_FIELDS(rec), depth, state, started)
+
+
+def view_of(fields: ViewFields, depth: int, state: str, started: Any) -> dict[str, Any]:
+    """The view of a job from its ``VIEW_FIELDS``, as they were when read."""
+    (
+        id_,
+        name,
+        parent_id,
+        kind,
+        active,
+        last_ran,
+        last_duration_ms,
+        exit_status,
+        next_runs,
+        timer,
+        command,
+        on_error,
+        box_type,
+        job_order,
+        version,
+    ) = fields
     return {
-        "id": rec.id,
-        "name": rec.name,
-        "parent": rec.parent_id,
+        "id": id_,
+        "name": name,
+        "parent": parent_id,
         "depth": depth,
-        "kind": str(rec.kind),
-        "active": rec.active,
+        "kind": str(kind),
+        "active": active,
         "state": state,
         "started": started.isoformat() if started else None,
-        "last_ran": rec.last_ran.isoformat() if rec.last_ran else None,
-        "last_duration_ms": rec.last_duration_ms,
-        "exit_status": rec.exit_status,
-        "next_runs": rec.next_runs.isoformat() if rec.next_runs else None,
-        "timer": rec.timer,
-        "command": rec.command,
-        "on_error": str(rec.on_error),
-        "box_type": str(rec.box_type) if rec.kind is Kind.BOX else None,
-        "job_order": rec.job_order,
-        "version": rec.version,
+        "last_ran": last_ran.isoformat() if last_ran else None,
+        "last_duration_ms": last_duration_ms,
+        "exit_status": exit_status,
+        "next_runs": next_runs.isoformat() if next_runs else None,
+        "timer": timer,
+        "command": command,
+        "on_error": str(on_error),
+        "box_type": str(box_type) if kind is Kind.BOX else None,
+        "job_order": job_order,
+        "version": version,
     }
 
 

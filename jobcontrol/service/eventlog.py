@@ -43,7 +43,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,7 +52,7 @@ from jobcontrol import events
 from jobcontrol.dispatch.dispatcher import Dispatcher
 from jobcontrol.dispatch.tree import Node
 from jobcontrol.errors import JobControlError
-from jobcontrol.views import job_view, jsonable
+from jobcontrol.views import VIEW_FIELDS, ViewFields, job_view, jsonable, view_of
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +84,52 @@ class SequenceAhead(EventGap):
         )
 
 
-@dataclass(frozen=True)
 class Event:
-    seq: int
-    type: str
-    data: dict[str, Any]
-    at: datetime
+    """One numbered change. Its ``data`` is built from what was captured when the change
+    happened, the first time a reader asks for it: most events of a busy daemon are
+    never read, and building their job views cost the dispatcher more than the rest of
+    its reaction to a run's end (bench/README.md, twenty-ninth round)."""
+
+    __slots__ = ("seq", "type", "at", "_data", "_build")
+
+    def __init__(
+        self,
+        seq: int,
+        type: str,
+        data: dict[str, Any] | None,
+        at: datetime,
+        build: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.seq = seq
+        self.type = type
+        self.at = at
+        self._data = data
+        self._build = build
+
+    @property
+    def data(self) -> dict[str, Any]:
+        data = self._data
+        if data is None:
+            build = self._build
+            if build is None:  # another reader built it meanwhile (it set ``_data`` first)
+                data = self._data
+                assert data is not None
+                return data
+            try:
+                data = build()
+            except Exception:
+                log.exception(
+                    "event %s (%s) could not be built; clients should re-snapshot",
+                    self.seq,
+                    self.type,
+                )
+                data = {"error": "event data unavailable"}
+            self._data = data
+            self._build = None  # what it captured can go
+        return data
+
+    def __repr__(self) -> str:
+        return f"Event(seq={self.seq}, type={self.type!r}, at={self.at.isoformat()})"
 
 
 class Subscription:
@@ -235,7 +274,7 @@ class EventLog:
         """Listen to the dispatcher's signals (its own only)."""
         if self._receivers:
             return
-        builders: list[tuple[str, Signal, Callable[..., dict[str, Any]]]] = [
+        builders: list[tuple[str, Signal, Callable[..., Captured]]] = [
             ("job.created", events.job_created, self._jobs_data),
             ("job.modified", events.jobs_modified, self._jobs_data),
             # The dispatcher's own re-evaluations (next runs, renumbered order) too.
@@ -267,26 +306,28 @@ class EventLog:
         for sub in subscribers:
             sub._shut()
 
-    def _receiver(self, type_: str, build: Callable[..., dict[str, Any]]) -> Callable[..., None]:
+    def _receiver(self, type_: str, capture: Callable[..., Captured]) -> Callable[..., None]:
         def receive(sender: object, **kwargs: Any) -> None:
             try:
-                data = build(**kwargs)
+                captured = capture(**kwargs)
             except Exception:
                 log.exception("event %s could not be built; clients should re-snapshot", type_)
-                data = {"error": "event data unavailable"}
-            self._append(type_, data)
+                captured = {"error": "event data unavailable"}
+            self._append(type_, captured)
 
         return receive
 
-    def _append(self, type_: str, data: dict[str, Any]) -> None:
+    def _append(self, type_: str, captured: Captured) -> None:
         at = self.dispatcher.clock.now()
+        data, build = (captured, None) if isinstance(captured, dict) else (None, captured)
         with self._lock:
             self._last_seq += 1
-            event = Event(self._last_seq, type_, data, at)
+            event = Event(self._last_seq, type_, data, at, build)
             self._events.append(event)
-            oldest = self._oldest()
-            for sub in self._subscribers:
-                sub._offer(event, oldest)
+            if self._subscribers:
+                oldest = self._oldest()
+                for sub in self._subscribers:
+                    sub._offer(event, oldest)
 
     # ------------------------------------------------------------ reading
 
@@ -353,21 +394,46 @@ class EventLog:
 
     # ------------------------------------------------------------ event data
 
-    def _node_view(self, job_id: int) -> JobView | None:
+    # What a change's event shows is captured when the change happens (the jobs' fields
+    # are copied: the tree's records change in place) and built into views when read.
+
+    def _node_fields(self, job_id: int) -> _NodeFields | None:
         node = self.dispatcher.tree.get(job_id)
-        return _view(node, node.depth()) if node is not None else None
+        return _fields(node) if node is not None else None
 
-    def _jobs_data(self, jobs: list[Any]) -> dict[str, Any]:
-        views = [self._node_view(j.id) for j in jobs]
-        return {"jobs": [v for v in views if v is not None]}
+    def _jobs_data(self, jobs: list[Any]) -> Captured:
+        captured = [self._node_fields(j.id) for j in jobs]
+        return lambda: {"jobs": [_view_from(f) for f in captured if f is not None]}
 
-    def _run_data(self, run: Mapping[str, Any]) -> dict[str, Any]:
-        return {"run": jsonable(run), "job": self._node_view(run["job_id"])}
+    def _run_data(self, run: Mapping[str, Any]) -> Captured:
+        # ``run`` is made for this signal and not changed after it (``runs.run_info``).
+        job = self._node_fields(run["job_id"])
+        return lambda: {"run": jsonable(run), "job": None if job is None else _view_from(job)}
 
-    def _schedule_data(self, job_id: int, name: str, next_runs: datetime | None) -> dict[str, Any]:
+    def _schedule_data(self, job_id: int, name: str, next_runs: datetime | None) -> Captured:
         top = self.dispatcher.tree.get(job_id)
-        jobs = [_view(n, n.depth()) for n in top.walk()] if top is not None else []
-        return {"id": job_id, "name": name, "next_runs": jsonable(next_runs), "jobs": jobs}
+        jobs = [_fields(n) for n in top.walk()] if top is not None else []
+        return lambda: {
+            "id": job_id,
+            "name": name,
+            "next_runs": jsonable(next_runs),
+            "jobs": [_view_from(f) for f in jobs],
+        }
+
+
+# An event's data as its receiver leaves it: built already, or a function that builds it.
+Captured = dict[str, Any] | Callable[[], dict[str, Any]]
+# A job as its view will show it: its fields, depth, state and start, read at the change.
+_NodeFields = tuple[ViewFields, int, Any, datetime | None]
+
+
+def _fields(node: Node) -> _NodeFields:
+    return VIEW_FIELDS(node.job), node.depth(), node.state, node.started
+
+
+def _view_from(f: _NodeFields) -> JobView:
+    fields, depth, state, started = f
+    return view_of(fields, depth, str(state), started)
 
 
 def _lanes_data(names: list[str], **_: Any) -> dict[str, Any]:
