@@ -59,12 +59,14 @@ class _Signal(NamedSignal):
     def send(
         self, sender: Any | None = None, /, *, _async_wrapper: Any = None, **kwargs: Any
     ) -> list[tuple[Callable[..., Any], Any]]:
+        if self.is_muted or _async_wrapper is not None:
+            return super().send(sender, _async_wrapper=_async_wrapper, **kwargs)
         routes = self._routes
         route = routes.get(id(sender))
         if route is None or route[0]() is not sender:
             route = self._route(sender, routes)
-        if route is None or self.is_muted or _async_wrapper is not None:
-            return super().send(sender, _async_wrapper=_async_wrapper, **kwargs)
+            if route is None:
+                return super().send(sender, **kwargs)
         return [(receiver, receiver(sender, **kwargs)) for receiver in route[1]]
 
     def _route(

@@ -402,8 +402,8 @@ class EventLog:
         return _fields(node) if node is not None else None
 
     def _jobs_data(self, jobs: list[Any]) -> Captured:
-        captured = [self._node_fields(j.id) for j in jobs]
-        return lambda: {"jobs": [_view_from(f) for f in captured if f is not None]}
+        captured = [f for j in jobs if (f := self._node_fields(j.id)) is not None]
+        return lambda: {"jobs": [_view_from(f) for f in captured]}
 
     def _run_data(self, run: Mapping[str, Any]) -> Captured:
         # ``run`` is made for this signal and not changed after it (``runs.run_info``).
