@@ -14,6 +14,7 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,29 @@ class _ProcStat(NamedTuple):
     state: str
 
 
+_devnull: int | None = None
+_DEVNULL_LOCK = threading.Lock()
+
+
+def _stdin() -> int:
+    """``/dev/null`` for every task's stdin, opened once by the process (close-on-exec:
+    a task gets it as its fd 0 only), read-write as ``subprocess.DEVNULL`` opens it.
+
+    ``stdin=DEVNULL`` made each ``Popen`` open ``/dev/null`` and close it again, two more
+    system calls on every task's start, each of which lets go of the interpreter lock,
+    and a ``contextlib.ExitStack`` callback for the close: 3.8 % of a busy daemon's
+    lock-holding samples were in ``Popen._close_pipe_fds`` (bench/README.md, thirtieth
+    round)."""
+    global _devnull
+    fd = _devnull
+    if fd is None:
+        with _DEVNULL_LOCK:
+            if _devnull is None:
+                _devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            fd = _devnull
+    return fd
+
+
 def spawn(
     command: str,
     *,
@@ -75,7 +99,7 @@ def spawn(
     try:
         return subprocess.Popen(
             ["/bin/sh", "-c", prelude + command],
-            stdin=subprocess.DEVNULL,
+            stdin=_stdin(),
             stdout=stdout,
             stderr=subprocess.STDOUT,
             cwd=cwd,

@@ -395,3 +395,23 @@ def test_sd_notify_logs_instead_of_raising_when_nobody_listens(
     with caplog.at_level(logging.WARNING, logger="jobcontrol.procs"):
         assert sd_notify("READY=1") is False
     assert "READY=1" in caplog.text
+
+
+def test_spawned_tasks_read_end_of_file_on_stdin_and_leak_no_descriptor(tmp_path: Path) -> None:
+    # Every task's stdin is one /dev/null the process opened once: a task reads end of
+    # file at once, can write to it as to subprocess.DEVNULL, holds nothing else of the
+    # spawning process, and starting tasks leaves no descriptor open behind them.
+    env = {"PATH": os.environ["PATH"]}
+    command = 'read line; echo "read=$?"; echo x >&0 && echo "write=ok"; ls /proc/$$/fd'
+    before = len(os.listdir("/proc/self/fd"))
+    outputs = []
+    for n in range(5):
+        output = tmp_path / f"out{n}.log"
+        with output.open("wb") as out:
+            proc = spawn(command, stdout=out, cwd=None, env=env)
+        assert proc.wait(timeout=WAIT) == 0
+        outputs.append(output.read_text().split())
+    assert len(os.listdir("/proc/self/fd")) <= before + 1  # (the one /dev/null, kept)
+    for words in outputs:
+        assert words[:2] == ["read=1", "write=ok"]
+        assert {"0", "1", "2"} <= set(words[2:]) <= {"0", "1", "2", "255"}
