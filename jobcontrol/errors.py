@@ -58,8 +58,8 @@ class JobError(ValidationError):
 
 
 class UnknownJobError(JobError):
-    def __init__(self, job: str) -> None:
-        super().__init__(job, "no such job")
+    def __init__(self, job: str, hint: str = "") -> None:
+        super().__init__(job, f"no such job{hint}")
 
 
 class ConflictError(JobError):

@@ -247,5 +247,17 @@ def find_job(
         if found is None and ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
             found = by_id(int(ref))
     if found is None:
-        raise UnknownJobError(str(ref))
+        raise UnknownJobError(str(ref), _path_hint(ref, by_name))
     return found
+
+
+def _path_hint(ref: JobRef, by_name: Callable[[str], object | None]) -> str:
+    """For a reference written as a path (``tree/task``), which no job is named: the
+    job its last part names, if there is one. A job is named by its name alone, unique
+    across every tree."""
+    if not isinstance(ref, str) or "/" not in ref:
+        return ""
+    last = ref.rstrip("/").rpartition("/")[2]
+    if not last or by_name(last) is None:
+        return ""
+    return f"; job names are unique across all trees, so a job is named alone: {last!r}"

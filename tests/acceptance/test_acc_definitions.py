@@ -78,6 +78,15 @@ def test_errors_name_the_job_or_say_to_upgrade(jc: JobControl) -> None:
         assert refused.stderr == "jobcontrol: job 'NO-SUCH-JOB': no such job\n", describe(refused)
         assert refused.stdout == "", describe(refused)
 
+    # A job written as its path in the tree, as a newcomer may: told its name alone.
+    jc.load(TESTSETUP)
+    refused = jc.run("history", "Periodic/Box")
+    assert refused.returncode != 0, describe(refused)
+    assert refused.stderr == (
+        "jobcontrol: job 'Periodic/Box': no such job; job names are unique across all "
+        "trees, so a job is named alone: 'Box'\n"
+    ), describe(refused)
+
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, describe(result)

@@ -144,6 +144,12 @@ REFUSALS: dict[str, Refusal] = {
         "ghost",
         ("no such job",),
     ),
+    "a job written as a path": Refusal(
+        lambda jc: change(jc, "Top/t1", description="boo"),
+        UnknownJobError,
+        "Top/t1",
+        ("no such job", "a job is named alone: 't1'"),
+    ),
     "last of 50 changes makes a box a task": Refusal(
         fifty_changes_last_bad(JobChange("B", {"command": "true"})),
         JobError,
