@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from http import HTTPStatus
@@ -13,6 +14,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -284,12 +286,20 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors = exc.errors()
-        problems = [
-            clip(f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}")
-            for err in errors[:MAX_PROBLEMS]
-        ]
+        problems: list[str] = []
+        allowed: list[str] = []  # each model's fields, once, for the unknown ones named
+        for err in errors[:MAX_PROBLEMS]:
+            where = clip(".".join(str(p) for p in err["loc"] if p != "body") or "body")
+            fields = _fields_beside(request, err)
+            if fields is None:
+                problems.append(f"{where}: {clip(err['msg'])}")
+                continue
+            problems.append(f"{where}: unknown field")
+            if fields and fields not in allowed:
+                allowed.append(fields)
         if len(errors) > MAX_PROBLEMS:
             problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
+        problems.extend(f"allowed: {fields}" for fields in allowed)
         message = "; ".join(problems)
         if request.method not in ("GET", "HEAD", "OPTIONS"):
             _audit_invalid(request, message)
@@ -305,6 +315,36 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(JobControlError, on_refusal)
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _fields_beside(request: Request, err: Mapping[str, Any]) -> str | None:
+    """For a field the body's model does not have (pydantic's "Extra inputs are not
+    permitted"): the fields it has, as a definition file's unknown key is told (empty
+    when the model is not found). None for any other error."""
+    if err.get("type") != "extra_forbidden":
+        return None
+    route = request.scope.get("route")
+    body = getattr(route, "body_field", None)
+    model = _model_in(getattr(getattr(body, "field_info", None), "annotation", None))
+    for part in [p for p in err["loc"] if p != "body"][:-1]:
+        if isinstance(part, int) or model is None:
+            continue  # an item of a list: the same model
+        info = model.model_fields.get(str(part))
+        model = _model_in(info.annotation) if info is not None else None
+    if model is None:
+        return ""
+    return ", ".join(sorted(info.alias or name for name, info in model.model_fields.items()))
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model ``annotation`` is, or holds (``list[M]``, ``M | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _audit_invalid(request: Request, message: str) -> None:

@@ -7,6 +7,7 @@ from urllib.parse import quote
 
 import pytest
 
+from jobcontrol.errors import ECHO_MAX
 from jobcontrol.service.audit import list_entries
 from tests.api.conftest import Api
 from tests.integration.helpers import box, task
@@ -199,6 +200,34 @@ def test_bad_create_bodies_are_422_naming_the_field(
     r = api.client.post(f"{V1}/jobs", json=body, headers=api.headers("admin"))
     assert r.status_code == 422
     assert field in {str(part) for err in r.json()["detail"] for part in err["loc"]}
+    assert api.jc.dump() == before
+
+
+def test_unknown_fields_are_422_naming_each_and_the_fields_a_job_has(api: Api) -> None:
+    api.jc.create(task("a", "true"))
+    before = api.jc.dump()
+    r = api.client.patch(
+        f"{V1}/jobs",
+        json={"changes": [{"job": "a", "fields": {"timout": "5s", "comand": "false"}}]},
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 422, r.text
+    message = r.json()["message"]
+    assert "changes.0.fields.timout: unknown field" in message, message
+    assert "changes.0.fields.comand: unknown field" in message, message
+    # The fields a job has, once, whatever the number of unknown ones.
+    assert message.count("allowed: ") == 1, message
+    allowed = message.partition("allowed: ")[2].split(", ")
+    assert {"command", "timeout", "timer", "active"} <= set(allowed), message
+    assert api.jc.dump() == before
+    # A huge unknown name is cut in the answer, the fields a job has are not.
+    r = api.client.post(
+        f"{V1}/jobs", json={"name": "A", "kind": "task", "K" * 100_000: 1}, headers=api.headers()
+    )
+    assert r.status_code == 422, r.text[:300]
+    assert len(r.content) < 5 * ECHO_MAX, len(r.content)
+    assert "more characters): unknown field" in r.json()["message"], r.text
+    assert "timer" in r.json()["message"].partition("allowed: ")[2], r.text
     assert api.jc.dump() == before
 
 
