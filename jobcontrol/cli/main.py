@@ -38,6 +38,17 @@ from jobcontrol.views import jsonable, run_json
 log = logging.getLogger(__name__)
 
 
+def _at_least_one(text: str) -> int:
+    """A ``--limit``: a whole number from 1, refused before anything is read."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
     """``--db``, ``--state-dir``, ``-v``, ``--url``, ``--token``: taken before the command
     and after it (on every subcommand). Only the top level has defaults: below, an option
@@ -136,7 +147,7 @@ def _commands(sub: Any) -> None:
     hist = sub.add_parser("history", help="a job's runs, newest first")
     hist.add_argument("job")
     hist.add_argument("--json", action="store_true")
-    hist.add_argument("--limit", type=int, default=20)
+    hist.add_argument("--limit", type=_at_least_one, default=20, help="how many runs (20)")
     hist.add_argument(
         "--before", type=int, default=None, help="runs older than this run id (next page)"
     )
@@ -287,7 +298,7 @@ def _access_parsers(sub: Any) -> None:
     )
 
     aud = sub.add_parser("audit", help="the audit trail, newest first")
-    aud.add_argument("--limit", type=int, default=50)
+    aud.add_argument("--limit", type=_at_least_one, default=50, help="how many entries (50)")
     aud.add_argument("--before", type=int, default=None, help="entries older than this id")
     aud.add_argument("--user", default=None, help="only this user's entries")
     aud.add_argument("--job", default=None, help="only entries naming this job")
