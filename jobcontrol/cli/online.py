@@ -249,8 +249,20 @@ def _rm(client: Client, args: argparse.Namespace) -> int:
     return _emit(args, {"deleted": deleted}, f"deleted {len(deleted)} jobs")
 
 
+# The most runs the API gives in one page (``GET /jobs/{job}/runs``): a longer
+# ``--limit`` is read a page after another, as the database's own read gives it whole.
+RUNS_PAGE = 1000
+
+
 def _history(client: Client, args: argparse.Namespace) -> int:
-    runs = client.runs(args.job, limit=args.limit, before=args.before)["runs"]
+    runs: list[dict[str, Any]] = []
+    before = args.before
+    while len(runs) < args.limit:
+        page = client.runs(args.job, limit=min(args.limit - len(runs), RUNS_PAGE), before=before)
+        runs.extend(page["runs"])
+        before = page.get("next")
+        if before is None or not page["runs"]:
+            break
     return _emit(args, runs, out.table_runs(runs))
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -325,3 +326,55 @@ def test_a_bad_log_level_starts_nothing(jc_sqlite: JobControl) -> None:
         assert "Traceback" not in refused.stderr, refused.stderr
     assert jc.live_daemons() == []
     assert not jc.state_dir.exists(), "nothing is created for a refused start"
+
+
+def test_a_limit_under_one_is_refused_before_anything_is_read(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    db = tmp_path / "none.db"  # not there: any read would say so first
+    for command in ("history", "audit"):
+        args = [command, "hello"] if command == "history" else [command]
+        for limit, said in (("0", "must be at least 1, not 0"), ("ten", "'ten' is not a whole")):
+            refused = jc_sqlite.bare(*args, "--limit", limit, "--db", db)
+            assert refused.returncode == 2, describe(refused)
+            last = refused.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"jobcontrol {command}: error: argument --limit: {said}"), last
+    assert not db.exists()
+
+
+def test_a_history_longer_than_an_api_page_is_read_page_after_page(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    # 1,005 past runs of one task, and the daemon up: `history` reads them through the
+    # admin API, whose pages hold at most 1,000 runs.
+    jc = jc_sqlite.upgraded()
+    jc.load(write(tmp_path / "one.yaml", ONE_TREE))
+    path = jc.url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        [(job_id,)] = db.execute("SELECT id FROM job WHERE name = 'hello'").fetchall()
+        db.executemany(
+            "INSERT INTO run (job_id, job_name, kind, trigger, state, queue, priority,"
+            " exit_status, created, started, ended, duration_ms, kill_requested, attempt)"
+            " VALUES (?, 'hello', 'task', 'manual', 'succeeded', 'default', 0, 0, ?, ?, ?,"
+            " 0, 0, 1)",
+            [
+                (job_id, *[f"2026-11-01 {i // 3600:02}:{i // 60 % 60:02}:{i % 60:02}"] * 3)
+                for i in range(1005)
+            ],
+        )
+    db.close()
+    jc.ok("daemon", "start")
+    assert jc.live_daemons()
+
+    runs = jc.json("history", "hello", "--limit", "1003")
+    ids = [r["id"] for r in runs]
+    assert len(ids) == 1003
+    assert ids == sorted(set(ids), reverse=True)  # newest first, none twice
+    every = [r["id"] for r in jc.json("history", "hello", "--limit", "5000")]
+    assert len(every) == 1005
+    assert every[:1003] == ids
+    # A page after a run id goes on from there, across the API's pages too.
+    rest = [
+        r["id"] for r in jc.json("history", "hello", "--limit", "1002", "--before", str(every[2]))
+    ]
+    assert rest == every[3:]
