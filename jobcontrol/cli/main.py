@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobcontrol import cgroups, cpupin, diskspace, slotgroups, taskenv
+from jobcontrol.cli import argtypes
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
 from jobcontrol.cli import output as out
@@ -36,17 +37,6 @@ from jobcontrol.store import Store, driver_message, redact
 from jobcontrol.views import jsonable, run_json
 
 log = logging.getLogger(__name__)
-
-
-def _at_least_one(text: str) -> int:
-    """A ``--limit``: a whole number from 1, refused before anything is read."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
@@ -147,9 +137,12 @@ def _commands(sub: Any) -> None:
     hist = sub.add_parser("history", help="a job's runs, newest first")
     hist.add_argument("job")
     hist.add_argument("--json", action="store_true")
-    hist.add_argument("--limit", type=_at_least_one, default=20, help="how many runs (20)")
+    hist.add_argument("--limit", type=argtypes.count, default=20, help="how many runs (20)")
     hist.add_argument(
-        "--before", type=int, default=None, help="runs older than this run id (next page)"
+        "--before",
+        type=argtypes.row_id,
+        default=None,
+        help="runs older than this run id (next page)",
     )
 
     workers = sub.add_parser(
@@ -298,8 +291,10 @@ def _access_parsers(sub: Any) -> None:
     )
 
     aud = sub.add_parser("audit", help="the audit trail, newest first")
-    aud.add_argument("--limit", type=_at_least_one, default=50, help="how many entries (50)")
-    aud.add_argument("--before", type=int, default=None, help="entries older than this id")
+    aud.add_argument("--limit", type=argtypes.count, default=50, help="how many entries (50)")
+    aud.add_argument(
+        "--before", type=argtypes.row_id, default=None, help="entries older than this id"
+    )
     aud.add_argument("--user", default=None, help="only this user's entries")
     aud.add_argument("--job", default=None, help="only entries naming this job")
     aud.add_argument("--json", action="store_true")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobcontrol import places
+from jobcontrol.cli import argtypes
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import Target, find_token
@@ -81,7 +82,7 @@ def add_parsers(sub: Any) -> None:
     command("rm", "delete jobs with their sub-trees").add_argument("jobs", nargs="+")
     logs = command("logs", "the log of a job's newest run (or of --run N)", data=False)
     logs.add_argument("job")
-    logs.add_argument("--run", type=int, default=None, help="this run's log (a run id)")
+    logs.add_argument("--run", type=argtypes.row_id, default=None, help="this run's log (a run id)")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
     command("status", "the dispatcher: tree state, timers, runs in flight")
     events = command(

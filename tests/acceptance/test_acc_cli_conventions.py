@@ -342,6 +342,23 @@ def test_a_limit_under_one_is_refused_before_anything_is_read(
     assert not db.exists()
 
 
+def test_ids_and_limits_past_what_a_database_holds(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    # A number past the largest id a database column holds is refused as an id, and as a
+    # count asks for every row: never the driver's overflow and a traceback.
+    jc = jc_sqlite.upgraded()
+    jc.load(write(tmp_path / "one.yaml", ONE_TREE))
+    huge = str(2**64)
+    for args in (["history", "hello", "--before", huge], ["audit", "--before", huge]):
+        refused = jc.run(*args)
+        assert refused.returncode == 2, describe(refused)
+        assert "Traceback" not in refused.stderr, describe(refused)
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.endswith(f"argument --before: must be from 1 to {2**63 - 1}, not {huge}")
+    assert jc.json("history", "hello", "--limit", huge) == []
+    [loaded] = jc.json("audit", "--limit", huge)
+    assert loaded["operation"] == "definitions.load", loaded
+
+
 def test_a_history_longer_than_an_api_page_is_read_page_after_page(
     jc_sqlite: JobControl, tmp_path: Path
 ) -> None:
