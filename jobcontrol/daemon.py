@@ -683,9 +683,12 @@ def _port_from_env() -> int | None:
     if not value:
         return None
     try:
-        return int(value)
+        port = int(value)
     except ValueError:
-        raise JobControlError(f"$JOBCONTROL_PORT={value!r} is not a port number") from None
+        port = -1
+    if not 0 <= port <= 65535:
+        raise JobControlError(f"$JOBCONTROL_PORT={value!r} is not a port number (0 to 65535)")
+    return port
 
 
 def _port_taken(host: str, port: int) -> bool:

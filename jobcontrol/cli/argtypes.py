@@ -32,3 +32,13 @@ def row_id(text: str) -> int:
     if not 1 <= value <= MAX_ID:
         raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_ID}, not {clip(str(value))}")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port, or 0 for any free one."""
+    value = _whole(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be from 0 (any free port) to 65535, not {clip(str(value))}"
+        )
+    return value

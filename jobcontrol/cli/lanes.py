@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jobcontrol.cli import argtypes
 from jobcontrol.cli import output as out
 from jobcontrol.errors import JobControlError
 
@@ -53,7 +54,7 @@ def add_parsers(sub: Any) -> None:
     queue.add_argument("--lane", default=None, help="only this lane")
     queue.add_argument("--json", action="store_true")
     rep = sub.add_parser("reprioritize", help="change a queued run's priority (operator)")
-    rep.add_argument("run", type=int, help="the run's id")
+    rep.add_argument("run", type=argtypes.row_id, help="the run's id")
     rep.add_argument("priority", type=int, help="higher runs first")
     rep.add_argument("--json", action="store_true")
 

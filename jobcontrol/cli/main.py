@@ -193,7 +193,7 @@ def _commands(sub: Any) -> None:
         )
         d.add_argument(
             "--port",
-            type=int,
+            type=argtypes.port,
             default=None,
             help="its port (default $JOBCONTROL_PORT or 8640; 0 picks a free one)",
         )

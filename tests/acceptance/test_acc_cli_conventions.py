@@ -348,12 +348,17 @@ def test_ids_and_limits_past_what_a_database_holds(jc_sqlite: JobControl, tmp_pa
     jc = jc_sqlite.upgraded()
     jc.load(write(tmp_path / "one.yaml", ONE_TREE))
     huge = str(2**64)
-    for args in (["history", "hello", "--before", huge], ["audit", "--before", huge]):
+    for args in (
+        ["history", "hello", "--before", huge],
+        ["audit", "--before", huge],
+        ["reprioritize", huge, "5"],
+    ):
         refused = jc.run(*args)
         assert refused.returncode == 2, describe(refused)
         assert "Traceback" not in refused.stderr, describe(refused)
         last = refused.stderr.strip().splitlines()[-1]
-        assert last.endswith(f"argument --before: must be from 1 to {2**63 - 1}, not {huge}")
+        said = f"must be from 1 to {2**63 - 1}, not {huge}"
+        assert last.endswith(f"argument {'run' if 'reprioritize' in args else '--before'}: {said}")
     assert jc.json("history", "hello", "--limit", huge) == []
     [loaded] = jc.json("audit", "--limit", huge)
     assert loaded["operation"] == "definitions.load", loaded
@@ -395,3 +400,16 @@ def test_a_history_longer_than_an_api_page_is_read_page_after_page(
         r["id"] for r in jc.json("history", "hello", "--limit", "1002", "--before", str(every[2]))
     ]
     assert rest == every[3:]
+
+
+def test_a_port_out_of_range_is_refused_before_the_daemon_starts(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    refused = jc.run("daemon", "start", "--port", "99999")
+    assert refused.returncode == 2, describe(refused)
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.endswith("argument --port: must be from 0 (any free port) to 65535, not 99999")
+    for value in ("70000", "-1", "http"):
+        env = {**jc.env, "JOBCONTROL_PORT": value}
+        line = one_line_refusal(jc.run("daemon", "start", env=env))
+        assert line == f"jobcontrol: $JOBCONTROL_PORT='{value}' is not a port number (0 to 65535)"
+    assert not jc.live_daemons()
