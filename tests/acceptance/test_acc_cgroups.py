@@ -304,7 +304,8 @@ def test_cgroup_joins_are_kept_warm_around_timers_by_a_helper_that_dies_with_the
     left = sorted(p.name for p in base.glob("warm-*"))
     assert left == [f"warm-{second}-a", f"warm-{second}-b"], "the killed daemon's are gone"
     (new_helper,) = _helpers(base, second)
-    jc.ok("daemon", "stop")
+    # --kill: Tick runs every second, and a plain stop is refused while it runs.
+    jc.ok("daemon", "stop", "--kill")
     assert wait_until(lambda: not procs.pid_alive(new_helper), START_WAIT)
     assert list(base.glob("warm-*")) == []
 
