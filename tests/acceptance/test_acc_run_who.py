@@ -80,4 +80,5 @@ def test_history_and_the_api_say_who_started_each_run(jc_sqlite: JobControl) -> 
             if r["state"] == "succeeded"
         }
     assert api == who
-    jc.ok("daemon", "stop")
+    # --kill: Who runs every 2 s, and a plain stop is refused while it runs.
+    jc.ok("daemon", "stop", "--kill")
