@@ -38,6 +38,7 @@ from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError, StoreUnavailable
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.logbatch import HoldingStreamHandler
+from jobcontrol.model import MAX_PORT
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, pool_size_for, queries, redact
 from jobcontrol.taskenv import PassEnv
@@ -686,8 +687,8 @@ def _port_from_env() -> int | None:
         port = int(value)
     except ValueError:
         port = -1
-    if not 0 <= port <= 65535:
-        raise JobControlError(f"$JOBCONTROL_PORT={value!r} is not a port number (0 to 65535)")
+    if not 0 <= port <= MAX_PORT:
+        raise JobControlError(f"$JOBCONTROL_PORT={value!r} is not a port number (0 to {MAX_PORT})")
     return port
 
 

@@ -228,6 +228,8 @@ class RunRecord:
 
 
 MAX_ID = 2**63 - 1  # the largest id a database column holds
+MAX_PORT = 65535  # the admin API's port: 0 (any free one) to this
+RUNS_PAGE_MAX = 1000  # the most runs one page of the admin API gives
 
 JobRef = int | str  # a job named by its id or by its name
 

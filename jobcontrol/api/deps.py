@@ -333,7 +333,7 @@ def _fields_beside(request: Request, err: Mapping[str, Any]) -> str | None:
         model = _model_in(info.annotation) if info is not None else None
     if model is None:
         return ""
-    return ", ".join(sorted(info.alias or name for name, info in model.model_fields.items()))
+    return ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

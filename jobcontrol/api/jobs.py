@@ -25,7 +25,7 @@ from jobcontrol.api.bodies import (
 )
 from jobcontrol.api.deps import ApiContext, Context, env_for, require
 from jobcontrol.api.runs import run_json
-from jobcontrol.model import JobRef, Kind
+from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
 from jobcontrol.service.engine import JobChange
 from jobcontrol.service.users import Action, User
 
@@ -160,7 +160,7 @@ def job_runs(
     ctx: Context,
     job: str,
     user: Viewer,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    limit: Annotated[int, Query(ge=1, le=RUNS_PAGE_MAX)] = 50,
     before: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="the `next` of the previous page")
     ] = None,

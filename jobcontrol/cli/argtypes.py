@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from jobcontrol.errors import clip
-from jobcontrol.model import MAX_ID
+from jobcontrol.model import MAX_ID, MAX_PORT
 
 
 def _whole(text: str) -> int:
@@ -37,8 +37,8 @@ def row_id(text: str) -> int:
 def port(text: str) -> int:
     """A TCP port, or 0 for any free one."""
     value = _whole(text)
-    if not 0 <= value <= 65535:
+    if not 0 <= value <= MAX_PORT:
         raise argparse.ArgumentTypeError(
-            f"must be from 0 (any free port) to 65535, not {clip(str(value))}"
+            f"must be from 0 (any free port) to {MAX_PORT}, not {clip(str(value))}"
         )
     return value

@@ -22,6 +22,7 @@ from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import Target, find_token
 from jobcontrol.errors import JobControlError
+from jobcontrol.model import RUNS_PAGE_MAX
 from jobcontrol.store import redact
 
 if TYPE_CHECKING:
@@ -250,16 +251,15 @@ def _rm(client: Client, args: argparse.Namespace) -> int:
     return _emit(args, {"deleted": deleted}, f"deleted {len(deleted)} jobs")
 
 
-# The most runs the API gives in one page (``GET /jobs/{job}/runs``): a longer
-# ``--limit`` is read a page after another, as the database's own read gives it whole.
-RUNS_PAGE = 1000
-
-
 def _history(client: Client, args: argparse.Namespace) -> int:
+    # A --limit past one API page is read a page after another, as the database's own
+    # read gives it whole.
     runs: list[dict[str, Any]] = []
     before = args.before
     while len(runs) < args.limit:
-        page = client.runs(args.job, limit=min(args.limit - len(runs), RUNS_PAGE), before=before)
+        page = client.runs(
+            args.job, limit=min(args.limit - len(runs), RUNS_PAGE_MAX), before=before
+        )
         runs.extend(page["runs"])
         before = page.get("next")
         if before is None or not page["runs"]:
