@@ -34,6 +34,12 @@ threads, coalesce, max_instances 1) each running
 fixed (every whole second from a common start), so its 500 jobs come due in one
 burst every second, where ``every 1s`` drifts by each tree's own run.
 
+Floor (same run, in this process): ``floor_trees.py``, the least any design does for
+the same trees on this host (one thread, raw ``sqlite3``, a cgroup per run where this
+process may make one, the daemon's eight slots at once), for at most ``FLOOR_S`` s: its
+p99 and its CPU per tree run against the engine's. A floor that misses the target would
+mean no design can meet it here.
+
 Targets: p99 lateness < 100 ms; no growing backlog (the last third's median
 lateness at most 10 ms above the first third's). Ratios engine / APScheduler.
 
@@ -57,6 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as c
 import _daemon as d
+import floor_trees
+from floor_sequence import cgroups_possible
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,6 +73,7 @@ TARGET_GROWTH_MS = 10.0
 SETTLED_S = 10.0  # a figure from here on: past the backlog of all trees due at start
 GRACE_S = 3.0  # after the window, before the stop: runs due late in the window can start
 INTERVAL = timedelta(seconds=1)
+FLOOR_S = 20.0  # the floor's window at most: it holds steady well within that
 
 
 def _thirds(samples: list[tuple[float, float]], window_s: float) -> list[list[float]]:
@@ -320,13 +329,27 @@ def _figures(rep: c.Report, label: str, res: dict[str, Any]) -> dict[str, float]
     }
 
 
+def floor(trees: int, duration: float) -> dict[str, Any]:
+    """``floor_trees``'s loop for the same trees, cgroups per run where this process may
+    make them (as the daemon does), else none."""
+    how = "per-run" if cgroups_possible() else "none"
+    res = floor_trees.run(trees, min(duration, FLOOR_S), cgroups=how)
+    return {**res, "cgroups": how, "window_s": min(duration, FLOOR_S)}
+
+
 def report(
-    store_name: str, trees: int, eng: dict[str, Any], base: dict[str, Any], duration: float
+    store_name: str,
+    trees: int,
+    eng: dict[str, Any],
+    base: dict[str, Any],
+    flo: dict[str, Any],
+    duration: float,
 ) -> c.Report:
     rep = c.Report("bench_many_trees", store_name)
     rep.add("trees (timer every 1s, one task `true`)", trees, "")
     rep.add("measured window", eng["window_s"], "s")
     e = _figures(rep, "engine", eng)
+    engine_ms = 10 * e["cpu"] / max(e["rate"], 1e-9)  # % of a core / (runs/s), in ms
     rep.add("engine: runs due, not started by the stop", eng["pending"], "")
     rep.add("engine: last tree's first run, after ready", eng["last_first_s"], "s")
     rep.add("engine: daemon CPU", eng["cpu_pct"], "%")
@@ -342,6 +365,12 @@ def report(
             "(`jobcontrol worker start`, 8 slots) ran the tasks"
         )
     rep.add("engine: reaped children's CPU", eng["children_cpu_pct"], "%")
+    rep.add("engine: CPU per tree run", engine_ms, "ms")
+    rep.add("floor: lateness p50", flo["p50"], "ms")
+    rep.add("floor: lateness p99", flo["p99"], "ms")
+    rep.add("floor: tree runs per second", flo["per_s"], "/s")
+    rep.add("floor: CPU", flo["cpu_pct"], "%")
+    rep.add("floor: CPU per tree run", flo["cpu_per_run_ms"], "ms")
     b = _figures(rep, "baseline APScheduler", base)
     rep.add("baseline APScheduler: runs skipped", base["skipped"], "")
     rep.add("baseline APScheduler: process CPU", base["cpu_pct"], "%")
@@ -350,6 +379,13 @@ def report(
     rep.ratios["p50 engine / APScheduler"] = c.ratio(e["p50"], b["p50"])
     rep.ratios["CPU engine / APScheduler"] = c.ratio(e["cpu"], b["cpu"])
     rep.ratios["tree runs/s engine / APScheduler"] = c.ratio(e["rate"], b["rate"])
+    rep.ratios["p99 engine / floor"] = c.ratio(e["p99"], flo["p99"])
+    rep.ratios["CPU per tree run, engine / floor"] = c.ratio(engine_ms, flo["cpu_per_run_ms"])
+    rep.notes.append(
+        f"floor: bench/floor_trees.py for {flo['window_s']:g} s, one thread and no engine,"
+        f" cgroups {flo['cgroups']}, on SQLite whatever the engine's store; no design that"
+        " keeps the engine's promises does less per tree run"
+    )
     rep.notes.append(
         "CPU figures are % of one core over the window (utime + stime from /proc/PID/stat)"
     )
@@ -418,6 +454,8 @@ def main() -> int:
         f"baseline APScheduler: {args.trees} interval jobs for {args.duration:g} s ...", flush=True
     )
     base = apscheduler(args.trees, args.duration)
+    print(f"floor: {args.trees} trees for {min(args.duration, FLOOR_S):g} s ...", flush=True)
+    flo = floor(args.trees, args.duration)
     reports = []
     with c.temp_dir("many-trees") as tmp:
         print(f"[sqlite] daemon: {args.trees} trees for {args.duration:g} s ...", flush=True)
@@ -429,7 +467,7 @@ def main() -> int:
             args.duration,
             cpu_pin=args.cpu_pin,
         )
-        reports.append(report("sqlite", args.trees, eng, base, args.duration))
+        reports.append(report("sqlite", args.trees, eng, base, flo, args.duration))
         per_second = [("sqlite", eng)]
         if args.pg:
             with c.postgres("bench_many_trees") as url:
@@ -441,7 +479,7 @@ def main() -> int:
                 eng = engine(
                     url, tmp / "pg", args.trees, args.duration, args.worker_process, args.cpu_pin
                 )
-                reports.append(report("postgresql", args.trees, eng, base, args.duration))
+                reports.append(report("postgresql", args.trees, eng, base, flo, args.duration))
                 per_second.append(("postgresql", eng))
     for rep in reports:
         rep.print(as_json=args.json)

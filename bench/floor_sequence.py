@@ -42,14 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 
 _SCHEMA = (
-    "CREATE TABLE run (id INTEGER PRIMARY KEY, state TEXT, started FLOAT, ended FLOAT,"
+    "CREATE TABLE floor_run (id INTEGER PRIMARY KEY, state TEXT, started FLOAT, ended FLOAT,"
     " exit_status INTEGER, cpu BIGINT)"
 )
-_END = "UPDATE run SET state = 'succeeded', ended = ?, exit_status = ?, cpu = ? WHERE id = ?"
-_START = "UPDATE run SET state = 'running', started = ? WHERE id = ? AND state = 'pending'"
+_END = "UPDATE floor_run SET state = 'succeeded', ended = ?, exit_status = ?, cpu = ? WHERE id = ?"
+_START = "UPDATE floor_run SET state = 'running', started = ? WHERE id = ? AND state = 'pending'"
 _BOTH_PG = (
-    "WITH fin AS (UPDATE run SET state = 'succeeded', ended = %s, exit_status = %s, cpu = %s"
-    " WHERE id = %s) UPDATE run SET state = 'running', started = %s"
+    "WITH fin AS (UPDATE floor_run SET state = 'succeeded', ended = %s, exit_status = %s, cpu = %s"
+    " WHERE id = %s) UPDATE floor_run SET state = 'running', started = %s"
     " WHERE id = %s AND state = 'pending'"
 )
 
@@ -75,7 +75,7 @@ _SPARE = "spare"  # the v1 memory cgroup between two runs, when it is renamed
 
 
 @contextmanager
-def _cgroup_bases() -> Iterator[Bases]:
+def cgroup_bases() -> Iterator[Bases]:
     """This benchmark's own cgroup parents, made for the run and removed after it with
     whatever a run left in them (empty by then)."""
     v2_root = _mount("cgroup2")
@@ -98,6 +98,16 @@ def _cgroup_bases() -> Iterator[Bases]:
                     ):
                         os.rmdir(entry.path)
             os.rmdir(base)
+
+
+def cgroups_possible() -> bool:
+    """Whether this process can make the floor's cgroups: root, with a cgroup2 mount."""
+    return os.geteuid() == 0 and _mount("cgroup2") is not None
+
+
+def no_cgroups() -> Bases:
+    """The bases ``floor`` takes when it makes no cgroups (``cgroups="none"``)."""
+    return "", None
 
 
 def baseline(n: int) -> float:
@@ -124,11 +134,11 @@ def _database(pg: str | None, n: int, directory: str) -> Iterator[Any]:
         import psycopg
 
         conn: Any = psycopg.connect(pg, autocommit=True)
-        conn.execute("DROP TABLE IF EXISTS run")
+        conn.execute("DROP TABLE IF EXISTS floor_run")
         conn.execute(_SCHEMA)
         with conn.cursor() as cur:
             cur.executemany(
-                "INSERT INTO run (id, state) VALUES (%s, 'pending')", [(i,) for i in range(n)]
+                "INSERT INTO floor_run (id, state) VALUES (%s, 'pending')", [(i,) for i in range(n)]
             )
     else:
         conn = sqlite3.connect(os.path.join(directory, "floor.db"), isolation_level=None)
@@ -136,7 +146,7 @@ def _database(pg: str | None, n: int, directory: str) -> Iterator[Any]:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(_SCHEMA)
         conn.executemany(
-            "INSERT INTO run (id, state) VALUES (?, 'pending')", [(i,) for i in range(n)]
+            "INSERT INTO floor_run (id, state) VALUES (?, 'pending')", [(i,) for i in range(n)]
         )
     try:
         yield conn
@@ -165,8 +175,9 @@ def floor(
     pg: str | None = None,
     record: bool = True,
     cgroups: str = "per-run",
+    command: str = "true",
 ) -> float:
-    """Seconds per task of the floor loop."""
+    """Seconds per task of the floor loop, each task running ``command``."""
     assert cgroups in CGROUPS, cgroups
     v2, v1 = bases
     if cgroups in ("v2-only", "none"):
@@ -178,13 +189,13 @@ def floor(
         for i in range(n):
             if record:
                 _record(conn, pg is not None, i, prev)
-            groups, cpu_before = _enter(cgroups, v2, v1, i)
+            groups, cpu_before = enter_cgroups(cgroups, v2, v1, i)
             join = " && ".join(f"echo $$ >{g}/cgroup.procs" for g in groups) or ":"
             log = os.path.join(directory, f"run{i}.log")
             out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", f"{{ {join}; }} || exit 125; true"],
+                    ["/bin/sh", "-c", f"{{ {join}; }} || exit 125; {command}"],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -195,7 +206,7 @@ def floor(
             finally:
                 os.close(out)
             rc = _wait(proc)
-            cpu = _leave(cgroups, groups, v1) - cpu_before if groups else 0
+            cpu = leave_cgroups(cgroups, groups, v1) - cpu_before if groups else 0
             if os.stat(log).st_size == 0:
                 os.unlink(log)
             prev = (rc, cpu)
@@ -207,7 +218,7 @@ def _cpu(group: str) -> int:
         return int(f.readline().split()[1])
 
 
-def _enter(how: str, v2: str, v1: str | None, i: int) -> tuple[list[str], int]:
+def enter_cgroups(how: str, v2: str, v1: str | None, i: int) -> tuple[list[str], int]:
     """Run ``i``'s cgroups (v2 first, then v1 memory), ready to join; the v2 one's CPU
     time so far (0 unless it is reused)."""
     if how == "none":
@@ -231,7 +242,7 @@ def _enter(how: str, v2: str, v1: str | None, i: int) -> tuple[list[str], int]:
     return groups, 0
 
 
-def _leave(how: str, groups: list[str], v1: str | None) -> int:
+def leave_cgroups(how: str, groups: list[str], v1: str | None) -> int:
     """The run ended: its CPU time and peak read, its cgroups removed or kept for the
     next; the v2 cgroup's CPU time."""
     cpu = _cpu(groups[0])
@@ -257,7 +268,7 @@ def main() -> int:
     p.add_argument("--tasks", type=int, default=1000)
     p.add_argument("--pg", action="store_true", help="the record on a throwaway PostgreSQL")
     args = p.parse_args()
-    with _cgroup_bases() as bases:
+    with cgroup_bases() as bases:
         return _measure(args.tasks, args.pg, bases)
 
 

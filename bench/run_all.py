@@ -57,6 +57,12 @@ SUMMARY: dict[str, list[tuple[str, str, str, str]]] = {
             "baseline: subprocess loop (mean)",
             "engine / baseline",
         ),
+        (
+            "  the same, the floor's loop",
+            "floor: the least any design does (floor_sequence.py)",
+            "baseline: subprocess loop (mean)",
+            "floor / baseline",
+        ),
     ],
     "bench_timer_accuracy": [
         (
@@ -152,6 +158,18 @@ SUMMARY: dict[str, list[tuple[str, str, str, str]]] = {
             "engine: daemon CPU",
             "baseline APScheduler: process CPU",
             "CPU engine / APScheduler",
+        ),
+        (
+            "  p99 against the floor",
+            "engine: lateness p99",
+            "floor: lateness p99",
+            "p99 engine / floor",
+        ),
+        (
+            "  CPU per tree run, the floor",
+            "engine: CPU per tree run",
+            "floor: CPU per tree run",
+            "CPU per tree run, engine / floor",
         ),
     ],
     "bench_idle": [
