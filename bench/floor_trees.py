@@ -106,10 +106,12 @@ def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any
                 starts.append((tree, when))
             if starts:
                 db.execute("BEGIN IMMEDIATE")
-                ids = []
+                ids: list[tuple[int, int]] = []
                 for tree, _when in starts:
                     box = db.execute(_BOX, (tree, now)).lastrowid
                     task = db.execute(_TASK, (box, tree, now)).lastrowid
+                    assert box is not None
+                    assert task is not None
                     ids.append((box, task))
                 db.execute("COMMIT")
                 for (tree, when), (box, task) in zip(starts, ids, strict=True):
