@@ -182,7 +182,6 @@ def floor(
     v2, v1 = bases
     if cgroups in ("v2-only", "none"):
         v1 = None
-    env = {"PATH": "/usr/bin:/bin"}
     with tempfile.TemporaryDirectory() as directory, _database(pg, n, directory) as conn:
         prev: tuple[int, int] | None = None
         t0 = time.perf_counter()
@@ -190,27 +189,38 @@ def floor(
             if record:
                 _record(conn, pg is not None, i, prev)
             groups, cpu_before = enter_cgroups(cgroups, v2, v1, i)
-            join = " && ".join(f"echo $$ >{g}/cgroup.procs" for g in groups) or ":"
             log = os.path.join(directory, f"run{i}.log")
-            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", f"{{ {join}; }} || exit 125; {command}"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            finally:
-                os.close(out)
+            proc = start_task(groups, command, open_log(log))
             rc = _wait(proc)
             cpu = leave_cgroups(cgroups, groups, v1) - cpu_before if groups else 0
             if os.stat(log).st_size == 0:
                 os.unlink(log)
             prev = (rc, cpu)
         return (time.perf_counter() - t0) / n
+
+
+def open_log(path: str) -> int:
+    """A task's new log file, as the worker makes it (0600, never an old one)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def start_task(groups: list[str], command: str, out: int) -> subprocess.Popen[bytes]:
+    """The task's shell, started as the worker starts it: in a session of its own, its
+    output to ``out`` (closed here), joining ``groups`` (125 if it cannot) before it
+    runs ``command``."""
+    join = " && ".join(f"echo $$ >{g}/cgroup.procs" for g in groups) or ":"
+    try:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", f"{{ {join}; }} || exit 125; {command}"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin"},
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(out)
 
 
 def _cpu(group: str) -> int:

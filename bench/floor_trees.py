@@ -46,6 +46,8 @@ from floor_sequence import (  # noqa: E402
     enter_cgroups,
     leave_cgroups,
     no_cgroups,
+    open_log,
+    start_task,
 )
 
 _SCHEMA = (
@@ -72,7 +74,6 @@ def run(trees: int, duration: float, slots: int = 8, cgroups: str = "per-run") -
 
 
 def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any]:
-    env = {"PATH": "/usr/bin:/bin"}
     v2, v1 = bases
     per_run = bool(v2)
     with tempfile.TemporaryDirectory() as directory:
@@ -116,25 +117,13 @@ def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any
                 db.execute("COMMIT")
                 for (tree, when), (box, task) in zip(starts, ids, strict=True):
                     groups, _ = enter_cgroups("per-run" if per_run else "none", v2, v1, task)
-                    join = " && ".join(f"echo $$ >{g}/cgroup.procs" for g in groups) or ":"
                     log = os.path.join(directory, f"run{task}.log")
-                    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                    out = open_log(log)
                     popen = time.time()
                     if tree not in first and window[0] <= when < window[1]:
                         late.append(popen - when)
                     first.discard(tree)
-                    try:
-                        proc = subprocess.Popen(
-                            ["/bin/sh", "-c", f"{{ {join}; }} || exit 125; true"],
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                            env=env,
-                            start_new_session=True,
-                            close_fds=True,
-                        )
-                    finally:
-                        os.close(out)
+                    proc = start_task(groups, "true", out)
                     fd = os.pidfd_open(proc.pid)
                     poll.register(fd, select.EPOLLIN)
                     running[fd] = (tree, proc, groups, fd, log, box, task)
