@@ -17,8 +17,8 @@ tree run is the time just before ``Popen`` less its due time (its last end + 1 s
 ``bench_many_trees`` measures the engine's; a tree's first run is not counted. Also
 printed: tree runs per second, this process's CPU (user + system, its children apart)
 as % of one core and per tree run. ``--cgroups none`` leaves the cgroups out. It needs
-root (it makes cgroups). It is not part of ``run_all.py``: it measures no code of Job
-Control.
+root (it makes cgroups). It measures no code of Job Control; ``bench_many_trees.py``
+runs it beside the engine.
 
     .venv/bin/python bench/floor_trees.py [--trees 500] [--duration 20] [--cgroups none]
 """
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,7 @@ _JOB = "UPDATE job SET last_ran = ?, next_runs = ?, exit_status = ? WHERE id = ?
 def run(trees: int, duration: float, slots: int = 8, cgroups: str = "per-run") -> dict[str, Any]:
     """The floor for ``duration`` s: tree runs counted, per second, lateness p50 and p99
     (ms), this process's CPU (% of a core, ms per tree run)."""
-    if cgroups == "none":
-        return _run(trees, duration, slots, no_cgroups())
-    with cgroup_bases() as bases:
+    with nullcontext(no_cgroups()) if cgroups == "none" else cgroup_bases() as bases:
         return _run(trees, duration, slots, bases)
 
 
@@ -87,13 +86,12 @@ def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any
         start = time.time() + 0.5
         due: list[tuple[float, int]] = [(start, t) for t in range(trees)]
         heapq.heapify(due)
-        running: dict[int, tuple[int, subprocess.Popen[bytes], list[str], int, str, int, int]] = {}
+        running: dict[int, tuple[int, subprocess.Popen[bytes], list[str], str, int, int]] = {}
         first = set(range(trees))  # a tree's first run is not counted
         window = (start + 2.0, start + 2.0 + duration)  # the burst of first runs left out
         late: list[float] = []
         counted = 0
         cpu_at: list[float] = []
-        n = 0
         while True:
             now = time.time()
             if not cpu_at and now >= window[0]:
@@ -126,7 +124,7 @@ def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any
                     proc = start_task(groups, "true", out)
                     fd = os.pidfd_open(proc.pid)
                     poll.register(fd, select.EPOLLIN)
-                    running[fd] = (tree, proc, groups, fd, log, box, task)
+                    running[fd] = (tree, proc, groups, log, box, task)
             if due and len(running) < slots:
                 timeout = max(0.0, min(due[0][0], window[1]) - time.time())
             else:
@@ -136,7 +134,7 @@ def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any
                 continue
             ends = []
             for fd, _mask in events:
-                tree, proc, groups, _fd, log, box, task = running.pop(fd)
+                tree, proc, groups, log, box, task = running.pop(fd)
                 poll.unregister(fd)
                 os.close(fd)
                 rc = proc.wait()
@@ -156,10 +154,9 @@ def _run(trees: int, duration: float, slots: int, bases: Bases) -> dict[str, Any
                 heapq.heappush(due, (ended + 1.0, tree))
                 if window[0] <= ended < window[1]:
                     counted += 1
-            n += len(ends)
         t = os.times()
         cpu_s = t.user + t.system - cpu_at[0]
-        for fd, (_tree, proc, groups, _fd, _log, _box, _task) in running.items():
+        for fd, (_tree, proc, groups, _log, _box, _task) in running.items():
             proc.wait()
             if groups:
                 leave_cgroups("per-run", groups, v1)
