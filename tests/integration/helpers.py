@@ -275,10 +275,11 @@ class JC:
         self.runtime.start()
         return self
 
-    def close(self) -> list[int]:
-        """Stop everything; returns pids of this store's task processes that had to be killed."""
+    def close(self, *, timeout: float = WAIT * 3) -> list[int]:
+        """Stop everything; returns pids of this store's task processes that had to be killed.
+        ``timeout``: how long the stop waits for the tree runs in flight to end."""
         try:
-            self.runtime.stop(kill_running=True, timeout=WAIT * 3)
+            self.runtime.stop(kill_running=True, timeout=timeout)
         finally:
             self.rec.disconnect()
             logging.getLogger("jobcontrol").removeHandler(self.errors)

@@ -599,6 +599,8 @@ def test_an_edit_takes_the_run_queued_ahead_away_in_its_own_commit(
     _poll(jc)  # the end, heard by the back-up poll
     (second,) = rq.claim("w1", "host-b", jc.clock.now(), limit=4)
     assert (second.job_name, second.command) == ("second", "echo after")
+    assert rq.finish(second.id, "w1", _success(jc.clock.now()), 5).recorded
+    _poll(jc)  # its end heard, so no tree run is left for the teardown's stop
 
 
 def test_a_run_queued_ahead_that_an_edit_took_away_is_forgotten_before_its_id_is_reused(

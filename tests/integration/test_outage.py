@@ -383,3 +383,5 @@ def test_an_end_kept_while_another_process_records_the_file_is_not_lost(
     keeper.join(10)
     assert keptends.record(worker.rq, spool) == [runs["b"]]
     assert jc.run(runs["b"]).state is RunState.SUCCEEDED
+    for run_id in runs.values():  # heard, so the tree runs end before the teardown's stop
+        worker.announce(run_id)
