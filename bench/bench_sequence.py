@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -230,10 +230,7 @@ def floor(url: str, n: int, cgroups: str, command: str) -> tuple[float, str]:
     the daemon does where it can, else none."""
     how = "per-run" if cgroups == "auto" and floor_sequence.cgroups_possible() else "none"
     pg = url.replace("postgresql+psycopg://", "postgresql://") if url.startswith("postg") else None
-    bases = (
-        nullcontext(floor_sequence.no_cgroups()) if how == "none" else floor_sequence.cgroup_bases()
-    )
-    with bases as made:
+    with floor_sequence.bases_for(how) as made:
         return floor_sequence.floor(n, made, pg=pg, cgroups=how, command=command), how
 
 

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,12 @@ def cgroups_possible() -> bool:
 def no_cgroups() -> Bases:
     """The bases ``floor`` takes when it makes no cgroups (``cgroups="none"``)."""
     return "", None
+
+
+def bases_for(cgroups: str) -> AbstractContextManager[Bases]:
+    """The bases a floor run with ``cgroups`` needs: none for ``"none"``, else this
+    benchmark's own (``cgroup_bases``)."""
+    return nullcontext(no_cgroups()) if cgroups == "none" else cgroup_bases()
 
 
 def baseline(n: int) -> float:

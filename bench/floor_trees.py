@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 from floor_sequence import (  # noqa: E402
     Bases,
-    cgroup_bases,
+    bases_for,
     enter_cgroups,
     leave_cgroups,
-    no_cgroups,
     open_log,
     start_task,
 )
@@ -68,7 +66,7 @@ _JOB = "UPDATE job SET last_ran = ?, next_runs = ?, exit_status = ? WHERE id = ?
 def run(trees: int, duration: float, slots: int = 8, cgroups: str = "per-run") -> dict[str, Any]:
     """The floor for ``duration`` s: tree runs counted, per second, lateness p50 and p99
     (ms), this process's CPU (% of a core, ms per tree run)."""
-    with nullcontext(no_cgroups()) if cgroups == "none" else cgroup_bases() as bases:
+    with bases_for(cgroups) as bases:
         return _run(trees, duration, slots, bases)
 
 
