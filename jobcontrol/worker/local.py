@@ -211,6 +211,10 @@ class _Active:
     announce: int | None = None
     # That run's cgroup, removed then too: off the path from one task to the next.
     spent: RunCgroup | None = None
+    # When its process ended (or it was given up unstarted): the run's recorded end,
+    # stamped before its output is stored, so an outage that holds the upload back does
+    # not lengthen the run's duration.
+    ended: datetime | None = None
 
 
 class Worker:
@@ -1147,6 +1151,7 @@ class Worker:
             # Always record the outcome, whatever happened above.
             if outcome is None:
                 outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
+            active.ended = self.clock.now()
             try:
                 if sink is not None:  # all of the output stored before the end is recorded
                     stored = sink.close()
@@ -1334,7 +1339,7 @@ class Worker:
                     kept = log_path
             except FileNotFoundError:
                 pass
-        ended = self.clock.now()
+        ended = active.ended or self.clock.now()
         values = {
             "state": outcome.state,
             "exit_status": outcome.exit_status,

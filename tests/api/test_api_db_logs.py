@@ -13,6 +13,7 @@ import re
 import sqlite3
 import stat
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,47 @@ def test_a_sqlite_outage_mid_task_loses_no_output(api_db: Api, remote: Worker) -
     assert jc.run(run_id).reason is None
     assert not spool.exists()
     poll_until("the worker to see the database again", lambda: not remote.outage.down)
+
+
+@SQLITE_ONLY
+def test_a_task_that_ends_in_an_outage_is_recorded_with_its_own_end(
+    api_db: Api, remote: Worker
+) -> None:
+    """Its output waits for the database, and its end is recorded only after that; the
+    end and the duration recorded are still when the task ended, not when the database
+    came back."""
+    jc = api_db.jc
+    gate = jc.gate()
+    jc.create(task("ends-away", f"echo before; {gate.command}; echo after"))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("ends-away")
+    poll_until("the first line stored", lambda: _chunks(api_db, run_id) >= 1)
+    ended_at = jc.clock.now()
+    blocker = sqlite3.connect(jc.store.sqlite_file or "", timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
+    try:
+        gate.open()
+        poll_until("the worker to meet the locked database", lambda: remote.outage.down)
+        # The worker has seen the process end; its output and its end wait for the
+        # database, and the outage goes on (within the run's lease).
+        poll_until("the task's end seen by its worker", lambda: _end_seen(remote, run_id))
+        jc.clock.set(ended_at + timedelta(seconds=1.5))
+        assert jc.run(run_id).state == RunState.RUNNING
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert jc.rec.run_finished("ends-away", since=mark, timeout=60)["state"] == "succeeded"
+    run = jc.run(run_id)
+    assert run.ended == ended_at
+    assert run.duration_ms == 0
+    r = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
+    assert r.content == b"before\nafter\n"
+
+
+def _end_seen(worker: Worker, run_id: int) -> bool:
+    """The worker has stamped the run's end (its process is gone), not yet recorded it."""
+    active = worker._active.get(run_id)
+    return active is not None and active.ended is not None
 
 
 @SQLITE_ONLY
