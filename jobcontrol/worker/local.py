@@ -1339,7 +1339,8 @@ class Worker:
                     kept = log_path
             except FileNotFoundError:
                 pass
-        ended = active.ended or self.clock.now()
+        ended = active.ended
+        assert ended is not None  # stamped by _execute when the process ended
         values = {
             "state": outcome.state,
             "exit_status": outcome.exit_status,
