@@ -7,6 +7,7 @@ is none; the fallback tests run everywhere. Every wait is bounded and polls a co
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -484,19 +485,49 @@ def test_an_announcement_that_fails_is_counted_and_logged(
 
 
 @needs_cgroups
-def test_a_killed_helper_is_counted_reported_and_replaced_at_the_next_due_instant(
-    warmer: cgroups.JoinWarmer,
+def test_a_killed_helper_is_counted_and_reported_until_it_is_retried(
+    containment: Containment, caplog: pytest.LogCaptureFixture
 ) -> None:
+    assert containment.base is not None
+    # No retry within the test, so the problem it reports cannot clear under it.
+    warmer = cgroups.JoinWarmer(containment.base, lead=0.05, tail=0.05, retry_every=3600.0)
+    containment.warmer = warmer.start()
     first = warmer.helper_pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: not procs.pid_alive(first), WAIT)
     warmer.timer_changed(("tree", 1), datetime.fromtimestamp(time.time() + 0.1, UTC))
     assert wait_until(lambda: warmer.failures == 1, WAIT), warmer.describe()
-    assert warmer.problem == f"the helper (pid {first}) ended: -9", warmer.problem
-    # The next window starts a new helper and warms again.
-    warmer.timer_changed(("tree", 2), datetime.fromtimestamp(time.time() + 0.3, UTC))
-    assert wait_until(lambda: warmer.problem == "" and warmer.moves >= 1, WAIT), warmer.describe()
+    problem = f"the helper (pid {first}) ended: -9"
+    assert warmer.problem == problem
+    assert warmer.describe() == f"cgroup joins not kept warm ({problem})"
+    assert problem in caplog.text
+    assert warmer.helper_pid is None
+    # Later windows wait for the retry: no second failure, no second warning.
+    warmer.timer_changed(("tree", 2), datetime.fromtimestamp(time.time() + 0.1, UTC))
+    assert wait_until(lambda: warmer.upcoming() is None, WAIT)
+    assert warmer.failures == 1
+    assert warmer.problem == problem
+    assert caplog.text.count(problem) == 1
+
+
+@needs_cgroups
+def test_a_killed_helper_is_replaced_at_the_next_move_once_the_retry_is_due(
+    warmer: cgroups.JoinWarmer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobcontrol.cgroups")
+    first = warmer.helper_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(first), WAIT)
+    moves = warmer.moves
+    # The fixture retries at once: the failure and the new helper come in one window.
+    warmer.timer_changed(("tree", 1), datetime.fromtimestamp(time.time() + 0.1, UTC))
+    assert wait_until(
+        lambda: warmer.failures == 1 and warmer.problem == "" and warmer.moves > moves, WAIT
+    ), warmer.describe()
+    assert f"the helper (pid {first}) ended: -9" in caplog.text
+    assert "cgroup joins are kept warm again around timers" in caplog.text
     second = warmer.helper_pid
     assert second is not None
     assert second != first
