@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.dialects import sqlite
 
-from jobcontrol.store import Store
+from jobcontrol.store import Store, queries
 from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import UTCDateTime, job
 
@@ -80,3 +80,64 @@ def test_midnight_of_year_one_and_whole_seconds_keep_their_form() -> None:
     assert bind(None) is None
     assert result(None) is None
     assert result("2026-01-01 12:00:00") == datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("count", [3, 200], ids=["a-tree's-re-arm", "a-first-start's-batch"])
+def test_a_schedule_write_stores_each_jobs_next_run_and_order_and_nothing_else(
+    db_url: str, count: int
+) -> None:
+    """Small writes go one row at a time; on PostgreSQL a large one goes as one
+    statement over arrays (``queries.write_schedule``). Both store the same."""
+    store = Store(db_url)
+    store.upgrade()
+    try:
+        with store.write() as conn:
+            ids = [
+                conn.execute(
+                    job.insert().values(name=f"j{i}", kind="task", job_order=0).returning(job.c.id)
+                ).scalar_one()
+                for i in range(count + 1)
+            ]
+        written, untouched = ids[:count], ids[count]
+        base = datetime(2026, 11, 24, 3, 40, 50, 123, tzinfo=EST)
+        rows = [
+            (job_id, None if i % 7 == 3 else base + timedelta(minutes=i), count - i)
+            for i, job_id in enumerate(written)
+        ]
+        with store.write() as conn:
+            queries.write_schedule(conn, rows)
+        with store.read() as conn:
+            got = {
+                r.id: (r.next_runs, r.job_order)
+                for r in conn.execute(select(job.c.id, job.c.next_runs, job.c.job_order))
+            }
+        assert got == {i: (n, o) for i, n, o in rows} | {untouched: (None, 0)}
+        assert all(n is None or n.utcoffset() == timedelta(0) for n, _o in got.values())
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize("count", [3, 200], ids=["a-tree's-re-arm", "a-first-start's-batch"])
+def test_a_schedule_write_with_a_naive_time_is_refused_and_writes_nothing(
+    db_url: str, count: int
+) -> None:
+    store = Store(db_url)
+    store.upgrade()
+    try:
+        with store.write() as conn:
+            ids = [
+                conn.execute(
+                    job.insert().values(name=f"j{i}", kind="task", job_order=0).returning(job.c.id)
+                ).scalar_one()
+                for i in range(count)
+            ]
+        aware = datetime(2026, 11, 24, 8, 0, tzinfo=UTC)
+        rows = [(job_id, aware, 5) for job_id in ids]
+        rows[-1] = (ids[-1], datetime(2026, 11, 24, 8, 0), 5)  # naive: refused
+        with pytest.raises(Exception, match="naive datetime"), store.write() as conn:
+            queries.write_schedule(conn, rows)
+        with store.read() as conn:
+            left = set(conn.execute(select(job.c.next_runs, job.c.job_order)).all())
+        assert left == {(None, 0)}
+    finally:
+        store.dispose()
