@@ -82,6 +82,17 @@ def test_midnight_of_year_one_and_whole_seconds_keep_their_form() -> None:
     assert result("2026-01-01 12:00:00") == datetime(2026, 1, 1, 12, tzinfo=UTC)
 
 
+def _jobs(store: Store, count: int) -> list[int]:
+    """``count`` tasks, each at order 0 with no next run."""
+    with store.write() as conn:
+        return [
+            conn.execute(
+                job.insert().values(name=f"j{i}", kind="task", job_order=0).returning(job.c.id)
+            ).scalar_one()
+            for i in range(count)
+        ]
+
+
 @pytest.mark.parametrize("count", [3, 200], ids=["a-tree's-re-arm", "a-first-start's-batch"])
 def test_a_schedule_write_stores_each_jobs_next_run_and_order_and_nothing_else(
     db_url: str, count: int
@@ -91,13 +102,7 @@ def test_a_schedule_write_stores_each_jobs_next_run_and_order_and_nothing_else(
     store = Store(db_url)
     store.upgrade()
     try:
-        with store.write() as conn:
-            ids = [
-                conn.execute(
-                    job.insert().values(name=f"j{i}", kind="task", job_order=0).returning(job.c.id)
-                ).scalar_one()
-                for i in range(count + 1)
-            ]
+        ids = _jobs(store, count + 1)
         written, untouched = ids[:count], ids[count]
         base = datetime(2026, 11, 24, 3, 40, 50, 123, tzinfo=EST)
         rows = [
@@ -124,13 +129,7 @@ def test_a_schedule_write_with_a_naive_time_is_refused_and_writes_nothing(
     store = Store(db_url)
     store.upgrade()
     try:
-        with store.write() as conn:
-            ids = [
-                conn.execute(
-                    job.insert().values(name=f"j{i}", kind="task", job_order=0).returning(job.c.id)
-                ).scalar_one()
-                for i in range(count)
-            ]
+        ids = _jobs(store, count)
         aware = datetime(2026, 11, 24, 8, 0, tzinfo=UTC)
         rows = [(job_id, aware, 5) for job_id in ids]
         rows[-1] = (ids[-1], datetime(2026, 11, 24, 8, 0), 5)  # naive: refused
