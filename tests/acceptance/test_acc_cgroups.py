@@ -257,13 +257,27 @@ jobs:
 
 
 def _helpers(base: Path, daemon: int) -> list[int]:
-    """The processes in the daemon's two warm-up cgroups (its helper)."""
-    pids: list[int] = []
-    for half in "ab":
-        procs_file = base / f"warm-{daemon}-{half}" / "cgroup.procs"
-        if procs_file.exists():
-            pids += [int(p) for p in procs_file.read_text().split()]
-    return pids
+    """The processes in the daemon's two warm-up cgroups (its helper).
+
+    The two files are read one after the other while the helper may move between them
+    (a timer coming due), so a read can miss it: read until it is seen, within a bound."""
+
+    def read() -> list[int]:
+        pids: list[int] = []
+        for half in "ab":
+            procs_file = base / f"warm-{daemon}-{half}" / "cgroup.procs"
+            if procs_file.exists():
+                pids += [int(p) for p in procs_file.read_text().split()]
+        return pids
+
+    found: list[int] = []
+
+    def seen() -> bool:
+        found[:] = read()
+        return bool(found)
+
+    wait_until(seen, START_WAIT)
+    return found
 
 
 def _warm_moves(jc: JobControl) -> int:
