@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from jobcontrol import events, logbatch, procs
+from jobcontrol import events, gcpause, logbatch, procs
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
 from jobcontrol.dispatch.runs import Held, TreeRuns, Tx
@@ -192,7 +192,8 @@ class Dispatcher:
         log.info("...JobControl startup complete")
 
     def _build(self) -> None:
-        with self.store.write() as conn:
+        # The tree and its timers live on: no collector walks over them as they are made.
+        with self.store.write() as conn, gcpause.held():
             self._tx = tx = Tx(conn)
             try:
                 self.tree = JobTree.build(queries.load_all_jobs(conn))
@@ -559,7 +560,7 @@ class Dispatcher:
             self.timers.cancel(("tree", top_id))
         for run_id in list(self.runs.frames):
             self.timers.cancel(("wait", run_id))
-        with self.store.write() as conn:
+        with self.store.write() as conn, gcpause.held():  # see _build
             self._tx = tx = Tx(conn)
             try:
                 records = queries.load_all_jobs(conn)

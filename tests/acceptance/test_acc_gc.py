@@ -23,5 +23,7 @@ def test_the_daemon_freezes_its_start_up_objects_and_times_full_collections(
     assert m["jobcontrol_gc_frozen_objects"] > 10_000, m
     # The collection just before the freeze is the first one timed.
     assert m["jobcontrol_gc_full_collections_total"] >= 1, m
+    # The build of the job tree held the collector off; it runs again once started.
+    assert m["jobcontrol_gc_collector_running"] == 1, m
     longest = m["jobcontrol_gc_full_pause_seconds_max"]
     assert 0 < longest <= m["jobcontrol_gc_full_pause_seconds_total"], m

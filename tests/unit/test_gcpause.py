@@ -50,6 +50,45 @@ def test_installing_twice_counts_each_collection_once(watch: GcWatch) -> None:
     assert watch.collections == 1
 
 
+def test_a_hold_keeps_full_collections_out_and_the_collector_runs_after(
+    watch: GcWatch,
+) -> None:
+    assert gc.isenabled()
+    with gcpause.held():
+        assert not gc.isenabled()
+        assert watch.gauges()["jobcontrol_gc_collector_running"][1] == 0
+        garbage = [[] for _ in range(100_000)]  # enough young objects for a full collection
+        del garbage
+        assert watch.collections == 0
+    assert gc.isenabled()
+    assert watch.gauges()["jobcontrol_gc_collector_running"][1] == 1
+
+
+def test_nested_holds_let_the_collector_run_only_after_the_last() -> None:
+    with gcpause.held():
+        with gcpause.held():
+            pass
+        assert not gc.isenabled(), "the outer hold still holds"
+    assert gc.isenabled()
+
+
+def test_a_hold_that_raises_lets_the_collector_run_again() -> None:
+    with pytest.raises(RuntimeError, match="build failed"):
+        with gcpause.held():
+            raise RuntimeError("build failed")
+    assert gc.isenabled()
+
+
+def test_a_hold_leaves_a_collector_someone_else_stopped_stopped() -> None:
+    gc.disable()
+    try:
+        with gcpause.held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_freeze_startup_keeps_what_is_alive_out_of_full_collections() -> None:
     assert gcpause.WATCH is None
     alive = [[] for _ in range(1000)]  # containers the collector tracks
