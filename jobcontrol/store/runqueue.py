@@ -682,6 +682,20 @@ class RunQueue:
             params = {"w_id": run_id, "w_worker": name, "v_pid": pid, "v_log": log_path}
             return conn.execute(_RECORD_PID, params).rowcount == 1
 
+    def recorded_end(self, run_id: int, name: str, ended: datetime, exit_status: int) -> bool:
+        """Whether the run's row holds this very end: the ``ended`` instant and exit status
+        a finish by worker ``name`` wrote. A finish whose COMMIT went through while its
+        answer was lost (the connection dropped) recorded it; its retry is refused by the
+        compare-and-set, and this tells that refusal from a run settled meanwhile."""
+        with self.store.read() as conn:
+            row = queries.get_run(conn, run_id)
+        return (
+            row is not None
+            and row.worker == name
+            and row.ended == ended
+            and row.exit_status == exit_status
+        )
+
     def finish(
         self,
         run_id: int,

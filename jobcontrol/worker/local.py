@@ -66,7 +66,6 @@ from jobcontrol.model import (
 )
 from jobcontrol.outage import Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
-from jobcontrol.store import queries
 from jobcontrol.store.changewatch import ChangeWatch
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
@@ -1447,16 +1446,11 @@ class Worker:
         """Whether the run's row holds this very end (the same ``ended`` instant, from this
         worker): a try whose COMMIT went through while its answer was lost recorded it."""
         try:
-            with self.store.read() as conn:
-                row = queries.get_run(conn, run_id)
+            return self.runqueue.recorded_end(
+                run_id, self.name, values["ended"], values["exit_status"]
+            )
         except StoreUnavailable:
             return False
-        return (
-            row is not None
-            and row.worker == self.name
-            and row.ended == values["ended"]
-            and row.exit_status == values["exit_status"]
-        )
 
     def _retry(self, what: str, fn: Any) -> Any:
         """``fn()`` until the database answers; None if the worker is stopping past hope."""

@@ -222,3 +222,23 @@ def test_a_connection_the_server_dropped_fails_one_call_as_unavailable_then_is_r
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         store.dispose()
+
+
+def test_a_finish_whose_answer_was_lost_is_told_from_a_run_settled_meanwhile(
+    rq: RunQueue,
+) -> None:
+    """A finish that committed while its answer was lost is refused when retried (the run
+    is no longer running): ``recorded_end`` tells the worker that its own end is there,
+    and says no for another worker's end or another instant."""
+    (run_id,) = queue_runs(rq.store, 1)
+    rq.register(WorkerInfo("w1", "h", 1, 1, "test", NOW), NOW)
+    assert [r.id for r in rq.claim("w1", "h", NOW)] == [run_id]
+    ended = NOW + timedelta(seconds=2)
+    values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": ended}
+    assert rq.finish(run_id, "w1", values, 5).recorded
+    assert not rq.finish(run_id, "w1", values, 5).recorded  # the retry: compare-and-set
+    assert rq.recorded_end(run_id, "w1", ended, 0)
+    assert not rq.recorded_end(run_id, "w2", ended, 0)
+    assert not rq.recorded_end(run_id, "w1", ended + timedelta(milliseconds=1), 0)
+    assert not rq.recorded_end(run_id, "w1", ended, 1)
+    assert not rq.recorded_end(run_id + 1, "w1", ended, 0)
