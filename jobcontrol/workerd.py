@@ -47,11 +47,10 @@ from jobcontrol.daemon import PidFile, StopSignals, serve
 from jobcontrol.dispatch.recovery import worker_alive
 from jobcontrol.errors import JobControlError
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.model import KILLED_STATUS, RunState
 from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, driver_message, pool_size_for, queries, redact
 from jobcontrol.store.relay import Relay
-from jobcontrol.store.runqueue import RunQueue, get_worker, heard_of_lately
+from jobcontrol.store.runqueue import RunQueue, get_worker, heard_of_lately, lost_end
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import recovery as local_recovery
 from jobcontrol.worker.local import Worker
@@ -288,15 +287,8 @@ class RemoteWorker:
         )
         now = self.clock.now()
         for run in held:
-            values: dict[str, Any] = {
-                "state": RunState.LOST,
-                "exit_status": KILLED_STATUS,
-                "ended": now,
-                "lease_until": None,
-                "reason": f"lost: its worker {self.opts.name} restarted; what it ran was killed",
-            }
-            if run.started is not None:
-                values["duration_ms"] = max(0, int((now - run.started).total_seconds() * 1000))
+            reason = f"lost: its worker {self.opts.name} restarted; what it ran was killed"
+            values = lost_end(run, reason, now)
             if self.runqueue.finish(run.id, self.opts.name, values, 5).recorded:
                 log.warning("task run %s (%s) %s", run.id, run.job_name, values["reason"])
                 events.task_finished.send(self.store, run_id=run.id)

@@ -144,17 +144,10 @@ def _boxes_that_go_on(store: Store, active: list[RunRecord], keep: set[int]) -> 
 
 
 def _settle(conn: Any, run: RunRecord, now: datetime) -> None:
-    values: dict[str, Any] = {
-        "state": RunState.LOST,
-        "exit_status": KILLED_STATUS,
-        "ended": now,
-        "reason": "lost: the daemon stopped while this run was active",
-        "lease_until": None,
-    }
+    reason = "lost: the daemon stopped while this run was active"
     if run.worker and run.kind is Kind.TASK and run.state is RunState.RUNNING:
-        values["reason"] = f"lost: its worker {run.worker} is gone"
-    if run.started is not None:
-        values["duration_ms"] = int((now - run.started).total_seconds() * 1000)
+        reason = f"lost: its worker {run.worker} is gone"
+    values = runqueue.lost_end(run, reason, now)
     if queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values) and run.job_id:
         started = run.started or run.created or now
         queries.write_job_result(

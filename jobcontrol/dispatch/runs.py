@@ -728,15 +728,7 @@ class TreeRuns:
     def _settle_lost(
         self, row: RunRecord, reason: str, now: datetime, state: RunState = RunState.LOST
     ) -> bool:
-        values: dict[str, Any] = {
-            "state": state,
-            "exit_status": KILLED_STATUS,
-            "ended": now,
-            "reason": reason,
-            "lease_until": None,
-        }
-        if row.started is not None:
-            values["duration_ms"] = max(0, int((now - row.started).total_seconds() * 1000))
+        values = runqueue.lost_end(row, reason, now, state)
         return queries.transition_run(self.d.tx.conn, row.id, [row.state], values)
 
     # ------------------------------------------------------------ resuming from the database

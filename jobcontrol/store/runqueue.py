@@ -38,7 +38,7 @@ from sqlalchemy import (
     update,
 )
 
-from jobcontrol.model import DB_LOG, RunRecord, RunState
+from jobcontrol.model import DB_LOG, KILLED_STATUS, RunRecord, RunState
 from jobcontrol.slotgroups import WILDCARD, SlotGroup
 from jobcontrol.store import Store, lanes, queries, runlogs
 from jobcontrol.store.lanes import Lanes
@@ -934,6 +934,24 @@ def _prune(conn: Connection, job_id: int, keep: int) -> list[str]:
     queries.forget_log(conn, [rid for rid, _ in stale])
     runlogs.delete_runs(conn, [rid for rid, path in stale if path == DB_LOG])
     return [path for _, path in stale if path != DB_LOG]
+
+
+def lost_end(
+    run: RunRecord, reason: str, now: datetime, state: RunState = RunState.LOST
+) -> dict[str, Any]:
+    """The final columns of a run that no worker will finish: ended now with 255 and
+    ``reason``, its lease gone. Its duration runs from its start (never below zero when
+    the clock that stamped the start ran ahead of this one)."""
+    values: dict[str, Any] = {
+        "state": state,
+        "exit_status": KILLED_STATUS,
+        "ended": now,
+        "reason": reason,
+        "lease_until": None,
+    }
+    if run.started is not None:
+        values["duration_ms"] = max(0, int((now - run.started).total_seconds() * 1000))
+    return values
 
 
 def expired_leases(conn: Connection, now: datetime) -> list[RunRecord]:

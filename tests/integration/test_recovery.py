@@ -233,3 +233,43 @@ def test_a_start_marks_this_hosts_workers_whose_process_is_gone_as_stopped(
         stopped = {w["name"]: w["stopped"] for w in list_workers(conn, T0)}
     assert stopped == {"gone": beat, "live": None, "far": None}
     store.engine.dispose()
+
+
+def test_a_run_started_by_a_clock_ahead_of_the_daemons_is_lost_with_no_negative_duration(
+    db_url: str,
+) -> None:
+    """A worker on a host whose clock runs ahead stamps a start later than the recovering
+    daemon's now: the run is still lost, with a duration of 0, never below it (as a lease
+    that runs out or a worker's own restart records it)."""
+    from jobcontrol.clock import ManualClock
+    from jobcontrol.dispatch.recovery import recover_lost_runs
+    from jobcontrol.model import Kind, Trigger
+    from jobcontrol.store import Store, queries
+
+    store = Store(db_url)
+    store.upgrade()
+    try:
+        with store.write() as conn:
+            run_id = queries.insert_run(
+                conn,
+                {
+                    "job_name": "skewed",
+                    "kind": Kind.TASK,
+                    "trigger": Trigger.MANUAL,
+                    "state": RunState.RUNNING,
+                    "created": T0,
+                    "started": T0 + timedelta(minutes=5),
+                    "worker": "gone-worker",
+                    "host": "elsewhere",
+                    "command": "true",
+                },
+            )
+        recovery = recover_lost_runs(store, ManualClock(T0), "here")
+        assert [r.id for r in recovery.lost] == [run_id]
+        with store.read() as conn:
+            row = queries.get_run(conn, run_id)
+        assert row is not None
+        assert (row.state, row.exit_status, row.duration_ms) == (RunState.LOST, 255, 0)
+        assert row.reason == "lost: its worker gone-worker is gone"
+    finally:
+        store.dispose()
