@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from jobcontrol import logbatch
 from jobcontrol.api.deps import ApiContext, Context, require
-from jobcontrol.errors import StoreUnavailable
+from jobcontrol.errors import BusyError, StoreUnavailable
 from jobcontrol.service import audit
 from jobcontrol.service.metrics import CONTENT_TYPE
 from jobcontrol.service.users import Action, User
@@ -338,6 +338,9 @@ def shutdown(
 
 # ---------------------------------------------------------------- metrics
 
+# What the dispatcher holds in memory (Engine.dispatcher_gauges): -1 while it cannot say.
+DISPATCHER_GAUGES = ("timers_armed", "timers_due", "paused", "tree_state_waits", "failures")
+
 
 def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     db = ctx.database_state()
@@ -352,7 +355,11 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             unserved = sum(u["runs"] for u in ctx.engine.unserved_queues())
         except StoreUnavailable as exc:
             log.info("unserved queues not read for /metrics: %s", exc)
-    d = ctx.engine.dispatcher_gauges()
+    try:
+        d = ctx.engine.dispatcher_gauges()
+    except BusyError as exc:  # its handler has held the tree too long: unknown meanwhile
+        log.warning("the dispatcher's gauges not read for /metrics: %s", exc)
+        d = dict.fromkeys(DISPATCHER_GAUGES, -1)
     lost = logbatch.lost()
     conns = ctx.connections
     return {

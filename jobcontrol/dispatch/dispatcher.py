@@ -298,8 +298,35 @@ class Dispatcher:
             return f"the database has held the dispatcher up for {held_up:.0f}s"
         return "the stop's time is up"
 
+    def look(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the tree and timers as they stand between handlers, for another
+        thread: through ``read`` while the dispatcher runs; directly while it waits out an
+        outage (it changes nothing meanwhile: what it held before is the best answer there
+        is) or once its thread has ended. ``fn`` only reads."""
+        if not self.running or self.outage.down:
+            return fn()
+        return self.read(fn, self.config.edit_timeout)
+
     def busy_jobs(self) -> list[str]:
-        return [tr.root.job.name for tr in list(self.runs.tree_runs.values())]
+        """The top-level trees with a run in flight."""
+        return self.look(lambda: [tr.root.job.name for tr in self.runs.tree_runs.values()])
+
+    def gauges(self) -> dict[str, int]:
+        """Timers armed, timers come due and not yet run, paused (0/1), edits that waited
+        for the tree, handler failures."""
+
+        def read() -> dict[str, int]:
+            now = self.clock.now()
+            scheduled = [a.when for a in self.tree_timers.armed.values()]
+            return {
+                "timers_armed": len(scheduled),
+                "timers_due": sum(1 for when in scheduled if when <= now),
+                "paused": 1 if self.paused else 0,
+                "tree_state_waits": self.protocol.waits,
+                "failures": self.stats.failures,
+            }
+
+        return self.look(read)
 
     # ------------------------------------------------------------ the loop
 

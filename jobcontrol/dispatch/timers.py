@@ -161,13 +161,7 @@ class TreeTimers:
                 "runs_in_flight": sorted(runs, key=lambda r: r["run_id"] or 0),
             }
 
-        if self.d.outage.down:
-            # The dispatcher thread waits for the database and changes nothing meanwhile;
-            # what it held before the outage is the best answer there is.
-            return handler()
-        # Between handlers, or while one waits for the database to begin its transaction.
-        result: dict[str, Any] = self.d.read(handler, self.d.config.edit_timeout)
-        return result
+        return self.d.look(handler)
 
     def disarm(self, top: Node) -> None:
         if self.armed.pop(top.id, None) is not None:

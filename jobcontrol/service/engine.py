@@ -29,6 +29,7 @@ from jobcontrol.errors import (
     JobError,
     JobRunningError,
     NotRunningError,
+    StoreUnavailable,
     UnknownJobError,
 )
 from jobcontrol.model import JobRecord, JobRef, JobState, Kind, Restarted, RunRecord, find_job
@@ -189,20 +190,24 @@ class Engine:
         self, user: str, operation: str, jobs: Sequence[JobRef], message: str
     ) -> None:
         """Audit a change refused before it reached the engine (a role that may not)."""
-        names = [self._job_name(job) for job in jobs]
+        names = self._job_names(jobs)
         audit.record(self.store, user, operation, names, audit.Result.REFUSED, message)
 
     def apply_batch(self, batch: Batch, *, user: str) -> BatchResult:
         """Create, modify and delete jobs in one transaction, all or nothing; audited."""
-        names = [c.name for c in batch.creates] + [self._job_name(c.job) for c in batch.changes]
-        names += [self._job_name(d) for d in batch.deletes]
+        names = [c.name for c in batch.creates] + self._job_names([c.job for c in batch.changes])
+        names += self._job_names(batch.deletes)
         with audit.scope(self.store, user, _batch_operation(batch), names):
             return self._apply_batch(batch, user)
 
     def _apply_batch(self, batch: Batch, user: str) -> BatchResult:
         note = audit.current()
         creates = [(c, normalise_fields(c.name, c.fields)) for c in batch.creates]
-        changes = [(c, normalise_fields(self._job_name(c.job), c.fields)) for c in batch.changes]
+        change_names = self._job_names([c.job for c in batch.changes])
+        changes = [
+            (c, normalise_fields(name, c.fields))
+            for c, name in zip(batch.changes, change_names, strict=True)
+        ]
         for c, _ in creates:
             check_name(c.name, c.name)
             check_new_name(c.name, c.name)
@@ -393,7 +398,7 @@ class Engine:
 
     def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> list[int]:
         """Delete jobs with their sub-trees: shallowest first, each sub-tree its own transaction (spec 5.4)."""
-        names = [self._job_name(j) for j in jobs]
+        names = self._job_names(jobs)
         with audit.scope(self.store, user, "jobs.delete", names) as note:
             note.deferred = True  # several transactions: recorded once, after the last
             with self.store.read() as conn:
@@ -426,10 +431,21 @@ class Engine:
 
     def _job_name(self, job: JobRef) -> str:
         """The name of a job given by id, for the audit trail (the id when unknown)."""
-        if isinstance(job, str) or self.dispatcher is None:
-            return str(job)
-        node = self.dispatcher.tree.nodes.get(job)
-        return node.job.name if node is not None else str(job)
+        return self._job_names([job])[0]
+
+    def _job_names(self, jobs: Sequence[JobRef]) -> list[str]:
+        """The names of jobs given by name or id, for the audit trail: read from the
+        database in one statement (the id where no such job is, or while the database
+        does not answer, when the audited call itself is refused with the outage)."""
+        ids = [job for job in jobs if not isinstance(job, str)]
+        names: dict[int, str] = {}
+        if ids:
+            try:
+                with self.store.read() as conn:
+                    names = queries.job_names(conn, ids)
+            except StoreUnavailable as exc:
+                log.info("job names for the audit trail not read: %s", exc)
+        return [job if isinstance(job, str) else names.get(job, str(job)) for job in jobs]
 
     def run_now(self, job: JobRef, *, user: str) -> int:
         with audit.scope(self.store, user, "job.run", [self._job_name(job)]) as note:
@@ -559,16 +575,7 @@ class Engine:
     def dispatcher_gauges(self) -> dict[str, int]:
         """Timers armed, timers come due and not yet run, paused (0/1), edits that waited for
         the tree, handler failures."""
-        d = self._attached()
-        now = d.clock.now()
-        scheduled = list(d.tree_timers.armed.values())
-        return {
-            "timers_armed": len(scheduled),
-            "timers_due": sum(1 for a in scheduled if a.when <= now),
-            "paused": 1 if d.paused else 0,
-            "tree_state_waits": d.protocol.waits,
-            "failures": d.stats.failures,
-        }
+        return self._attached().gauges()
 
     def outage(self) -> OutageState:
         """Whether the database answers, as the dispatcher sees it."""

@@ -192,13 +192,14 @@ def get_job_by_name(conn: Connection, name: str) -> JobRecord | None:
     return _job_from_row(row) if row else None
 
 
-def job_ids_by_name(conn: Connection, names: Iterable[str]) -> dict[str, int]:
-    names = list(names)
-    found: dict[str, int] = {}
-    for start in range(0, len(names), 500):
-        chunk = names[start : start + 500]
-        for r in conn.execute(select(job.c.name, job.c.id).where(job.c.name.in_(chunk))):
-            found[r.name] = r.id
+def job_names(conn: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """The names of the jobs with these ids (those that exist)."""
+    ids = list(ids)
+    found: dict[int, str] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        for r in conn.execute(select(job.c.id, job.c.name).where(job.c.id.in_(chunk))):
+            found[r.id] = r.name
     return found
 
 
@@ -206,10 +207,6 @@ def jobs_named_with(conn: Connection, text: str) -> list[tuple[int, str]]:
     """(id, name) of the jobs whose name contains ``text``."""
     stmt = select(job.c.id, job.c.name).where(job.c.name.contains(text, autoescape=True))
     return [(r.id, r.name) for r in conn.execute(stmt.order_by(job.c.id))]
-
-
-def parent_links(conn: Connection) -> dict[int, int | None]:
-    return {r.id: r.parent_id for r in conn.execute(select(job.c.id, job.c.parent_id))}
 
 
 _INSERT_JOB = insert(job).returning(job.c.id)

@@ -12,6 +12,7 @@ from jobcontrol import Batch, JobChange
 from jobcontrol.errors import ConflictError, DefinitionError, JobError, UnknownJobError
 from jobcontrol.service.audit import AuditEntry, list_entries
 from jobcontrol.service.loader import load_definitions
+from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, USER, box, task
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,3 +161,19 @@ def test_unknown_job_in_delete_is_refused_before_anything_goes(jc: JC) -> None:
     with pytest.raises(UnknownJobError):
         jc.engine.delete_jobs(["keep", "missing"], user=USER)
     assert jc.job("keep").name == "keep"
+
+
+def test_an_offline_edit_by_id_is_audited_under_the_jobs_name(db_url: str, make_jc: MakeJC) -> None:
+    """With no daemon running (the CLI's offline edits), a job given by id is named in the
+    audit trail from the database; an id that names no job stays as given."""
+    jc = make_jc(db_url, start=False)
+    jc.create(box("Top"), task("t1", "true", "Top"))
+    t1 = jc.job("t1").id
+    jc.engine.modify_jobs([JobChange(t1, {"description": "offline"})], user="ann")
+    assert brief(newest(jc)) == ("ann", "jobs.modify", ["t1"], "ok")
+    assert jc.job("t1").description == "offline"
+    count = len(entries(jc))
+    with pytest.raises(UnknownJobError):
+        jc.engine.modify_jobs([JobChange(t1 + 1000, {"description": "x"})], user="ann")
+    assert len(entries(jc)) == count + 1
+    assert brief(newest(jc)) == ("ann", "jobs.modify", [str(t1 + 1000)], "refused")
