@@ -551,14 +551,14 @@ def _db_copy(args: argparse.Namespace) -> int:
     leases: list[DatabaseLease] = []
     try:
         # Held shared for the whole copy (as `load` does): no daemon starts on either.
-        leases.append(_no_daemon_on(source, "source"))
+        leases.append(_no_daemon_on(source, _copy_refusal("source", source)))
         check_source(source)  # before the target is touched at all
         # A SQLite target is only looked at read-only until it is known to be empty
         # (open_store's first connection would already turn a file to WAL mode).
         target = (
             Store(target_url) if _sqlite_file(target_url) else open_store(target_url, create=True)
         )
-        leases.append(_no_daemon_on(target, "target"))
+        leases.append(_no_daemon_on(target, _copy_refusal("target", target)))
         copied = copy_database(source, target)
     finally:
         for lease in leases:
@@ -572,19 +572,24 @@ def _db_copy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _no_daemon_on(store: Store, role: str) -> Any:
-    """The database's lease, held shared: refused while a daemon runs on it."""
+def _no_daemon_on(store: Store, refusal: str) -> Any:
+    """The database's lease, held shared (offline work may overlap): ``refusal`` while a
+    daemon runs on it."""
     from jobcontrol.daemon import DatabaseLease
 
     lease = DatabaseLease(store)
     try:
         lease.acquire(shared=True)
     except AlreadyRunningError:
-        raise JobControlError(
-            f"a daemon is running on the {role} {redact(store.url)}: stop it first "
-            "(jobcontrol daemon stop) so the copy is whole (nothing was copied)"
-        ) from None
+        raise JobControlError(refusal) from None
     return lease
+
+
+def _copy_refusal(role: str, store: Store) -> str:
+    return (
+        f"a daemon is running on the {role} {redact(store.url)}: stop it first "
+        "(jobcontrol daemon stop) so the copy is whole (nothing was copied)"
+    )
 
 
 def _share_token_file(source_url: str, target_url: str) -> None:
@@ -679,19 +684,15 @@ def _audit(args: argparse.Namespace, store: Store) -> int:
 
 
 def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
-    from jobcontrol.daemon import DatabaseLease
     from jobcontrol.service.loader import load_definitions
 
     text, source = cli_online.read_source(args.file)
-    # Hold the lease (shared: loads may overlap) for the whole load: a daemon starting
-    # meanwhile would build its tree before the batch commits and never see the jobs.
-    lease = DatabaseLease(store)
-    try:
-        lease.acquire(shared=True)
-    except AlreadyRunningError:
-        raise JobControlError(
-            f"a daemon is running on {redact(store.url)}; stop it first (jobcontrol daemon stop), then load"
-        ) from None
+    # Hold the lease for the whole load: a daemon starting meanwhile would build its
+    # tree before the batch commits and never see the jobs.
+    lease = _no_daemon_on(
+        store,
+        f"a daemon is running on {redact(store.url)}; stop it first (jobcontrol daemon stop), then load",
+    )
     try:
         result = load_definitions(
             engine, text, source, user=getpass.getuser(), replace=args.replace
