@@ -664,18 +664,24 @@ class Dispatcher:
         transaction. A request comes alone: its result (or refusal) is returned."""
         result, error = None, None
         self.runs.reacted.clear()
-        with self._write() as conn:
-            self._tx = tx = Tx(conn)
-            try:
-                if pending is not None:
-                    self._react(pending)
-                for fn in fns:
-                    try:
-                        result = fn()
-                    except JobError as exc:  # a refusal: nothing was changed
-                        error = exc
-            finally:
-                self._tx = None
+        tx: Tx | None = None
+        try:
+            with self._write() as conn:
+                self._tx = tx = Tx(conn)
+                try:
+                    if pending is not None:
+                        self._react(pending)
+                    for fn in fns:
+                        try:
+                            result = fn()
+                        except JobError as exc:  # a refusal: nothing was changed
+                            error = exc
+                finally:
+                    self._tx = None
+        except StoreUnavailable:
+            if tx is not None:
+                tx.rolled_back()  # what memory can take back; the rebuild does the rest
+            raise
         return result, error, tx
 
     # ------------------------------------------------------------ edits (spec 5.5)

@@ -110,9 +110,19 @@ class Tx:
         self.conn = conn
         self.offers: list[int] = []  # task runs queued, announced to workers after commit
         self.after_commit: list[Callable[[], object]] = []
+        # Memory changes to take back should the transaction not commit (the database
+        # went away): run newest first, before the dispatcher waits the outage out.
+        self.undo: list[Callable[[], object]] = []
 
     def after(self, fn: Callable[[], object]) -> None:
         self.after_commit.append(fn)
+
+    def on_rollback(self, fn: Callable[[], object]) -> None:
+        self.undo.append(fn)
+
+    def rolled_back(self) -> None:
+        while self.undo:
+            self.undo.pop()()
 
     def log(self, logger: logging.Logger, msg: str, *args: object) -> None:
         """An INFO line about what this transaction does, written once it is committed.
@@ -165,11 +175,23 @@ class TreeRuns:
             fired_at=fired_at,
         )
         self.tree_runs[node.id] = tr
+        self.d.tx.on_rollback(lambda: self._unstart(tr))
         result = self._enter(node, None, tr)
         assert tr.root_run_id is not None
         if result is not None:
             self.d.tree_timers.tree_done(tr, result)
         return tr.root_run_id
+
+    def _unstart(self, tr: TreeRun) -> None:
+        """A tree run whose start was never committed: gone from memory, its jobs idle
+        again (it started because none of them ran), so that ``/status`` and the tree say
+        what the database says while it does not answer."""
+        if self.tree_runs.get(tr.root.id) is tr:
+            del self.tree_runs[tr.root.id]
+        for run_id, frame in list(self.frames.items()):
+            if frame.tree_run is tr:
+                del self.frames[run_id]
+                frame.node.state, frame.node.started, frame.node.run_id = JobState.IDLE, None, None
 
     def _enter(self, node: Node, parent: Frame | None, tr: TreeRun) -> int | None:
         """Start one job of a run; its status if it finished at once, None if it is under way."""

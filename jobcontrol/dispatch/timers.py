@@ -225,6 +225,9 @@ class TreeTimers:
         if armed is None or armed.when != when or top is None or self._timers_paused:
             return  # cancelled or re-armed since, or fired just before a pause
         del self.armed[top_id]
+        # Not committed, the timer came due and its run waits for the database (the
+        # rebuild after the outage applies the tree's misfire rule to it).
+        self.d.tx.on_rollback(lambda: self.armed.setdefault(top_id, armed))
         log.debug("Timer has fired for job %s", top.job.name)
         busy = self.d.busy_job(top)
         if busy is None:

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from psycopg import sql
 
 from jobcontrol import RunState, events
 from jobcontrol.model import RunRecord
@@ -24,6 +25,7 @@ from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, box, poll_until, task
+from tests.pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(90)
 # The test's lock waits for the engine's short write to end before it is held (with no
@@ -385,3 +387,72 @@ def test_an_end_kept_while_another_process_records_the_file_is_not_lost(
     assert jc.run(runs["b"]).state is RunState.SUCCEEDED
     for run_id in runs.values():  # heard, so the tree runs end before the teardown's stop
         worker.announce(run_id)
+
+
+@pytest.mark.postgres
+def test_a_timer_run_cut_off_by_an_outage_shows_as_due_not_as_a_run_in_flight(
+    postgres_server: PostgresServer, postgres_url: str, make_jc: MakeJC
+) -> None:
+    """PostgreSQL goes away while the dispatcher starts a timer's tree run, between the
+    timer leaving the armed ones and the run's first row: the transaction is lost, and
+    until the database answers again ``/status`` says what the database says (the timer
+    came due, its run waits for the database), not a run in flight with no run id."""
+    jc = make_jc(postgres_url, poll_interval=0.2)
+    jc.create(
+        box("Ticker", timer="every 1s", active=True),
+        task("tick", "true", "Ticker", active=True),
+    )
+    jc.advance(1)
+    jc.wait_quiet()
+    assert len(jc.runs("tick")) == 1
+    dbname = postgres_url.rsplit("/", 1)[1]
+    d = jc.dispatcher
+    with (
+        postgres_server.connect(dbname) as locker,
+        postgres_server.connect("postgres", autocommit=True) as admin,
+    ):
+        # The run table held, so the tree run's first insert waits: the timer has fired
+        # and the tree run is in the dispatcher's memory, its row not written yet.
+        locker.execute("LOCK TABLE run IN ACCESS EXCLUSIVE MODE")
+        mine = locker.info.backend_pid
+        jc.timers.advance(timedelta(seconds=5))
+
+        def insert_waiting() -> bool:
+            rows = admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event_type = "
+                "'Lock' AND query ILIKE 'INSERT INTO run %%'",
+                (dbname,),
+            ).fetchall()
+            return bool(rows)
+
+        poll_until("the tree run's insert to wait for the table", insert_waiting)
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(dbname))
+        )
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> %s",
+                (dbname, mine),
+            )
+            poll_until("the dispatcher to meet the outage", lambda: d.outage.down)
+            poll_until("tries to rebuild", lambda: d.outage.state().failures >= 2)
+            status = d.status()
+            assert (status["timers_armed"], status["timers_due"]) == (0, 1), status
+            assert [t["job"] for t in status["due_timers"]] == ["Ticker"], status
+            assert status["runs_in_flight"] == [], status
+            assert d.busy_jobs() == []
+        finally:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(
+                    sql.Identifier(dbname)
+                )
+            )
+            locker.rollback()
+    poll_until("the database to answer the dispatcher", lambda: not d.outage.down)
+    jc.wait_quiet(fire_due_timers=True)  # the manual timers fire what came due
+    ticks = jc.runs("tick")
+    assert len(ticks) == 2, ticks  # the timer's run, once (misfire rule: run once)
+    assert ticks[0].state is RunState.SUCCEEDED
+    status = d.status()
+    assert (status["timers_armed"], status["timers_due"], status["runs_in_flight"]) == (1, 0, [])
