@@ -68,6 +68,7 @@ class Runtime:
         )
         # What the event stream last said of the database (``database.changed``).
         self._database_ok = True
+        self._database_outages = 0  # outages of any part, overlapping ones counted once
         self._database_lock = threading.Lock()
         self.dispatcher.outage.watch(self._outage_changed)
         if self.relay is not None:
@@ -132,6 +133,8 @@ class Runtime:
             if state["ok"] == self._database_ok:
                 return
             self._database_ok = state["ok"]
+            if not state["ok"]:
+                self._database_outages += 1
             events.database_changed.send(
                 self.dispatcher, ok=state["ok"], since=state["since"], error=state["error"]
             )
@@ -255,7 +258,8 @@ class Runtime:
             "ok": not down,
             "since": min((s.since for s in down.values() if s.since), default=None),
             "error": next((s.error for s in down.values()), None),
-            "outages": sum(s.outages for s in parts.values()),
+            # As the daemon sees it: one outage from the first part down to the last back.
+            "outages": self._database_outages,
             "errors": sum(s.failures for s in parts.values()),
             "parts": {name: _brief(s) for name, s in parts.items()},
         }
