@@ -33,7 +33,7 @@ from jobcontrol.places import (
     state_dir_default,
     token_file,
 )
-from jobcontrol.store import Store, driver_message, redact
+from jobcontrol.store import Store, check_url, driver_message, redact
 from jobcontrol.views import jsonable, run_json
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ def _has_password(db: str) -> bool:
         return False
     try:
         return bool(make_url(db).password)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return False  # Store refuses it with its own message
 
 
@@ -423,6 +423,7 @@ def open_store(db: str, *, create: bool) -> Store:
     ``create``: a SQLite file that does not exist yet may be made (else it is refused,
     and nothing, not even its directory, is created).
     """
+    check_url(db)
     path = _sqlite_file(db)
     if path is not None and not path.exists():
         if not create:

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -104,10 +105,34 @@ def redact(url: str) -> str:
 POSTGRESQL_EXTRA = "pip install 'jobcontrol[postgresql]'"
 
 
+URL_FORMS = "a SQLite file's path, sqlite:///PATH, or postgresql+psycopg://USER@HOST:PORT/NAME"
+
+
+def check_url(url: str) -> None:
+    """Refuse, in one line naming it (its password hidden), what is no database URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if "://" not in url:
+        return  # a path: a SQLite file
+    try:
+        make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        shown = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+        raise StoreError(f"{shown} is not a database URL ({exc}): give {URL_FORMS}") from None
+
+
 def _engine(url: str, **options: Any) -> Engine:
-    """``create_engine``, with a driver that is not installed refused in one line."""
+    """``create_engine``, with a driver that is not installed or a kind of database that
+    is not known refused in one line."""
+    from sqlalchemy.exc import NoSuchModuleError
+
     try:
         return create_engine(url, **options)
+    except NoSuchModuleError:
+        raise StoreError(
+            f"{redact(url)} names no kind of database Job Control knows: give {URL_FORMS}"
+        ) from None
     except ImportError as exc:
         missing = exc.name or str(exc)
         if missing.split(".")[0] == "psycopg":
@@ -182,6 +207,7 @@ class Store:
     ) -> None:
         """``busy_timeout``: how long a SQLite statement waits for another process's lock
         before it fails as ``StoreUnavailable`` (and is retried by whoever runs it)."""
+        check_url(url)
         self.url = normalise_url(url)
         self.busy_timeout = busy_timeout
         self.is_sqlite = self.url.startswith("sqlite")

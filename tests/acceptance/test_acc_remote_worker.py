@@ -545,6 +545,20 @@ def test_a_worker_without_its_database_says_so_in_one_line_and_a_stop_ends_its_w
     assert "Traceback" not in down.stderr, describe(down)
     assert not list(nowhere.state_dir.glob("worker-*.pid")), "no pid file left behind"
 
+    # URLs of a form no database has: named in one line (the password hidden), not a trace.
+    for url, why in (
+        ("postgres://postgres@127.0.0.1:1/nothing", "names no kind of database"),
+        ("postgresql+psycopg://u:hush@127.0.0.1:notaport/x", "is not a database URL"),
+    ):
+        odd = make_jc(url)
+        for argv in (("worker", "--name", "w", "--slots", "1"), ("workers",), ("ls",)):
+            refused = odd.fails(*argv)
+            assert why in refused.stderr, describe(refused)
+            assert "postgresql+psycopg://USER@HOST:PORT/NAME" in refused.stderr
+            assert "Traceback" not in refused.stderr and "hush" not in refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1, describe(refused)
+        assert not list(odd.state_dir.glob("worker-*.pid")), "no pid file left behind"
+
     # The database answers reads but not the registry's write (its table held by another
     # transaction; each try fails on lock_timeout, as in an outage): the worker waits for
     # it, and SIGTERM ends that wait instead of being ignored until the database is back.
