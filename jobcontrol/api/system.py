@@ -116,11 +116,15 @@ def healthz(ctx: Context) -> JSONResponse:
 
 def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
     """STOPPED lanes, read from the database. While it does not answer, none are listed:
-    ``/status`` is served from memory then, and says the database is away."""
+    ``/status`` is served from memory then, and says the database is away.
+
+    What an outage keeps these reads from is logged at DEBUG only: the answer itself says
+    the database is away, and the parts that meet it log the outage once, when it begins
+    and when it ends; a line per request would bury those two in a polled daemon's log."""
     try:
         stopped = ctx.engine.lanes.stopped()
     except StoreUnavailable as exc:  # the outage itself is in /status's `database`
-        log.info("stopped lanes not read for /status: %s", exc)
+        log.debug("stopped lanes not read for /status: %s", exc)
         return []
     return [
         {**s, "stopped_at": s["stopped_at"].isoformat() if s["stopped_at"] else None}
@@ -133,7 +137,7 @@ def _live_workers(ctx: ApiContext, where: str) -> list[dict[str, Any]] | None:
     try:
         return ctx.engine.live_workers()
     except StoreUnavailable as exc:
-        log.info("workers not read for %s: %s", where, exc)
+        log.debug("workers not read for %s: %s", where, exc)
         return None
 
 
@@ -143,7 +147,7 @@ def _unserved(ctx: ApiContext, where: str) -> list[dict[str, Any]]:
     try:
         unserved = ctx.engine.unserved_queues()
     except StoreUnavailable as exc:
-        log.info("unserved queues not read for %s: %s", where, exc)
+        log.debug("unserved queues not read for %s: %s", where, exc)
         return []
     out = []
     for u in unserved:
@@ -354,7 +358,7 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
         try:
             unserved = sum(u["runs"] for u in ctx.engine.unserved_queues())
         except StoreUnavailable as exc:
-            log.info("unserved queues not read for /metrics: %s", exc)
+            log.debug("unserved queues not read for /metrics: %s", exc)
     try:
         d = ctx.engine.dispatcher_gauges()
     except BusyError as exc:  # its handler has held the tree too long: unknown meanwhile

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobcontrol.errors import JobControlError, StoreError
+from jobcontrol.errors import JobControlError, StoreError, StoreUnavailable
 from jobcontrol.store import Store
 from jobcontrol.store import access_queries as q
 
@@ -147,6 +147,17 @@ def current() -> AuditNote | None:
 def _record_after(store: Store, note: AuditNote, result: Result, detail: str) -> None:
     try:
         record(store, note.user, note.operation, note.jobs, result, detail)
+    except StoreUnavailable as exc:
+        # The database is away (the outage is logged once by the part that met it, and in
+        # health): one line for the entry it costs, no trace of a known cause.
+        log.warning(
+            "could not write the audit entry %s by %s (%s: %s): %s",
+            note.operation,
+            note.user,
+            result,
+            detail,
+            exc,
+        )
     except JobControlError:
         # The caller's own outcome matters more than the trail: report, don't mask it.
         log.exception(

@@ -444,7 +444,7 @@ class Engine:
                 with self.store.read() as conn:
                     names = queries.job_names(conn, ids)
             except StoreUnavailable as exc:
-                log.info("job names for the audit trail not read: %s", exc)
+                log.debug("job names for the audit trail not read: %s", exc)
         return [job if isinstance(job, str) else names.get(job, str(job)) for job in jobs]
 
     def run_now(self, job: JobRef, *, user: str) -> int:

@@ -125,6 +125,10 @@ def test_the_daemon_rides_out_a_postgresql_outage(
         human = jc.run("status")
         assert human.returncode == 0, describe(human)
         assert "database: UNAVAILABLE since " in human.stdout, human.stdout
+        # A request that needs the database is refused, in one line, audit and all.
+        refused = jc.run("run", "Ticker")
+        assert refused.returncode != 0, describe(refused)
+        assert "Traceback" not in refused.stderr, describe(refused)
         # The job tree still reads, as the database last left it, once the dispatcher
         # itself waits for the database (the ticker's next tick meets the outage).
         assert wait_until(lambda: not _dispatcher_ok(jc), 15), jc.json("status")["database"]
@@ -187,6 +191,12 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     log_text = jc.daemon_log(400)
     assert "the database answers again after" in log_text, log_text
     assert "did not run for" not in log_text, log_text
+    # ...once when it went and once when it came back: no line for each request that the
+    # outage kept from the database (the status polls above, the refused run), and no
+    # trace of a cause already known.
+    assert "not read for" not in log_text, log_text
+    assert "Traceback" not in log_text, log_text
+    assert "could not write the audit entry job.run by" in log_text, log_text
     metrics = jc.run("daemon", "status")
     assert metrics.returncode == 0, describe(metrics)
     jc.ok("daemon", "stop", "--kill")
