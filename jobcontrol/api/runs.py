@@ -1,7 +1,7 @@
 """The run routes: one run with its child runs, and a run's log (a range, the tail, or followed).
 
-A log is only ever read from the run's own ``log_path`` as the executor
-recorded it; a run whose output was empty has none (the executor keeps no
+A log is only ever read from the run's own ``log_path`` as its worker
+recorded it; a run whose output was empty has none (its worker keeps no
 empty file), nor does a box run. A ``log_path`` of ``db:`` is a log kept in the
 database (a remote worker's), read through the service the same way, byte for byte.
 """

@@ -166,13 +166,13 @@ def _commands(sub: Any) -> None:
     for name, text in (("run", "in the foreground"), ("start", "detached, logging to a file")):
         d = dsub.add_parser(name, help=f"start the daemon {text}")
         d.add_argument(
-            "--slots", type=int, default=None, help="task slots of the local executor (8)"
+            "--slots", type=int, default=None, help="task slots of the daemon's embedded worker (8)"
         )
         d.add_argument(
             "--queues",
             default=None,
             metavar="SPEC",
-            help="the local executor's slot groups instead of --slots, e.g. 'fast:1 manual,*:4'",
+            help="the embedded worker's slot groups instead of --slots, e.g. 'fast:1 manual,*:4'",
         )
         d.add_argument("--log-root", type=Path, default=None, help="where task logs go")
         d.add_argument(

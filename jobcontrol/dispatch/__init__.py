@@ -1,4 +1,4 @@
-"""The dispatcher: the one writer of tree state, runs and timers (DESIGN "Dispatcher").
+"""The dispatcher: the one writer of tree state and timers (DESIGN "Dispatcher").
 
 ``dispatcher`` is the thread and its event loop; ``tree`` the in-memory job
 tree; ``treestate`` the edit/reaction protocol; ``runs`` tree runs as state

@@ -1,8 +1,10 @@
-"""The dispatcher: the only writer of run state and timers (DESIGN "Dispatcher").
+"""The dispatcher: the one writer of tree state and timers, and of the runs it queues and
+settles (DESIGN "Dispatcher"). Workers write their own claims and ends, and take the
+next task queued ahead of them, through the run queue.
 
 One thread reads one event queue. Each event is handled inside the tree-state
 protocol's dispatcher section and inside one database transaction; whatever
-must wait for the commit (waking the executor, signals) runs after it.
+must wait for the commit (announcing queued runs to workers, signals) runs after it.
 Requests from other threads (run now, kill, restart) are events carrying a
 ``Future`` for the answer.
 

@@ -1,8 +1,8 @@
 """Tree runs as state machines inside the dispatcher (spec 7.6, 8.1).
 
 A run of a job sub-tree is a chain of frames, one per job being executed: a
-box frame walks its children one after another; a task frame waits for the
-executor to report its outcome. Nothing here blocks: waiting for a TIMED
+box frame walks its children one after another; a task frame waits for its
+worker to record the end in the run queue. Nothing here blocks: waiting for a TIMED
 child arms a timer, a task is a queued run row. Every function runs on the
 dispatcher thread inside its current transaction (``d.tx``).
 """

@@ -30,7 +30,7 @@ class TreeStateProtocol:
         self._pending: Any = None
         self._edit_waiters = 0
         self.edit_timeout = edit_timeout
-        self.waits = 0  # edits that had to wait: exported as a metric later
+        self.waits = 0  # edits that had to wait (jobcontrol_tree_state_waits_total)
 
     @property
     def state(self) -> TreeState:

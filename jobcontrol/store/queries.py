@@ -4,7 +4,7 @@ Values are always bound. Run state writes are compare-and-set
 (``WHERE state IN :expected``); a zero row count means a lost race and the
 caller decides what that means.
 
-The statements on the dispatcher's and executor's hot paths (one set per task
+The statements on the dispatcher's and workers' hot paths (one set per task
 run, one per edited job) are built once with ``bindparam`` placeholders and
 reused: building a statement and computing its cache key costs more than
 executing it (bench/README.md).

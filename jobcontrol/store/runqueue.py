@@ -1,9 +1,10 @@
 """The run queue: the one seam between the dispatcher and any worker (DESIGN "Components").
 
-A worker only ever calls these methods; each is one short transaction of its
-own. The dispatcher queues task runs and reads finished ones inside its own
-transactions (``queries``), and settles the runs of workers whose lease ran out
-(``expired_leases`` / ``settle_lost``).
+A worker only ever calls ``RunQueue``'s methods (an import-linter contract keeps it off
+``queries`` and the schema); each is one short transaction of its own. The dispatcher
+queues task runs and reads finished ones inside its own transactions (``queries``),
+and settles the runs of workers whose lease ran out (``expired_leases``, with the
+final columns of ``lost_end``).
 
 Every state write is compare-and-set: a claim takes a run only while it is
 ``queued``; a finish, a pid or a lease renewal touches a run only while it is
