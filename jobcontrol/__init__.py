@@ -1,7 +1,8 @@
 """Job Control: a workload scheduler of job trees (a port of Inq's Job Control).
 
-The public surface: open a ``Store``, start a ``Runtime`` on it (the dispatcher
-and its embedded worker), and make every edit and request through an ``Engine``.
+The public surface: open a ``Store``, start the dispatcher and its embedded worker on it
+(``jobcontrol.runtime.Runtime``, as the daemon does), and make every edit and request
+through an ``Engine``.
 
 The package is laid out by layer, each importing only those below it (the
 import-linter contract in ``pyproject.toml`` keeps it so):
@@ -14,7 +15,8 @@ import-linter contract in ``pyproject.toml`` keeps it so):
 - ``definitions``, ``timerexpr``: job definitions and the timer language;
 - ``client``: the admin API's client (light: no engine, no SQLAlchemy);
 - leaves: ``places``, ``views``, ``outage``, ``procs``, ``events``, ``clock``, ``filemodes``,
-  ``taskenv``, ``model``, ``errors``.
+  ``taskenv``, ``cgroups``, ``slotgroups``, ``logbatch``, ``gcpause``, then ``diskspace``,
+  ``cpupin``, ``model``, ``errors``.
 
 The names below are loaded on first use, so ``import jobcontrol.client`` (the
 Qt client's only door) loads no engine, store or SQLAlchemy.
