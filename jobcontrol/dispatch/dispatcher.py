@@ -151,6 +151,7 @@ class Dispatcher:
         # Leases are judged only once workers have had a lease's time to renew them.
         self._leases_judged_after = time.monotonic() + config.lease
         self._rode_out_s = 0.0  # how long outages were ridden out, in all (``_was_paused``)
+        self._leases_held_off = False  # the last poll did not judge leases (``_poll``)
         self._receivers: list[tuple[Any, Any]] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -518,10 +519,27 @@ class Dispatcher:
         )
 
     def _poll(self) -> None:
-        """The back-up poll: ends that were not announced, and leases that ran out."""
+        """The back-up poll: ends that were not announced, and leases that ran out.
+
+        Leases are not judged within a lease of the database holding up a write of this
+        process (this handler's own wait for its transaction included): the heartbeats
+        that would have renewed them waited for the same database. A lock held by
+        another process just short of the busy timeout is a slow database, not an
+        outage, and must not have healthy runs settled as lost."""
         self.runs.reconcile()
-        if time.monotonic() >= self._leases_judged_after:
-            self.runs.settle_expired(self.host, self._collect)
+        if time.monotonic() < self._leases_judged_after:
+            return
+        if self.store.held_up_within(self.config.lease):
+            if not self._leases_held_off:
+                log.info(
+                    "leases not judged for now: the database held up writes within the "
+                    "last %gs (heartbeats may have waited for it too)",
+                    self.config.lease,
+                )
+            self._leases_held_off = True
+            return
+        self._leases_held_off = False
+        self.runs.settle_expired(self.host, self._collect)
 
     def _collect(self, row: RunRecord) -> None:
         """Kill what is left of a lost run on this host, off the dispatcher thread."""

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 SQLITE_BUSY_MS = 30_000
 # A pinned PostgreSQL connection idle longer than this is pinged before it is used again.
 PING_IDLE = 1.0
+# A write of this process that took longer than this, its wait for a lock included, or
+# that failed on a transient error, was held up by the database (``held_up_within``).
+HELD_UP_S = 1.0
 # Seconds a PostgreSQL connection attempt may take before it fails (and is retried).
 PG_CONNECT_TIMEOUT = 10
 
@@ -223,6 +226,8 @@ class Store:
         # Writes under way: thread ident -> monotonic time the write began, its wait for
         # the write lock included. Read by ``longest_write``.
         self._writes: dict[int, float] = {}
+        # time.monotonic() when a write of this process was last seen held up.
+        self._held_up_at = float("-inf")
         self._serials = itertools.count(1)  # tells a pinned thread's connections apart
 
     def _make_engine(self, pool_size: int) -> Engine:
@@ -300,11 +305,28 @@ class Store:
         if me in writes:  # a write within a write (the lock is re-entrant): the outer counts
             yield from self._write(wait)
             return
-        writes[me] = time.monotonic()
+        writes[me] = began = time.monotonic()
         try:
             yield from self._write(wait)
+        except StoreUnavailable:
+            self._held_up_at = time.monotonic()
+            raise
         finally:
             del writes[me]
+            ended = time.monotonic()
+            if ended - began > HELD_UP_S:
+                self._held_up_at = ended
+
+    def held_up_within(self, seconds: float) -> bool:
+        """Whether the database held up a write of this process (for longer than
+        ``HELD_UP_S``, or failing it as an outage) in the last ``seconds``, or holds one
+        up now (the caller's own included). A lease that ran out meanwhile may have
+        run out waiting for the database, not because its worker stopped."""
+        now = time.monotonic()
+        if now - self._held_up_at < seconds:
+            return True
+        under_way = list(self._writes.values())
+        return bool(under_way) and now - min(under_way) > HELD_UP_S
 
     def longest_write(self) -> tuple[str, float] | None:
         """The write under way the longest (its wait for a lock included): the name of

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from jobcontrol.service.eventlog import EventLog
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from tests.integration.conftest import MakeJC
-from tests.integration.helpers import JC, box, poll_until, task
+from tests.integration.helpers import JC, USER, box, poll_until, task
 from tests.pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -458,3 +459,67 @@ def test_a_timer_run_cut_off_by_an_outage_shows_as_due_not_as_a_run_in_flight(
     assert ticks[0].state is RunState.SUCCEEDED
     status = d.status()
     assert (status["timers_armed"], status["timers_due"], status["runs_in_flight"]) == (1, 0, [])
+
+
+def test_a_lock_held_short_of_the_busy_timeout_settles_no_healthy_run(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """Another process holds SQLite's write lock for less than the busy timeout: a slow
+    database, not an outage. The worker's heartbeats wait for it, so the run's lease runs
+    out meanwhile; the dispatcher, whose poll waited for the same lock, must not settle
+    the healthy run as lost: it judges leases again only once heartbeats had a lease's
+    time to renew them. The task then ends with its real outcome."""
+    jc = make_jc(sqlite_url, busy_timeout=5.0, poll_interval=0.2, lease=3.0)
+    # Its lane's leases: 3 s, renewed by a heartbeat every second.
+    jc.engine.lanes.set_lane("default", {"stale_timeout_s": 3.0}, user=USER)
+    gate = jc.gate()
+    jc.create(box("Long", active=True), task("held", gate.command, "Long", active=True))
+    mark = jc.rec.mark()
+    root = jc.run_now("Long")
+    held = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "held", since=mark
+    ).run["id"]
+    jc.wait_task_process(held)
+    d = jc.dispatcher
+    # Leases are judged from a lease after the start on: wait until they are.
+    poll_until("leases to be judged", lambda: time.monotonic() > d._leases_judged_after)
+
+    path = sqlite_url.split("///", 1)[1]
+    blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        jc.clock.set(jc.clock.now() + timedelta(seconds=10))  # its lease runs out, unrenewed
+        # The heartbeat (every second) and the dispatcher's poll (every 0.2 s) wait for the
+        # lock; so does a write of the test's own, which says when the wait is long.
+        waiter = threading.Thread(target=_one_write, args=(jc.store,), daemon=True)
+        waiter.start()
+
+        def held_long() -> bool:
+            longest = jc.store.longest_write()
+            return longest is not None and longest[1] > 2.0
+
+        poll_until("the writes to wait past a hold-up", held_long)
+    finally:
+        blocker.rollback()  # before the busy timeout: nothing failed
+        blocker.close()
+    waiter.join(LOCK_WAIT)
+    assert not d.outage.down
+    # Past the lease after the hold, leases are judged again: the heartbeat renewed it.
+    ended_hold = time.monotonic()
+    poll_until("leases judged again", lambda: not jc.store.held_up_within(3.0))
+    seen = d.stats.events
+    poll_until(
+        "a few more polls, or the run settled",
+        lambda: d.stats.events > seen + 3 or jc.run(held).state is not RunState.RUNNING,
+    )
+    assert time.monotonic() - ended_hold > 3.0
+    assert jc.run(held).state is RunState.RUNNING, jc.run(held)
+    gate.open()
+    finished = jc.rec.run_finished("Long", since=mark, timeout=30)
+    assert (finished["id"], finished["state"], finished["exit_status"]) == (root, "succeeded", 0)
+    assert jc.run(held).exit_status == 0
+
+
+def _one_write(store: Store) -> None:
+    with store.write():
+        pass
