@@ -1028,8 +1028,23 @@ class Worker:
         except StoreUnavailable as exc:
             self.outage.failed(exc)
             return False  # backs off; the database answers again some time
-        self.outage.recovered()
+        self._read_went_through()
         return found
+
+    def _read_went_through(self) -> None:
+        """A call that only read went through. On PostgreSQL the database answers again;
+        on SQLite reads pass while another process holds the write lock, so the outage
+        ends only once a write can begin (tried at once, without waiting: the next beat,
+        claim or finish tries again)."""
+        if not self.outage.down:
+            return
+        if self.store.is_sqlite:
+            try:
+                with self.store.write(wait=False):
+                    pass
+            except StoreUnavailable:
+                return
+        self.outage.recovered()
 
     def _claim(self, g: _Group, run_id: int | None, limit: int) -> list[RunRecord]:
         try:
@@ -1051,7 +1066,10 @@ class Worker:
         except Exception:
             log.exception("slot group %s: claiming a task run failed", g.spec.key)
             return []
-        self.outage.recovered()
+        if claimed:
+            self.outage.recovered()  # it wrote
+        else:
+            self._read_went_through()  # nothing queued: it may only have read
         return claimed
 
     def _backed_off(self, g: _Group, *, empty: bool) -> None:

@@ -111,6 +111,8 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     assert state.failures >= 1
     # Both parts met it: the daemon (/status, /metrics) counts one outage, not one a part.
     assert jc.runtime.database()["outages"] == 1
+    # ...and the worker one, not one ended by a read that passed while writes could not.
+    assert worker.outage.state().outages == 1
 
     # The tick that came due during the outage ran (misfire run-once), and ticks go on.
     poll_until("the missed tick", lambda: len(jc.runs("tick")) > ticks_before)
