@@ -253,6 +253,8 @@ class TreeTimers:
         """Spec 7.9: re-evaluate and re-arm after a run, unless an ABORT tree failed."""
         self.d.runs.tree_runs.pop(tr.root.id, None)
         top = tr.top
+        before = self.armed.get(top.id)
+        self.d.tx.on_rollback(lambda: self._undone(tr, before))
         if self.d.tree.get(top.id) is None:
             return
         if tr.immediate:
@@ -277,6 +279,19 @@ class TreeTimers:
         else:
             # An edit during the run may have armed a timer: it must not fire now.
             self._unschedule(top)
+
+    def _undone(self, tr: TreeRun, before: Armed | None) -> None:
+        """The end of a tree run that was never committed: in flight again, its timer as it
+        was (the one armed for its next run cancelled), until the rebuild after the
+        outage re-derives both from the database."""
+        top_id = tr.top.id
+        self.d.runs.tree_runs.setdefault(tr.root.id, tr)
+        if self.armed.get(top_id) is not before:
+            self.d.timers.cancel(("tree", top_id))
+            if before is None:
+                self.armed.pop(top_id, None)
+            else:
+                self.armed[top_id] = before
 
     def _unschedule(self, top: Node) -> None:
         """Nothing armed and no next runs: the tree will not run again until restarted."""

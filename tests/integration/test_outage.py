@@ -525,3 +525,74 @@ def test_a_lock_held_short_of_the_busy_timeout_settles_no_healthy_run(
 def _one_write(store: Store) -> None:
     with store.write():
         pass
+
+
+@pytest.mark.postgres
+def test_a_tree_runs_end_cut_off_by_an_outage_leaves_the_run_in_flight(
+    postgres_server: PostgresServer, postgres_url: str, make_jc: MakeJC
+) -> None:
+    """PostgreSQL goes away while the dispatcher reacts to a tree run's end, after the run
+    left the runs in flight and before its next timer was armed: until the database
+    answers again ``/status`` shows the run still in flight (its end is not committed),
+    not a tree with neither a run nor a timer."""
+    jc = make_jc(postgres_url, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(
+        box("Ticker", timer="every 1s", active=True),
+        task("tick", gate.command, "Ticker", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(1)
+    tick = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "tick", since=mark
+    ).run["id"]
+    jc.wait_task_process(tick)
+    dbname = postgres_url.rsplit("/", 1)[1]
+    d = jc.dispatcher
+    with (
+        postgres_server.connect(dbname, autocommit=True) as inside,
+        postgres_server.connect("postgres", autocommit=True) as admin,
+    ):
+        # The write of the tree's next run (its evaluation, after the run left the runs in
+        # flight) waits in a trigger, until the test ends the connection that made it.
+        inside.execute(
+            "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$"
+        )
+        inside.execute(
+            "CREATE TRIGGER test_hold BEFORE UPDATE ON job FOR EACH ROW WHEN "
+            "(OLD.next_runs IS DISTINCT FROM NEW.next_runs) EXECUTE FUNCTION test_hold()"
+        )
+        gate.open()
+
+        def held() -> bool:
+            rows = admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event = 'PgSleep'",
+                (dbname,),
+            ).fetchall()
+            return bool(rows)
+
+        poll_until("the evaluation's write to wait in the trigger", held)
+        allow = sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}")
+        admin.execute(allow.format(sql.Identifier(dbname), sql.SQL("false")))
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> %s",
+                (dbname, inside.info.backend_pid),
+            )
+            poll_until("the dispatcher to meet the outage", lambda: d.outage.down)
+            poll_until("tries to rebuild", lambda: d.outage.state().failures >= 2)
+            status = d.status()
+            assert [r["job"] for r in status["runs_in_flight"]] == ["Ticker"], status
+            assert (status["timers_armed"], status["timers_due"]) == (0, 0), status
+            assert d.busy_jobs() == ["Ticker"]
+        finally:
+            inside.execute("DROP TRIGGER test_hold ON job")
+            admin.execute(allow.format(sql.Identifier(dbname), sql.SQL("true")))
+    poll_until("the database to answer the dispatcher", lambda: not d.outage.down)
+    finished = jc.rec.run_finished("Ticker", since=mark, timeout=30)
+    assert (finished["state"], finished["exit_status"]) == ("succeeded", 0)
+    jc.wait_quiet()
+    status = d.status()
+    assert (status["timers_armed"], status["runs_in_flight"]) == (1, []), status
