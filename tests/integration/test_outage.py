@@ -596,3 +596,44 @@ def test_a_tree_runs_end_cut_off_by_an_outage_leaves_the_run_in_flight(
     jc.wait_quiet()
     status = d.status()
     assert (status["timers_armed"], status["runs_in_flight"]) == (1, []), status
+
+
+def test_a_worker_counts_a_held_sqlite_write_lock_as_one_outage(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """In WAL mode reads pass while another process holds the write lock: the worker's
+    looks for work go through between its failed heartbeats. They must not end its
+    outage (one outage, said once, down all through), only a write that begins does."""
+    from jobcontrol.clock import SystemClock
+    from jobcontrol.worker import Worker
+
+    store = Store(sqlite_url, busy_timeout=0.3)
+    store.upgrade()
+    worker = Worker(
+        RunQueue(store, timedelta(seconds=2)),
+        clock=SystemClock(),
+        log_root=tmp_path / "logs",
+        instance_id=store.instance_id(),
+        name="w",
+        slots=1,
+        poll_interval=0.1,
+        heartbeat_interval=0.3,
+    )
+    worker.start()
+    try:
+        blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            poll_until("a beat to fail", lambda: worker.outage.down)
+            # Several beats fail, with looks (reads that pass) between them.
+            poll_until("beats to fail again", lambda: worker.outage.state().failures >= 4)
+            state = worker.outage.state()
+            assert (state.down, state.outages) == (True, 1), state
+        finally:
+            blocker.rollback()
+            blocker.close()
+        poll_until("the worker to write again", lambda: not worker.outage.down)
+        assert worker.outage.state().outages == 1
+    finally:
+        worker.stop(10)
+        store.dispose()
