@@ -34,6 +34,15 @@ pytestmark = pytest.mark.timeout(90)
 LOCK_WAIT = 10.0
 
 
+def _task_running(jc: JC, name: str, mark: int) -> int:
+    """The run of task ``name`` started since ``mark``, once its process runs."""
+    run_id: int = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == name, since=mark
+    ).run["id"]
+    jc.wait_task_process(run_id)
+    return run_id
+
+
 def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_jc: MakeJC) -> None:
     jc = make_jc(sqlite_url, busy_timeout=0.3, poll_interval=0.2)
     gate = jc.gate()
@@ -54,10 +63,7 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
 
     mark = jc.rec.mark()
     root = jc.run_now("Long")
-    through = jc.rec.wait_for(
-        lambda s: s.name == "run_started" and s.run["job_name"] == "through", since=mark
-    ).run["id"]
-    jc.wait_task_process(through)
+    through = _task_running(jc, "through", mark)
 
     path = sqlite_url.split("///", 1)[1]
     blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
@@ -478,10 +484,7 @@ def test_a_lock_held_short_of_the_busy_timeout_settles_no_healthy_run(
     jc.create(box("Long", active=True), task("held", gate.command, "Long", active=True))
     mark = jc.rec.mark()
     root = jc.run_now("Long")
-    held = jc.rec.wait_for(
-        lambda s: s.name == "run_started" and s.run["job_name"] == "held", since=mark
-    ).run["id"]
-    jc.wait_task_process(held)
+    held = _task_running(jc, "held", mark)
     d = jc.dispatcher
     # Leases are judged from a lease after the start on: wait until they are.
     poll_until("leases to be judged", lambda: time.monotonic() > d._leases_judged_after)
@@ -543,10 +546,7 @@ def test_a_tree_runs_end_cut_off_by_an_outage_leaves_the_run_in_flight(
     )
     mark = jc.rec.mark()
     jc.advance(1)
-    tick = jc.rec.wait_for(
-        lambda s: s.name == "run_started" and s.run["job_name"] == "tick", since=mark
-    ).run["id"]
-    jc.wait_task_process(tick)
+    _task_running(jc, "tick", mark)
     dbname = postgres_url.rsplit("/", 1)[1]
     d = jc.dispatcher
     with (
