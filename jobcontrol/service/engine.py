@@ -195,15 +195,17 @@ class Engine:
 
     def apply_batch(self, batch: Batch, *, user: str) -> BatchResult:
         """Create, modify and delete jobs in one transaction, all or nothing; audited."""
-        names = [c.name for c in batch.creates] + self._job_names([c.job for c in batch.changes])
-        names += self._job_names(batch.deletes)
+        change_names = self._job_names([c.job for c in batch.changes])
+        names = [c.name for c in batch.creates] + change_names + self._job_names(batch.deletes)
         with audit.scope(self.store, user, _batch_operation(batch), names):
-            return self._apply_batch(batch, user)
+            return self._apply_batch(batch, user, change_names)
 
-    def _apply_batch(self, batch: Batch, user: str) -> BatchResult:
+    def _apply_batch(
+        self, batch: Batch, user: str, change_names: Sequence[str] = ()
+    ) -> BatchResult:
+        """``change_names``: the names of ``batch.changes``' jobs (for their messages)."""
         note = audit.current()
         creates = [(c, normalise_fields(c.name, c.fields)) for c in batch.creates]
-        change_names = self._job_names([c.job for c in batch.changes])
         changes = [
             (c, normalise_fields(name, c.fields))
             for c, name in zip(batch.changes, change_names, strict=True)
