@@ -92,7 +92,12 @@ def _taken_ahead(jc: JC, w: Workers, on_error: str, middle: NewJob) -> tuple[int
 def _poll(jc: JC) -> None:
     """Run the dispatcher's back-up poll now (ends nobody announced, expired leases)."""
     d = jc.dispatcher
-    poll_until("leases to be judged", lambda: time.monotonic() >= d._leases_judged_after)
+
+    def judged() -> bool:  # as the poll decides: not after a pause, nor a slow write
+        lease = d.config.lease
+        return time.monotonic() >= d._leases_judged_after and not jc.store.held_up_within(lease)
+
+    poll_until("leases to be judged", judged)
     d.post((d._poll, None))
     jc.sync()
 
