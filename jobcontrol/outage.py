@@ -17,6 +17,30 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
+# The waits between tries at a database that does not answer: from RETRY_FIRST,
+# doubling up to RETRY_MAX. Short at first (a lock held a moment, a server
+# restarting), never long enough to leave a database that is back unused for long.
+RETRY_FIRST, RETRY_MAX = 0.05, 2.0
+
+
+class Backoff:
+    """How long to wait before the next try: ``first``, doubling up to ``cap`` with
+    each failed try, and ``first`` again once a try went through (``reset``)."""
+
+    def __init__(self, first: float = RETRY_FIRST, cap: float = RETRY_MAX) -> None:
+        self.first = first
+        self.cap = cap
+        self._delay = first
+
+    def next(self) -> float:
+        """The wait before the next try; the one after it is twice as long, up to the cap."""
+        delay = self._delay
+        self._delay = min(delay * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._delay = self.first
+
 
 @dataclass(frozen=True)
 class OutageState:

@@ -58,7 +58,7 @@ from jobcontrol.model import (
     RunRecord,
     Trigger,
 )
-from jobcontrol.outage import Outage
+from jobcontrol.outage import Backoff, Outage
 from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, queries
 
@@ -566,7 +566,8 @@ class Dispatcher:
         if exc is not None:
             self.outage.failed(exc)
         edits = [pending] if pending is not None else []
-        delay = 0.05 if exc is not None else 0.0
+        backoff = Backoff()
+        delay = backoff.next() if exc is not None else 0.0  # after a bug: at once
         while True:
             self._owner.release()  # parked: readers may look at the tree meanwhile
             try:
@@ -575,7 +576,7 @@ class Dispatcher:
                 self._owner.acquire()
             if stopped:
                 return  # stopped first: the next start rebuilds from the database
-            delay = min(max(delay * 2, 0.05), 2.0)
+            delay = backoff.next()
             try:
                 with self.protocol.dispatcher_section() as another:
                     if another is not None:

@@ -46,7 +46,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jobcontrol import events
-from jobcontrol.outage import Outage
+from jobcontrol.outage import Backoff, Outage
 
 if TYPE_CHECKING:
     import psycopg
@@ -59,10 +59,12 @@ CHANNEL = "jobcontrol"
 # NOTIFY's payload must stay under 8000 bytes: run ids past this many are left out
 # (the receiver claims by priority instead; the ids are only a fast path).
 MAX_IDS = 200
-# As the dispatcher's and the workers' own retries: a listener that waited 5 s between
-# tries after an outage left a remote worker deaf to runs queued for up to 5 s after the
-# database came back (the back-off poll found them, seconds later still).
-RETRY_FIRST, RETRY_MAX = 0.1, 2.0
+# Capped as the dispatcher's and the workers' own retries (``outage.Backoff``): a
+# listener that waited 5 s between tries after an outage left a remote worker deaf to
+# runs queued for up to 5 s after the database came back (the back-off poll found them,
+# seconds later still). It starts a little later: each try is a new connection, a new
+# server process.
+RETRY_FIRST = 0.1
 
 _SIGNALS = {
     "runs_queued": events.runs_queued,
@@ -192,7 +194,7 @@ class Relay:
 
     def _send_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
-        delay = RETRY_FIRST
+        backoff = Backoff(RETRY_FIRST)
         while True:
             item = self._outbox.get()
             if item is None:
@@ -208,7 +210,7 @@ class Relay:
                         self.sent += 1
                     else:
                         self._hello_sent.set()
-                    delay = RETRY_FIRST
+                    backoff.reset()
                     if self._listening.is_set():
                         # Both ways work again (the listener may have come back first
                         # and found this side still failing).
@@ -226,8 +228,7 @@ class Relay:
                     # A hint that cannot be sent now is stale by the time it could be:
                     # drop it (counted, in health) and let the back-up polls find the work.
                     self.dropped += 1
-                    self._stop.wait(delay)
-                    delay = min(delay * 2, RETRY_MAX)
+                    self._stop.wait(backoff.next())
                     break
         _close(conn)
 
@@ -236,7 +237,7 @@ class Relay:
     def _listen_loop(self) -> None:
         assert self._wakeup is not None
         wakeup = self._wakeup[0]
-        delay = RETRY_FIRST
+        backoff = Backoff(RETRY_FIRST)
         missed = False  # whether notifications may have been sent while not listening
         while not self._stop.is_set():
             conn: psycopg.Connection[Any] | None = None
@@ -252,7 +253,7 @@ class Relay:
                     self._deliver_all_wake()
                     missed = False
                 self.outage.recovered()
-                delay = RETRY_FIRST
+                backoff.reset()
                 # Asleep until the server sends something or ``stop``: psycopg's own
                 # ``notifies(timeout=)`` wakes every 0.1 s to look for a Ctrl-C, ten
                 # wake-ups a second of an otherwise idle daemon. ``poll``, not ``select``:
@@ -277,8 +278,7 @@ class Relay:
                 # only at DEBUG: an outage of an hour is not seven hundred warnings.
                 self.outage.failed(exc)
                 log.debug("listening for run-queue notifications failed: %s; retrying", exc)
-                self._stop.wait(delay)
-                delay = min(delay * 2, RETRY_MAX)
+                self._stop.wait(backoff.next())
             finally:
                 _close(conn)
         self._listening.clear()

@@ -32,7 +32,7 @@ from typing import BinaryIO
 
 from jobcontrol import filemodes
 from jobcontrol.errors import StoreUnavailable
-from jobcontrol.outage import Outage
+from jobcontrol.outage import Backoff, Outage
 from jobcontrol.store import Store, runlogs
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ MEMORY_LIMIT = 4 * 1024 * 1024  # bytes held in memory once the spool cannot be 
 # How long the output of what a task left running is still taken once the task ended
 # (its pipe stays open while they live); later writes of theirs fail (EPIPE).
 LEFTOVER_GRACE = 1.0
-RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 _POLL_MS = 100
 
 
@@ -205,7 +204,7 @@ class DatabaseLog:
         return self._taken - self._uploaded
 
     def _upload_loop(self) -> None:
-        delay = RETRY_FIRST
+        backoff = Backoff()
         with self.store.pinned():
             while (data := self._next_chunk()) is not None:
                 try:
@@ -217,15 +216,15 @@ class DatabaseLog:
                     if self._give_up():
                         self._stop_uploading(f"the worker stopped in a database outage: {exc}")
                         return
-                    time.sleep(delay)  # output arriving is no reason to try again sooner
-                    delay = min(delay * 2, RETRY_MAX)
+                    # Output arriving is no reason to try again sooner.
+                    time.sleep(backoff.next())
                     continue
                 except Exception as exc:  # not an outage: retrying would not help
                     log.exception("task run %s: storing its output failed", self.run_id)
                     self._stop_uploading(f"storing the output failed: {exc}")
                     return
                 self._outage.recovered()
-                delay = RETRY_FIRST
+                backoff.reset()
                 self._stored(len(data))
 
     def _next_chunk(self) -> bytes | None:

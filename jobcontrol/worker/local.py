@@ -64,7 +64,7 @@ from jobcontrol.model import (
     RunRecord,
     RunState,
 )
-from jobcontrol.outage import Outage
+from jobcontrol.outage import Backoff, Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
 from jobcontrol.store.changewatch import ChangeWatch
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
@@ -96,7 +96,6 @@ POLL_BACKOFF = 5
 # instead of six times (bench/README.md, fifteenth and sixteenth rounds).
 IDLE_BEAT_S = 60.0
 QUIET_LOOK_S = 600.0
-RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 # The exit status of a task that could not be started (its log, its command, its cwd).
 NOT_STARTED = 127
 
@@ -1472,7 +1471,7 @@ class Worker:
 
     def _retry(self, what: str, fn: Any) -> Any:
         """``fn()`` until the database answers; None if the worker is stopping past hope."""
-        delay = RETRY_FIRST
+        backoff = Backoff()
         while True:
             try:
                 result = fn()
@@ -1482,8 +1481,7 @@ class Worker:
                 if give_up is not None and time.monotonic() > give_up:
                     log.error("worker %s stopped before it could %s: %s", self.name, what, exc)
                     return None
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
+                time.sleep(backoff.next())
                 continue
             self.outage.recovered()
             return result
