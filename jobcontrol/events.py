@@ -111,3 +111,7 @@ lane_rows_written = _Signal("lane-rows-written")
 # Timers queue runs within ``seconds``: workers keep their cgroup joins warm until then
 # (``cgroups.JoinWarmer``; the daemon's relay carries it to worker processes).
 timers_due = _Signal("timers-due")
+# Not a hint: task runs of this host the dispatcher settled on an expired lease (run_ids),
+# committed. What they left running here is killed by the host's side of the daemon
+# (``Runtime``, by ``worker.recovery.collect``): the dispatcher controls no process.
+runs_lost = _Signal("runs-lost")

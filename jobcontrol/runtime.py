@@ -85,6 +85,8 @@ class Runtime:
         # Ends the worker of an earlier daemon kept on disk (stopped during an outage):
         # recorded before recovery, which would settle those runs as lost.
         keptends.record(RunQueue(self.store), self._spool_dir())
+        # Runs of this host settled on an expired lease: what they left is killed here.
+        events.runs_lost.connect(self._collect, sender=self.store, weak=False)
         d.start()
         if self.config.slots > 0:
             self.containment = Containment.setup(d.instance_id, self.cgroups)
@@ -124,6 +126,17 @@ class Runtime:
             self.worker.start()
             self.worker.wake()  # runs queued before it listened
         return d
+
+    def _collect(self, _store: Store, *, run_ids: list[int]) -> None:
+        """Kill what runs settled on an expired lease left on this host, off the
+        dispatcher's thread (a process may take the kill grace to end)."""
+        threading.Thread(
+            target=local_recovery.collect,
+            args=(self.dispatcher.instance_id, run_ids),
+            kwargs={"kill_grace": self.config.kill_grace},
+            name="jc-collect",
+            daemon=True,
+        ).start()
 
     def _outage_changed(self) -> None:
         """An outage of one part began or ended: tell the event stream when the daemon's
@@ -171,6 +184,7 @@ class Runtime:
         try:
             self.dispatcher.stop(kill_running=kill_running, timeout=timeout)
         finally:
+            events.runs_lost.disconnect(self._collect, sender=self.store)
             if self.worker is not None:
                 if kill_running:
                     self.worker.kill_all("killed: the daemon stopped")

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from jobcontrol import events, gcpause, logbatch, procs
+from jobcontrol import events, gcpause, logbatch
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
 from jobcontrol.dispatch.runs import Held, TreeRuns, Tx
@@ -55,7 +55,6 @@ from jobcontrol.model import (
     JobRef,
     JobState,
     Restarted,
-    RunRecord,
     Trigger,
 )
 from jobcontrol.outage import Backoff, Outage
@@ -539,18 +538,7 @@ class Dispatcher:
             self._leases_held_off = True
             return
         self._leases_held_off = False
-        self.runs.settle_expired(self.host, self._collect)
-
-    def _collect(self, row: RunRecord) -> None:
-        """Kill what is left of a lost run on this host, off the dispatcher thread."""
-        marker = {"JOBCONTROL_RUN_ID": str(row.id), "JOBCONTROL_INSTANCE": self.instance_id}
-        threading.Thread(
-            target=procs.kill_tree,
-            args=(None,),
-            kwargs={"marker": marker, "grace": self.config.kill_grace},
-            name=f"jc-collect-{row.id}",
-            daemon=True,
-        ).start()
+        self.runs.settle_expired(self.host)
 
     # ------------------------------------------------------------ outages
 

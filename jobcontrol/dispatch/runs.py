@@ -700,10 +700,12 @@ class TreeRuns:
 
     # ------------------------------------------------------------ leases
 
-    def settle_expired(self, local_host: str, kill: Callable[[RunRecord], None]) -> None:
-        """Runs whose worker stopped renewing its lease are lost; their trees go on."""
+    def settle_expired(self, local_host: str) -> None:
+        """Runs whose worker stopped renewing its lease are lost; their trees go on. Once
+        committed, ``events.runs_lost`` names those of this host, to be collected."""
         conn, now = self.d.tx.conn, self.d.clock.now()
         settled: list[RunRecord] = []
+        collect: list[int] = []
         for row in runqueue.expired_leases(conn, now):
             local = row.host == local_host
             expired = (
@@ -715,7 +717,8 @@ class TreeRuns:
                 reason = f"lost: {expired}"
             elif local:
                 # A kill was asked of its worker, which never carried it out: it is killed
-                # all the same, by the collection below, and recorded as the kill it was.
+                # all the same, by the collection after commit, and recorded as the kill
+                # it was.
                 state = RunState.KILLED
                 reason = f"killed: {expired} before it carried out the kill; killed on {row.host}"
             else:
@@ -725,8 +728,7 @@ class TreeRuns:
             settled.append(row)
             log.warning("task run %s (%s) %s", row.id, row.job_name, reason)
             if local:
-                # Provably ours to collect: nothing of a lost run may keep running.
-                self.d.tx.after(lambda row=row: kill(row))  # type: ignore[misc]
+                collect.append(row.id)  # provably this host's: nothing of it may keep running
             frame = self.frames.get(row.id)
             if frame is not None and not self._retry(frame, state, KILLED_STATUS):
                 frame.tree_run.current_task = None
@@ -735,6 +737,9 @@ class TreeRuns:
         if settled:
             runqueue.lease_lapsed(conn, [r.worker for r in settled if r.worker is not None])
             self.stop_lanes_after_worker_ends(settled)
+        if collect:
+            store = self.d.store
+            self.d.tx.after(lambda: events.runs_lost.send(store, run_ids=collect))
 
     def stop_lanes_after_worker_ends(self, lost: list[RunRecord]) -> None:
         """Count the workers these lost runs say died; STOP a lane that saw too many (the

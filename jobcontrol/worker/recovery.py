@@ -1,8 +1,10 @@
-"""Local recovery: what lost runs left running on this host is killed before work starts.
+"""Local recovery: what lost runs left running on this host is killed.
 
 The dispatcher's start-up recovery (``jobcontrol.dispatch.recovery``) settles the
-rows of runs nobody can finish any more; this module is the host's half, run by
-the daemon before its embedded worker takes any work. Processes are found by the
+rows of runs nobody can finish any more; ``kill_leftovers`` is the host's half, run
+by the daemon before its embedded worker takes any work. While the daemon runs, the
+dispatcher settles the runs of a worker that stopped renewing their leases, and
+``collect`` kills what those of this host left (``events.runs_lost``). Processes are found by the
 environment marker every task carries and, where runs are contained, by the
 cgroups an earlier daemon of this database left (which escapees that dropped the
 marker cannot leave).
@@ -49,10 +51,7 @@ def kill_leftovers(
             {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id, **(marker or {})}
             for i in lost
         ]
-    killed: set[int] = set()
-    for each in markers:
-        report = procs.kill_tree(None, marker=each, grace=kill_grace)
-        killed |= set(report.termed) | set(report.killed)
+    killed = _kill_marked(markers, kill_grace)
     if killed:
         log.warning("killed %d leftover process(es) of lost runs", len(killed))
     if containment is not None and containment.enabled:
@@ -62,3 +61,29 @@ def kill_leftovers(
             log.warning("killed %d leftover process(es) in the cgroups of lost runs", len(escaped))
         killed |= set(escaped)
     return len(killed)
+
+
+def collect(instance_id: str, run_ids: Iterable[int], *, kill_grace: float) -> int:
+    """Kill what the task runs ``run_ids``, settled on an expired lease while the daemon
+    runs, left on this host (found by the marker every task carries, whichever worker of
+    this host ran it); how many processes. The worker that stopped renewing the lease
+    may come back: its end then finds the run settled and changes nothing."""
+    markers: list[procs.Marker] = [
+        {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id} for i in run_ids
+    ]
+    killed = _kill_marked(markers, kill_grace)
+    if killed:
+        log.warning(
+            "killed %d process(es) left by task run(s) %s, settled on an expired lease",
+            len(killed),
+            ", ".join(m["JOBCONTROL_RUN_ID"] or "" for m in markers),
+        )
+    return len(killed)
+
+
+def _kill_marked(markers: Iterable[procs.Marker], kill_grace: float) -> set[int]:
+    killed: set[int] = set()
+    for each in markers:
+        report = procs.kill_tree(None, marker=each, grace=kill_grace)
+        killed |= set(report.termed) | set(report.killed)
+    return killed
