@@ -30,8 +30,9 @@ Event data (JSON-ready; job views are ``engine.job_view`` dicts, as in ``snapsho
   the database stopped answering the daemon (any of its parts), or answers again.
   Nothing in the job tree changes with it.
 
-``apply_event`` is the client side of that contract: it updates a tree of
-views in place, so ``snapshot`` + ``since(seq)`` replayed equals a later snapshot.
+``jobcontrol.client.events.apply_event`` is the client side of that contract: it
+updates a tree of views in place, so ``snapshot`` + ``since(seq)`` replayed equals a
+later snapshot.
 """
 
 from __future__ import annotations
@@ -465,44 +466,3 @@ def _state_data(
 
 def _view(node: Node, depth: int) -> JobView:
     return job_view(node.job, depth, str(node.state), node.started)
-
-
-# ---------------------------------------------------------------- the client side
-
-
-def apply_event(views: dict[int, JobView], type_: str, data: Mapping[str, Any]) -> None:
-    """Update a tree of job views (by id, from ``snapshot``) in place with one event."""
-    if type_ in ("job.created", "job.modified", "schedule.changed"):
-        moved = False
-        for view in data["jobs"]:
-            old = views.get(view["id"])
-            moved = moved or old is None or old["parent"] != view["parent"]
-            views[view["id"]] = dict(view)
-        if moved:
-            _recompute_depths(views)
-    elif type_ == "job.deleted":
-        doomed = set(data["ids"])
-        for job_id in list(views):
-            if any(a in doomed for a in _lineage(views, job_id)):
-                del views[job_id]
-    elif type_ == "state.changed":
-        view = views.get(data["id"])
-        if view is not None:
-            view.update(state=data["state"], started=data["started"])
-    elif type_ in ("run.started", "run.finished"):
-        job = data.get("job")
-        if job is not None and job["id"] in views:
-            views[job["id"]] = dict(job)
-
-
-def _lineage(views: Mapping[int, JobView], job_id: int | None) -> list[int]:
-    out: list[int] = []
-    while job_id is not None and job_id in views and len(out) <= len(views):
-        out.append(job_id)
-        job_id = views[job_id]["parent"]
-    return out
-
-
-def _recompute_depths(views: dict[int, JobView]) -> None:
-    for job_id, view in views.items():
-        view["depth"] = len(_lineage(views, job_id)) - 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from jobcontrol.client.events import apply_event
 from jobcontrol.service.eventlog import (
     Event,
     EventGap,
@@ -22,7 +23,6 @@ from jobcontrol.service.eventlog import (
     JobView,
     SequenceAhead,
     Subscription,
-    apply_event,
 )
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, WAIT, box, task
