@@ -52,6 +52,7 @@ from jobcontrol.store import Store, driver_message, pool_size_for, queries, reda
 from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue, get_worker, heard_of_lately, lost_end
 from jobcontrol.taskenv import PassEnv
+from jobcontrol.worker import keptends
 from jobcontrol.worker import recovery as local_recovery
 from jobcontrol.worker.local import Worker
 
@@ -196,6 +197,11 @@ class RemoteWorker:
         if self.containment.advice:
             log.warning("%s", self.containment.advice)
         self._warm_joins(self.containment)
+        spool_dir = self.opts.state_dir / "spool" / _SAFE.sub("_", self.opts.name)
+        # Ends an earlier life kept on disk (stopped during an outage): recorded before
+        # recovery, which would settle those runs as lost (as the daemon does).
+        if spool_dir.is_dir():
+            keptends.record(self.runqueue, spool_dir)
         self._recover(instance, marker, previous)
         self.relay = relay = Relay(self.store, name=f"worker {self.opts.name}")
         relay.start()
@@ -208,7 +214,7 @@ class RemoteWorker:
             groups=self.opts.groups,
             # No shared filesystem with the daemon: task output goes to the database.
             log_store="database",
-            spool_dir=self.opts.state_dir / "spool" / _SAFE.sub("_", self.opts.name),
+            spool_dir=spool_dir,
             kill_grace=self.opts.kill_grace,
             version=__version__,
             pass_env=self.opts.pass_env,

@@ -256,3 +256,41 @@ def test_a_daemon_stopped_during_an_outage_stops_and_its_runs_keep_their_end(
     assert [(r["state"], r["exit_status"]) for r in jc.history("Long")] == [("killed", 255)]
     assert "kept on disk by worker" in jc.daemon_log(200)
     jc.ok("daemon", "stop")
+
+
+def test_a_worker_stopped_during_an_outage_has_its_kept_end_recorded_at_its_restart(
+    outage_jc: JobControl, own_server: PostgresServer
+) -> None:
+    """``worker stop --kill`` while PostgreSQL is down: the worker process kills its task
+    and keeps the end on disk. Its next start records that end before its own recovery
+    would settle the run lost because its worker restarted."""
+    jc = outage_jc
+    jc.upgraded().load(write(jc.base / "trees.yaml", LONG))
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w-out", "--slots", "1")
+    jc.ok("run", "Long")
+    assert wait_until(lambda: [r["state"] for r in jc.history("long")] == ["running"], 10)
+    assert jc.marked(), "the task runs"
+    kept = jc.state_dir / "spool" / "w-out" / "ends.jsonl"
+
+    own_server.halt()
+    try:
+        stopped = jc.run("worker", "stop", "--name", "w-out", "--kill")
+        assert stopped.returncode == 0, describe(stopped)
+        jc.assert_no_task_processes()
+        (entry,) = [json.loads(line) for line in kept.read_text().splitlines()]
+        assert (entry["values"]["state"], entry["values"]["exit_status"]) == ("killed", 255)
+    finally:
+        own_server.resume()
+
+    jc.ok("worker", "start", "--name", "w-out", "--slots", "1")
+    assert wait_until(lambda: not kept.exists(), 15), "recorded at the start, the file goes"
+    (run,) = jc.history("long")
+    assert (run["state"], run["exit_status"]) == ("killed", 255), run
+    assert run["reason"] == "killed: its worker was stopped", run
+    assert run["worker"] == "w-out", run
+    ended = wait_until(lambda: [r["state"] for r in jc.history("Long")] != ["running"], 15)
+    assert ended, jc.history("Long")
+    assert [(r["state"], r["exit_status"]) for r in jc.history("Long")] == [("killed", 255)]
+    jc.ok("worker", "stop", "--name", "w-out")
+    jc.ok("daemon", "stop")
