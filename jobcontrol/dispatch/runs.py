@@ -814,14 +814,14 @@ class TreeRuns:
         at = _child_index(frame, last.job_id) if last is not None else None
         if last is not None and at is None:
             # Its last child moved away since: nothing of this box is left to run.
-            self._fold(frame, done)
+            self._fold_resumed(frame, done)
             frame.index = len(frame.children)
             steps.append(lambda: self._go_on(frame, self._advance(frame)))
             return
         if waiting:
             # The box waits for a child after the last one it ran (an inactive one
             # leaves no run row): wait again from there; a time passed goes on at once.
-            self._fold(frame, done)
+            self._fold_resumed(frame, done)
             frame.prev = frame.children[at] if at is not None else None
             frame.index = 0 if at is None else at + 1
             self._resume_wait(frame)
@@ -829,7 +829,7 @@ class TreeRuns:
         if last is None or at is None:
             steps.append(lambda: self._go_on(frame, self._advance(frame)))
             return
-        self._fold(frame, done[:-1])
+        self._fold_resumed(frame, done[:-1])
         frame.index = at
         last_node = frame.children[at]
         if len(done) > 1:
@@ -920,6 +920,39 @@ class TreeRuns:
             )
             self._resume_frame(row, node, None, tr, {}, steps)
         return steps
+
+    def _fold_resumed(self, frame: Frame, ended: list[RunRecord]) -> None:
+        """Fold a resumed box's ended children into its status, and record the job result
+        of each task among them that nothing reacted to: a sequence's tasks queued ahead
+        ran one after another while no dispatcher was there (an outage, a crash), each
+        end recorded by its worker, and the box goes on from the last. The job's result
+        is the mark of a reaction (``last_ran`` not before the run was created)."""
+        self._fold(frame, ended)
+        conn, tr = self.d.tx.conn, frame.tree_run
+        for kid in ended:
+            node = self.d.tree.get(kid.job_id) if kid.job_id is not None else None
+            if node is None or node.job.kind is not Kind.TASK or kid.kind is not Kind.TASK:
+                continue
+            if kid.state in ACTIVE_RUN_STATES or kid.state is RunState.SKIPPED:
+                continue
+            job, started = node.job, kid.started or kid.created
+            if started is None or (
+                job.last_ran is not None and kid.created is not None and kid.created <= job.last_ran
+            ):
+                continue  # reacted to
+            status = KILLED_STATUS if kid.exit_status is None else kid.exit_status
+            duration = kid.duration_ms or 0
+            job.last_ran, job.exit_status, job.last_duration_ms = started, status, duration
+            queries.write_job_result(conn, job.id, started, status, duration)
+            info = run_info(kid.id, node, tr, kid.state, exit_status=status, duration_ms=duration)
+            info.update(attempt=kid.attempt, cpu_us=kid.cpu_us, mem_peak_bytes=kid.mem_peak_bytes)
+            self.d.tx.after(lambda info=info: events.run_finished.send(self.d, run=info))  # type: ignore[misc]
+            self.d.tx.log(
+                log,
+                "Job %s completed exit status %s (ended while the dispatcher was away)",
+                job.name,
+                status,
+            )
 
     @staticmethod
     def _fold(frame: Frame, ended: list[RunRecord]) -> None:

@@ -371,6 +371,13 @@ jobs:
     assert out.read_text().split() == ["1", "2", "3", "4", "5"], runs
     assert [len(runs[f"c{i}"]) for i in range(1, 6)] == [1] * 5, runs
     assert [r["exit_status"] for r in runs["c2"]] == [4]
+    # Each job's last result is its run's, those that ended while no dispatcher ran too.
+    for i in range(1, 6):
+        job, (run,) = jc.json("show", f"c{i}"), runs[f"c{i}"]
+        assert (job["exit_status"], job["last_ran"] is not None) == (run["exit_status"], True), (
+            job,
+            run,
+        )
 
 
 @contextmanager
