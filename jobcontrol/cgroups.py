@@ -576,6 +576,29 @@ class _Unavailable(Exception):
     """Why cgroups cannot contain task runs here."""
 
 
+def kill_run_cgroups(instance_id: str, run_id: int) -> list[int]:
+    """Kill what is left in the cgroup of task run ``run_id`` of any worker of this
+    database on this host (the daemon's embedded one, or ``jobcontrol worker``
+    processes, each with a subtree of its own named after the database's instance):
+    a process that dropped the run's marker cannot leave it. The pids that were in
+    it. The cgroup itself stays for its worker (or its next start) to remove."""
+    try:
+        mount = _cgroup2_mount()
+    except _Unavailable:
+        return []
+    prefix = f"jobcontrol-{_SAFE.sub('_', instance_id)}"
+    found: list[int] = []
+    for base in mount[0].glob(f"**/{prefix}*"):  # "**" takes the mount's own level too
+        path = base / f"run-{run_id}"
+        if base.name != prefix and not base.name.startswith(f"{prefix}_"):
+            continue  # another database's whose instance begins the same
+        if path.is_dir():
+            cg = RunCgroup(path, None)
+            found += cg.pids()
+            cg.kill()
+    return sorted(set(found))
+
+
 def _setup(name: str) -> Containment:
     mount = _cgroup2_mount()
     own = _own_cgroup(mount)

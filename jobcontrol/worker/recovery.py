@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable
 
-from jobcontrol import procs
+from jobcontrol import cgroups, procs
 from jobcontrol.cgroups import Containment
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def kill_leftovers(
     return len(killed)
 
 
-def collect(instance_id: str, run_ids: Iterable[int], *, kill_grace: float) -> int:
+def collect(instance_id: str, run_ids: Collection[int], *, kill_grace: float) -> int:
     """Kill what the task runs ``run_ids``, settled on an expired lease while the daemon
     runs, left on this host (found by the marker every task carries, whichever worker of
     this host ran it); how many processes. The worker that stopped renewing the lease
@@ -72,6 +72,9 @@ def collect(instance_id: str, run_ids: Iterable[int], *, kill_grace: float) -> i
         {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id} for i in run_ids
     ]
     killed = _kill_marked(markers, kill_grace)
+    for run_id in run_ids:
+        # What dropped the marker (``env -i``, a daemon of its own) is still in its cgroup.
+        killed |= set(cgroups.kill_run_cgroups(instance_id, run_id))
     if killed:
         log.warning(
             "killed %d process(es) left by task run(s) %s, settled on an expired lease",

@@ -582,3 +582,42 @@ def test_the_helper_of_a_killed_daemon_ends_and_the_next_start_removes_its_cgrou
     finally:
         if daemon.poll() is None:
             daemon.kill()
+
+
+@needs_cgroups
+def test_a_lease_collection_kills_what_left_the_marker_in_a_worker_processes_cgroup(
+    tmp_path: Path, stray: list[int]
+) -> None:
+    """A run settled on an expired lease, of a ``jobcontrol worker`` process on this host
+    (its own cgroup subtree, named after the database's instance and its name): what
+    dropped the run's marker (``env -i setsid``) is killed by its cgroup. Another run's
+    cgroup, and another database's whose instance begins the same, are left alone."""
+    from jobcontrol.worker import recovery
+
+    instance = f"unit{uuid.uuid4().hex[:8]}"
+    theirs = Containment.setup(f"{instance}:w2")
+    other_db = Containment.setup(f"{instance}0:w2")
+    procs_: list[subprocess.Popen[bytes]] = []
+    try:
+        run, other_run, same_id = theirs.create(539), theirs.create(540), other_db.create(539)
+        assert run is not None
+        assert other_run is not None
+        assert same_id is not None
+        escape = "env -i setsid sleep 300 & echo $! > {}; wait"
+        for cg, name in ((run, "lost"), (other_run, "kept"), (same_id, "other-db")):
+            procs_.append(spawn_in(cg, escape.format(tmp_path / f"{name}.pid"), tmp_path / name))
+            stray.append(read_pid(tmp_path / f"{name}.pid"))
+        lost, kept, other = stray
+
+        killed = recovery.collect(instance, [539], kill_grace=1.0)
+
+        assert killed >= 1
+        assert wait_until(lambda: not procs.pid_alive(lost)), "the escapee of the lost run lives"
+        assert procs.pid_alive(kept), "another run's cgroup was killed"
+        assert procs.pid_alive(other), "another database's cgroup was killed"
+    finally:
+        for proc in procs_:
+            proc.kill()
+        for made in (theirs, other_db):
+            made.kill_leftovers(None)
+            made.close()
