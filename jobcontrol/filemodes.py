@@ -33,13 +33,14 @@ _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 def make_dir(path: Path, mode: int = PRIVATE_DIR, gid: int | None = None) -> bool:
     """Create ``path`` with exactly ``mode`` (and group ``gid``); False if it already
-    existed, which leaves it as it is. Missing parents are created as ``mkdir -p`` would."""
+    existed, which leaves it as it is. Missing parents are created as ``mkdir -p`` would,
+    each with the same mode and group: no directory of ours gets the umask's."""
     try:
         path.mkdir(mode=mode)
     except FileExistsError:
         return False
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent, mode, gid)
         try:
             path.mkdir(mode=mode)
         except FileExistsError:
