@@ -107,7 +107,7 @@ class _EngineOps:
             "cpu_us": None,
             "mem_peak_bytes": None,
         }
-        done = self.rq.finish(run_id, self.name, values, 50, take_next=(self.host, ended))
+        done = self.rq.finish(run_id, self.name, values, 50, take_next=(self.host, lambda: ended))
         return done.recorded
 
     def close(self) -> None:

@@ -82,7 +82,9 @@ def probe(url: str, finishes: int, logged: bool) -> tuple[float, float, float]:
                 "mem_peak_bytes": 100,
             }
             t0, c0 = time.perf_counter(), time.thread_time()
-            done = rq.finish(run.id, "probe", values, 5, take_next=("host", ended))
+            done = rq.finish(
+                run.id, "probe", values, 5, take_next=("host", lambda ended=ended: ended)
+            )
             if i >= WARM:
                 walls.append(time.perf_counter() - t0)
                 cpu += time.thread_time() - c0

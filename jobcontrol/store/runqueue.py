@@ -487,17 +487,27 @@ class RunQueue:
         """
         if limit < 1:
             return []
-        params = {"v_started": now, "v_worker": name, "v_host": host, **self._times(now)}
+
+        def stamped(at: datetime) -> dict[str, Any]:
+            return {"v_started": at, "v_worker": name, "v_host": host, **self._times(at)}
+
+        def stamped_in_lock() -> dict[str, Any]:
+            # SQLite: the write lock is had only now, maybe a busy timeout after ``now``
+            # (another process held it): the runs start now, not before.
+            return stamped(clock()) if clock is not None and self.store.is_sqlite else params
+
+        params = stamped(now)
         fixed = self.lease is not None
         claimed: list[RunRecord] = []
         read = self._lanes_read_since(now) if run_id is None else None
         if read is not None and not read.capped():
             # The usual case: one statement, no transaction around it.
             with self.store.single() as conn:
-                claimed = self._claim_uncounted(conn, params, read, queues, limit)
+                claimed = self._claim_uncounted(conn, stamped_in_lock(), read, queues, limit)
             if len(claimed) == limit:
                 return claimed
         with self.store.write() as conn:
+            params = stamped_in_lock()
             if run_id is not None:
                 row = _CLAIM_BY_ID[fixed].first(conn, {"w_id": run_id, **params})
                 if row is not None:
@@ -704,7 +714,7 @@ class RunQueue:
         values: dict[str, Any],
         default_max_log_files: int,
         *,
-        take_next: tuple[str, datetime] | None = None,
+        take_next: tuple[str, Callable[[], datetime]] | None = None,
     ) -> Finished:
         """Record a task run's outcome, compare-and-set from running under this worker.
 
@@ -714,7 +724,10 @@ class RunQueue:
 
         In the same transaction, the run queued ahead after this one (the next task
         of its sequence) becomes claimable if the status lets its box go on; with
-        ``take_next`` (host, now) this worker claims it at once and gets it back.
+        ``take_next`` (host, clock) this worker claims it at once and gets it back,
+        started at the clock's time once the write lock is had (on SQLite a write may
+        wait up to the busy timeout for another process's lock: a time read before
+        would start the next task that much before its process did).
         """
         ok = values.get("exit_status") == 0
         if not self.store.is_sqlite:
@@ -732,7 +745,8 @@ class RunQueue:
             if take_next is None:
                 _RELEASE_NEXT[ok].execute(conn, {"w_id": run_id})
                 return Finished(True, stale)
-            taken = self._take_next(conn, run_id, name, ok, *take_next)
+            host, clock = take_next
+            taken = self._take_next(conn, run_id, name, ok, host, clock())
             return Finished(True, stale, taken)
 
     def _take_next(
@@ -757,7 +771,7 @@ class RunQueue:
         values: dict[str, Any],
         default_max_log_files: int,
         ok: bool,
-        take_next: tuple[str, datetime] | None,
+        take_next: tuple[str, Callable[[], datetime]] | None,
     ) -> Finished:
         """``finish`` on PostgreSQL: one statement (``_finish_and_next_stmt``), with no
         transaction around it."""
@@ -768,7 +782,8 @@ class RunQueue:
         params = _finish_params(run_id, name, values)
         params["w_keep"] = default_max_log_files
         if take_next is not None:
-            host, now = take_next
+            host, clock = take_next
+            now = clock()
             params.update(v_started=now, v_worker=name, v_host=host, **self._times(now))
         # No transaction around it: one round trip, where a task that left a log took
         # four (BEGIN, the finish, the read of the logs to prune, COMMIT).

@@ -1376,13 +1376,12 @@ class Worker:
         take = g.spec.preference and not self._stopping
 
         def finish() -> Finished:
-            now = self.clock.now()
             return self.runqueue.finish(
                 run_id,
                 self.name,
                 values,
                 self.default_max_log_files,
-                take_next=(self.host, now) if take else None,
+                take_next=(self.host, self.clock.now) if take else None,
             )
 
         try:

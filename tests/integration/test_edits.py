@@ -589,7 +589,7 @@ def test_an_edit_takes_the_run_queued_ahead_away_in_its_own_commit(
 
     try:
         poll_until("the edit to commit", committed)
-        done = rq.finish(first.id, "w1", _success(now), 5, take_next=("host-b", now))
+        done = rq.finish(first.id, "w1", _success(now), 5, take_next=("host-b", lambda: now))
         assert done.recorded
         assert done.next is None, f"took {done.next.command!r}, made before the edit"
     finally:

@@ -186,14 +186,14 @@ def test_the_next_task_of_a_sequence_waits_for_a_claim_that_counts(rq: RunQueue)
         return first, nxt
 
     first, nxt = chain("open")
-    result = rq.finish(first, "w", end, 5, take_next=("h", NOW))
+    result = rq.finish(first, "w", end, 5, take_next=("h", lambda: NOW))
     assert result.next is not None, "an open lane: taken at once"
     assert result.next.id == nxt
 
     (holder,) = queue_runs(rq.store, 1, queue="cap")
     assert ids(rq.claim("w", "h", NOW, run_id=holder)) == [holder]
     first, nxt = chain("cap")
-    result = rq.finish(first, "w", end, 5, take_next=("h", NOW))
+    result = rq.finish(first, "w", end, 5, take_next=("h", lambda: NOW))
     assert result.recorded
     assert result.next is None, "its capped lane is full"
     assert state_of(rq.store, nxt) is RunState.QUEUED, "released, not taken"
@@ -203,7 +203,7 @@ def test_the_next_task_of_a_sequence_waits_for_a_claim_that_counts(rq: RunQueue)
 
     first, nxt = chain("open")
     set_lane(rq.store, "open", enabled=False)
-    result = rq.finish(first, "w", end, 5, take_next=("h", NOW))
+    result = rq.finish(first, "w", end, 5, take_next=("h", lambda: NOW))
     assert result.next is None, "drained"
     assert state_of(rq.store, nxt) is RunState.QUEUED
 

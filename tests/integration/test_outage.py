@@ -637,3 +637,54 @@ def test_a_worker_counts_a_held_sqlite_write_lock_as_one_outage(
     finally:
         worker.stop(10)
         store.dispose()
+
+
+def _slot_waits_to_write(store: Store, longer_than: float) -> bool:
+    """Whether a slot thread's write has waited ``longer_than`` seconds so far."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    now = time.monotonic()
+    return any(
+        names.get(ident, "").startswith("jc-slot") and now - began > longer_than
+        for ident, began in store._writes.copy().items()
+    )
+
+
+def test_a_task_taken_with_its_predecessors_end_starts_when_the_lock_is_had(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """Another process holds SQLite's write lock as a sequence's task ends; the worker's
+    write of that end waits for it, and takes the next task in the same transaction.
+    That task starts at the time the lock was had, not at the time the write began: its
+    duration and its job's last run would otherwise count the wait (20 s here, on the
+    test's clock)."""
+    jc = make_jc(sqlite_url, busy_timeout=5.0, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(
+        box("Seq", active=True),
+        task("first", gate.command, "Seq", active=True),
+        task("second", "true", "Seq", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Seq")
+    first = _task_running(jc, "first", mark)
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        gate.open()
+        poll_until("first's process to end", lambda: not jc.task_pids(first))
+        poll_until(
+            "a slot's write to wait for the lock", lambda: _slot_waits_to_write(jc.store, 0.3)
+        )
+        before = jc.clock.now()
+        jc.clock.set(before + timedelta(seconds=20))  # the wait, as the clock sees it
+    finally:
+        blocker.rollback()
+        blocker.close()
+    done = jc.rec.run_finished("second", since=mark, timeout=30)
+    second = jc.run(done["id"])
+    assert second.id == first + 1, "taken with the end: queued ahead"
+    assert second.started is not None
+    assert second.started >= before + timedelta(seconds=20), (second.started, before)
+    assert second.duration_ms is not None
+    assert second.duration_ms < 10_000, second
+    jc.rec.run_finished("Seq", since=mark, timeout=30)

@@ -66,7 +66,7 @@ class Workers:
         transaction, as the embedded worker does in a sequence."""
         now = self.jc.clock.now()
         values = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": now, "duration_ms": 5}
-        done = self.rq.finish(run.id, name, values, 5, take_next=("host-b", now))
+        done = self.rq.finish(run.id, name, values, 5, take_next=("host-b", lambda: now))
         assert done.recorded
         assert done.next is not None, "nothing was queued ahead after the run"
         return done.next

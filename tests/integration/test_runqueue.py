@@ -9,6 +9,7 @@ change nothing.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import Kind, RunState, Trigger
 from jobcontrol.store import Store, queries
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo, expired_leases, request_kill
+from tests.integration.helpers import poll_until
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -242,3 +244,40 @@ def test_a_finish_whose_answer_was_lost_is_told_from_a_run_settled_meanwhile(
     assert not rq.recorded_end(run_id, "w1", ended + timedelta(milliseconds=1), 0)
     assert not rq.recorded_end(run_id, "w1", ended, 1)
     assert not rq.recorded_end(run_id + 1, "w1", ended, 0)
+
+
+def test_a_claim_that_waited_for_another_processs_lock_starts_its_runs_once_it_had_it(
+    sqlite_url: str,
+) -> None:
+    """SQLite: a claim's write waits (up to the busy timeout) for another process's
+    lock. Its runs start at the clock's time once the lock is had, not at the time the
+    claim began: a run would otherwise seem to have started before its process did."""
+    store = Store(sqlite_url)
+    store.upgrade()
+    try:
+        rq = RunQueue(store, LEASE)
+        (run_id,) = queue_runs(store, 1)
+        blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=10)
+        blocker.execute("BEGIN IMMEDIATE")
+        later = NOW + timedelta(seconds=20)
+        times = iter([later])
+        claimed: list[Any] = []
+        claimer = threading.Thread(
+            target=lambda: claimed.extend(rq.claim("w1", "host-a", NOW, clock=lambda: next(times)))
+        )
+        claimer.start()
+        try:
+
+            def waits() -> bool:
+                longest = store.longest_write()
+                return longest is not None and longest[1] > 0.2
+
+            poll_until("the claim to wait for the lock", waits)
+        finally:
+            blocker.rollback()
+            blocker.close()
+        claimer.join(10)
+        assert [r.id for r in claimed] == [run_id]
+        assert run_row(store, run_id).started == later
+    finally:
+        store.dispose()
