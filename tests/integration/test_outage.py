@@ -110,6 +110,13 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
         "through": (RunState.SUCCEEDED, 0),
         "after": (RunState.SUCCEEDED, 0),
     }
+    # Each task's job has its run's result, and each end was announced, the one recorded
+    # while the dispatcher was away (its successor taken with it, queued ahead) too.
+    for name in ("through", "after"):
+        job = jc.job(name)
+        assert (job.last_ran, job.exit_status) == (runs[name].started, 0), (name, job)
+    ended = {e.data["run"]["job_name"] for e in stream.since(first_seq) if e.type == "run.finished"}
+    assert {"through", "after", "Long"} <= ended, ended
     poll_until("both parts to see the database again", lambda: not jc.dispatcher.outage.down)
     poll_until("the worker too", lambda: not worker.outage.down)
     state = jc.dispatcher.outage.state()
