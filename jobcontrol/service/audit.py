@@ -87,8 +87,10 @@ def record(
     detail: str,
     *,
     at: datetime | None = None,
+    wait: bool = True,
 ) -> None:
-    """Write one entry: in the caller's transaction, or in a new one given a store."""
+    """Write one entry: in the caller's transaction, or in a new one given a store
+    (without ``wait``, one that fails at once where another write holds the database)."""
     args = (
         at or datetime.now(UTC),
         user,
@@ -98,7 +100,7 @@ def record(
         detail[:DETAIL_MAX],
     )
     if isinstance(conn_or_store, Store):
-        with conn_or_store.write() as conn:
+        with conn_or_store.write(wait=wait) as conn:
             q.insert_audit(conn, *args)
     else:
         q.insert_audit(conn_or_store, *args)
@@ -128,7 +130,10 @@ def scope(store: Store, user: str, operation: str, jobs: Iterable[str] = ()) -> 
         yield note
     except JobControlError as exc:
         result = Result.ERROR if isinstance(exc, StoreError) else Result.REFUSED
-        _record_after(store, note, result, str(exc))
+        # Refused for an outage: its entry is tried once, at once. Waiting for the
+        # database (up to SQLite's busy timeout, behind the dispatcher's own tries)
+        # would hold the refusal the README promises at once.
+        _record_after(store, note, result, str(exc), wait=not isinstance(exc, StoreUnavailable))
         raise
     except Exception as exc:
         _record_after(store, note, Result.ERROR, f"{type(exc).__name__}: {exc}")
@@ -144,9 +149,11 @@ def current() -> AuditNote | None:
     return _current.get()
 
 
-def _record_after(store: Store, note: AuditNote, result: Result, detail: str) -> None:
+def _record_after(
+    store: Store, note: AuditNote, result: Result, detail: str, *, wait: bool = True
+) -> None:
     try:
-        record(store, note.user, note.operation, note.jobs, result, detail)
+        record(store, note.user, note.operation, note.jobs, result, detail, wait=wait)
     except StoreUnavailable as exc:
         # The database is away (the outage is logged once by the part that met it, and in
         # health): one line for the entry it costs, no trace of a known cause.

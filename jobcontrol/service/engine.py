@@ -145,6 +145,11 @@ class Engine:
                 _drop_aheads(conn, change)
             return
         assert self.dispatcher is not None
+        state = self.dispatcher.outage.state()
+        if state.down:
+            # Refused at once, as a run or a kill is: the dispatcher waits the outage out
+            # (its tries hold the database's turn), and an edit would wait behind them.
+            raise StoreUnavailable(f"the database does not answer: {state.error}")
         with self.dispatcher.protocol.user_edit() as ticket:
             with self.store.write() as conn:
                 yield conn, self._structure(conn), change

@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 
 from jobcontrol import RunState, events
+from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import RunRecord
 from jobcontrol.service.eventlog import EventLog
 from jobcontrol.store import Store
@@ -695,3 +696,45 @@ def test_a_task_taken_with_its_predecessors_end_starts_when_the_lock_is_had(
     assert second.duration_ms is not None
     assert second.duration_ms < 10_000, second
     jc.rec.run_finished("Seq", since=mark, timeout=30)
+
+
+def test_requests_during_a_sqlite_outage_are_refused_at_once_and_change_nothing(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """Another process holds SQLite's write lock past the busy timeout: the dispatcher
+    rides the outage out. A run, a kill or an edit asked meanwhile is refused at once
+    with the outage (503 over the API), not after waiting behind the dispatcher's tries
+    for another busy timeout; nothing of it is done once the database is back."""
+    busy = 4.0
+    jc = make_jc(sqlite_url, busy_timeout=busy, poll_interval=0.2)
+    jc.create(
+        box("Ticker", timer="every 1s", active=True),
+        task("tick", "true", "Ticker", active=True),
+        box("Other", active=True),
+        task("other", "true", "Other", active=True),
+    )
+    jc.advance(1)
+    jc.wait_quiet()
+    description = jc.job("other").description
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        jc.timers.advance(timedelta(seconds=5))  # the ticker's handler meets the lock
+        poll_until("the dispatcher to meet the outage", lambda: jc.dispatcher.outage.down)
+        for name, ask in (
+            ("run", lambda: jc.engine.run_now("Other", user=USER)),
+            ("kill", lambda: jc.engine.kill("Ticker", user=USER)),
+            ("edit", lambda: jc.modify("other", description="changed")),
+        ):
+            began = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="does not answer"):
+                ask()
+            took = time.monotonic() - began
+            assert took < busy / 2, f"{name} refused after {took:.1f}s, not at once"
+    finally:
+        blocker.rollback()
+        blocker.close()
+    poll_until("the database to answer the dispatcher", lambda: not jc.dispatcher.outage.down)
+    jc.wait_quiet()
+    assert jc.runs("other") == [], "the refused run was not made"
+    assert jc.job("other").description == description, "the refused edit was not made"
