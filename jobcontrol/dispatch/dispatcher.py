@@ -549,7 +549,11 @@ class Dispatcher:
         rebuild re-derives what those events would have done.
         """
         held = self.runs.held()  # before any rebuild attempt clears the memory
+        # The outage began with the handler that met it: its own wait for the database
+        # (up to SQLite's busy timeout) is ridden out too, not a pause of the dispatcher.
         began = time.monotonic()
+        if exc is not None and self._handling_since is not None:
+            began = min(began, self._handling_since)
         failed = exc is not None
         if exc is not None:
             self.outage.failed(exc)

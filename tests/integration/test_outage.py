@@ -738,3 +738,40 @@ def test_requests_during_a_sqlite_outage_are_refused_at_once_and_change_nothing(
     jc.wait_quiet()
     assert jc.runs("other") == [], "the refused run was not made"
     assert jc.job("other").description == description, "the refused edit was not made"
+
+
+def test_an_outage_met_by_a_handler_is_not_taken_for_a_pause_of_the_dispatcher(
+    sqlite_url: str, make_jc: MakeJC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler that meets a held SQLite lock waits the busy timeout (past the 5 s a
+    late back-up poll calls a pause) before the outage is known. That wait is the
+    outage's, ridden out: the log says the outage, not "the dispatcher did not run"."""
+    jc = make_jc(sqlite_url, busy_timeout=6.0, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(
+        box("Ticker", timer="every 1s", active=True),
+        task("tick", "true", "Ticker", active=True),
+        box("Long", active=True),
+        task("through", gate.command, "Long", active=True),
+    )
+    jc.advance(1)
+    jc.wait_quiet()
+    mark = jc.rec.mark()
+    jc.run_now("Long")
+    _task_running(jc, "through", mark)  # a run in flight: the back-up poll is due
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        jc.timers.advance(timedelta(seconds=5))  # the ticker's handler meets the lock
+        poll_until("the dispatcher to meet the outage", lambda: jc.dispatcher.outage.down)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    poll_until("the database to answer the dispatcher", lambda: not jc.dispatcher.outage.down)
+    seen = jc.dispatcher.stats.events
+    poll_until("a few back-up polls", lambda: jc.dispatcher.stats.events > seen + 3)
+    said = caplog.text
+    assert "the database does not answer" in said
+    assert "did not run for" not in said, said
+    gate.open()
+    jc.rec.run_finished("Long", since=mark, timeout=30)
