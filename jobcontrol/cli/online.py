@@ -111,11 +111,24 @@ def _no_daemon(args: argparse.Namespace) -> str:
 def read_source(file: str) -> tuple[str, str]:
     """(text, source name) of a definition file; ``-`` is standard input."""
     if file == "-":
-        return sys.stdin.read(), "<stdin>"
+        return _utf8(sys.stdin.buffer.read(), "<stdin>"), "<stdin>"
     try:
-        return Path(file).read_text(), file
+        data = Path(file).read_bytes()
     except OSError as exc:
         raise JobControlError(f"cannot read {file}: {exc.strerror}") from None
+    return _utf8(data, file), file
+
+
+def _utf8(data: bytes, source: str) -> str:
+    """Definition files are UTF-8 (YAML's and JSON's own default)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise JobControlError(
+            f"{source}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): "
+            "save the file as UTF-8"
+        ) from None
 
 
 # ---------------------------------------------------------------- running a command

@@ -299,6 +299,13 @@ def test_load_from_standard_input_missing_files_and_closed_pipes(jc_sqlite: JobC
     missing = jc.fails("load", str(jc.base / "nowhere.yaml"))
     assert f"cannot read {jc.base / 'nowhere.yaml'}" in missing.stderr, describe(missing)
     assert jc.json("ls") == []
+    latin = jc.base / "latin1.yaml"  # saved by an editor in Latin-1: one line, no traceback
+    latin.write_bytes(b'jobs:\n  - name: caf\xe9\n    command: "true"\n')
+    refused = jc.fails("load", str(latin))
+    assert refused.stderr == (
+        f"jobcontrol: {latin}:2: not UTF-8 text (byte 0xe9): save the file as UTF-8\n"
+    ), describe(refused)
+    assert jc.json("ls") == []
 
     piped = jc.ok("load", "-", input=TESTSETUP.read_text())
     assert piped.stdout == "loaded <stdin>: 7 created, 0 changed, 0 deleted\n"
