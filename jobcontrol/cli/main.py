@@ -309,6 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # it: not a detached daemon's command line, not a daemon's tasks.
     from_env = os.environ.pop("JOBCONTROL_DB", None)
     given = args.db
+    if given is not None and not given.strip():
+        # An empty shell variable (`--db "$DB"`) must not fall back to the default database.
+        print(
+            "jobcontrol: --db is empty: give a SQLite file's path or a database URL",
+            file=sys.stderr,
+        )
+        return 2
     args.db_given = bool(given or from_env)
     args.db = normalise_url(args.db or from_env or default_db_path())
     _warn_public_secrets(args, given)

@@ -197,6 +197,10 @@ def test_a_mistyped_db_creates_no_database(
         assert "jobcontrol db upgrade" in line, line
         assert not path.exists()
     assert not in_new_dir.parent.exists()
+    # An empty variable (`--db "$DB"`) is refused, not taken for the default database.
+    for empty in ("", " "):
+        line = one_line_refusal(jc.bare("--db", empty, "--state-dir", jc.state_dir, *args))
+        assert line == "jobcontrol: --db is empty: give a SQLite file's path or a database URL"
     assert sorted(p.name for p in real.parent.iterdir()) == before
 
 
