@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import cpupin, filemodes, gcpause, places, procs, slotgroups
+from jobcontrol import cpupin, diskspace, filemodes, gcpause, places, procs, slotgroups
 from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError, StoreUnavailable
@@ -273,8 +273,13 @@ class PidFile:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        filemodes.make_dir(self.path.parent)
-        fd = filemodes.open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            filemodes.make_dir(self.path.parent)
+            fd = filemodes.open_private(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:  # a full disk, a directory it may not write
+            raise JobControlError(
+                f"cannot create the pid file {self.path}: {exc.strerror}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -282,8 +287,16 @@ class PidFile:
             raise AlreadyRunningError(
                 f"pid file {self.path} is held by another {self.what}"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: the state directory cannot take it
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(fd)
+            raise JobControlError(
+                f"cannot write the pid file {self.path}: {exc.strerror}"
+            ) from None
         self._fd = fd
 
     def release(self) -> None:
@@ -810,6 +823,17 @@ def _start_failed(what: str, status: int, log_file: Path, offset: int) -> JobCon
     ]
     if reasons:
         return JobControlError(f"the {what} did not start: {reasons[-1]} (log {log_file})")
+    if not lines:
+        # Nothing written: its reason could not be either, most likely for want of room.
+        try:
+            free = diskspace.available(os.statvfs(log_file.parent))
+        except OSError:
+            free = None
+        if free is not None and free < diskspace.LOG_ROOM:
+            return JobControlError(
+                f"the {what} exited at start (status {status}) without a word in {log_file}: "
+                f"its disk is full ({free} bytes free)"
+            )
     return JobControlError(
         f"the {what} exited at start (status {status}); see {log_file}:\n" + "\n".join(lines[-20:])
     )

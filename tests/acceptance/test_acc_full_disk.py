@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.harness import JobControl, wait_until, write
+from tests.acceptance.harness import JobControl, describe, wait_until, write
 from tests.tmpfs import tmpfs
 
 pytestmark = pytest.mark.timeout(180)
@@ -233,3 +233,31 @@ def test_a_full_disk_under_the_database_is_an_outage_ridden_out(
     assert all(r["state"] == "succeeded" for r in jc.history("tick")), jc.history("tick")
     assert "database:" not in jc.ok("status").stdout
     assert len(jc.live_daemons()) == 1, "the daemon went on"
+
+
+def test_a_daemon_started_on_a_full_state_directory_says_why_it_did_not_start(
+    small_tmpfs: Path, sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """Neither its log nor its pid file can be written: ``daemon start`` says the disk is
+    full (it used to point at an empty log), ``daemon run`` says it in one line (it used
+    to end in a traceback), and no empty pid file is left behind."""
+    jc = make_jc(sqlite_url)  # the database elsewhere: only the state directory is full
+    jc.upgraded()
+    jc.state_dir = small_tmpfs / "state"
+    jc.state_dirs = {jc.state_dir}
+    jc.state_dir.mkdir(mode=0o700)
+    filler = fill(small_tmpfs)
+
+    started = jc.fails("daemon", "start")
+    assert "its disk is full" in started.stderr, describe(started)
+    assert "Traceback" not in started.stderr, describe(started)
+    ran = jc.fails("daemon", "run")
+    assert "Traceback" not in ran.stderr, describe(ran)
+    assert "No space left on device" in ran.stderr, describe(ran)
+    assert [p for p in jc.state_dir.iterdir() if p.suffix == ".pid"] == []
+    assert jc.live_daemons() == []
+
+    filler.unlink()  # room again: it starts
+    jc.ok("daemon", "start")
+    assert len(jc.live_daemons()) == 1
+    jc.ok("daemon", "stop")
