@@ -439,6 +439,12 @@ def open_store(db: str, *, create: bool) -> Store:
                 "`jobcontrol db upgrade` creates one"
             )
         return Store(db)  # new: nothing there yet to check
+    if path is not None and not create and path.is_file() and path.stat().st_size == 0:
+        # Opening it would make it a SQLite database (a header, WAL mode): left as it is.
+        raise JobControlError(
+            f"{path} is an empty file with no Job Control schema yet: "
+            "run `jobcontrol db upgrade`"
+        )
     store = Store(db)
     try:
         store.current_revision()  # connects: a server that does not answer, a file that is no database

@@ -417,3 +417,29 @@ def test_a_port_out_of_range_is_refused_before_the_daemon_starts(jc_sqlite: JobC
         line = one_line_refusal(jc.run("daemon", "start", env=env))
         assert line == f"jobcontrol: $JOBCONTROL_PORT='{value}' is not a port number (0 to 65535)"
     assert not jc.live_daemons()
+
+
+def test_an_empty_file_is_refused_and_left_empty(jc_sqlite: JobControl, tmp_path: Path) -> None:
+    """``: > jobs.db`` then a command that only reads or edits: refused in one line, and
+    the file stays empty (opening it would have written a SQLite header and WAL files)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    path = folder / "jobs.db"
+    path.touch()
+    defs = write(tmp_path / "one.yaml", ONE_TREE)
+    state = str(tmp_path / "state")
+    for args in (
+        ["ls"],
+        ["history", "hello"],
+        ["export"],
+        ["workers"],
+        ["lanes"],
+        ["load", str(defs)],
+        ["db", "backup", str(tmp_path / "copy.db")],
+    ):
+        line = one_line_refusal(jc_sqlite.bare("--db", path, "--state-dir", state, *args))
+        assert f"{path} is an empty file" in line, line
+        assert "jobcontrol db upgrade" in line, line
+    assert listing(folder) == {"jobs.db": b""}, "no header written, no WAL files beside it"
+    assert path.stat().st_size == 0
+    assert not (tmp_path / "copy.db").exists()
