@@ -118,6 +118,9 @@ EDITABLE_FIELDS = frozenset(
 
 # A change to one of these makes the dispatcher re-evaluate the tree's timers.
 RESCHEDULING_FIELDS = frozenset({"timer", "job_order", "active", "parent_id", "misfire"})
+# Those whose change re-arms a tree as a restart does (spec 5.5: restartSubtreeTimer),
+# from now: a time that passed meanwhile is not run at once.
+RESTARTING_FIELDS = frozenset({"timer", "active"})
 
 
 @dataclass

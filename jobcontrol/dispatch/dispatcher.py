@@ -52,6 +52,7 @@ from jobcontrol.errors import (
 from jobcontrol.model import (
     DISPATCHER_USER,
     RESCHEDULING_FIELDS,
+    RESTARTING_FIELDS,
     JobRef,
     JobState,
     Restarted,
@@ -704,6 +705,7 @@ class Dispatcher:
         self.stats.reactions += 1
         self.runs.drop_aheads(pending_only=True)  # queued with what the edit may have changed
         affected: set[int] = set()
+        restarted: set[int] = set()  # trees whose timer or activity an edit changed
         for job_id in change.deleted:
             node = self.tree.get(job_id)
             if node is None:
@@ -726,12 +728,14 @@ class Dispatcher:
             moved = self.tree.update(by_id[job_id])
             if fields & RESCHEDULING_FIELDS:
                 affected.update({old_top.id, moved.top().id})
+            if fields & RESTARTING_FIELDS:
+                restarted.add(moved.top().id)
             if old_top is moved and moved.parent is not None:
                 self.tree_timers.disarm(moved)  # no longer top-level
         for top_id in affected:
             root = self.tree.get(top_id)
             if root is not None and root.parent is None:
-                self.tree_timers.restart_subtree_timer(root)
+                self.tree_timers.restart_subtree_timer(root, edited=top_id in restarted)
         created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
         modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]
         deleted = list(change.deleted)

@@ -175,16 +175,24 @@ class TreeTimers:
             lambda: events.schedule_changed.send(self.d, job_id=job_id, name=name, next_runs=when)
         )
 
-    def restart_subtree_timer(self, top: Node, *, completed: bool = False) -> datetime | None:
+    def restart_subtree_timer(
+        self, top: Node, *, completed: bool = False, edited: bool = False
+    ) -> datetime | None:
         """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active.
 
         ``completed``: the tree's run has just completed (its ``every`` count from now).
+        ``edited``: an edit changed a timer or an ``active`` in the tree (spec 5.5): as a
+        restart, a time already past is not run at once but skipped to the next one
+        after now (a tree activated after an idle spell, an ``every`` made shorter).
+        What ``misfire`` catches up is a time missed while the daemon was down.
         """
         self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
         self.disarm(top)
         ev = self.evaluator(from_now=completed)
         due = ev.evaluate_tree(top)
+        if edited and due is not None and due <= ev.now:
+            due = ev.skip_missed(top, due)
         self.write_evaluation(ev)
         if top.job.active and due is not None:
             # A restart-armed timer keeps its trigger (and its user) until it fires.

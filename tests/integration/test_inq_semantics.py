@@ -244,6 +244,46 @@ def test_restart_of_an_inactive_top_level_job_arms_nothing(jc: JC) -> None:
     assert jc.armed_at("Idle") == T0 + timedelta(seconds=70)
 
 
+def test_activating_or_retiming_a_tree_never_fires_a_time_that_passed_meanwhile(
+    jc: JC,
+) -> None:
+    """Spec 5.5: a change to a tree's timer or to ``active`` re-arms it as a restart does.
+    A tree activated after an idle spell longer than its ``every``, or whose ``every``
+    an edit makes shorter than the time since its last run, is not run at once: its
+    next time is the first after now (misfire is for times missed while the daemon
+    was down)."""
+    jc.create(
+        box("Tick", timer="every 5s", active=True),
+        task("t", "true", "Tick", active=True),
+        box("Slow", timer="every 1h", active=True),
+        task("s", "true", "Slow", active=True),
+    )
+    mark = jc.rec.mark()
+    assert jc.advance(5) == 1  # Tick runs once: its next time is 5 s after its end
+    ended = jc.rec.run_finished("Tick", since=mark)
+    jc.wait_quiet()
+    jc.modify("Tick", active=False)
+    assert jc.advance(30) == 0  # inactive: nothing fires
+
+    now = jc.clock.now()
+    jc.modify("Tick", active=True)
+    armed = jc.armed_at("Tick")
+    assert armed is not None
+    assert now < armed <= now + timedelta(seconds=5), (armed, now)
+    assert jc.advance(0) == 0, "activated: not run at once"
+    assert jc.runs("Tick")[0].id == ended["id"]
+
+    # Slow last ran long ago by its new timer's measure: made `every 10s`, not run at once.
+    jc.advance(to=now + timedelta(minutes=2))
+    now = jc.clock.now()
+    jc.modify("Slow", timer="every 10s")
+    armed = jc.armed_at("Slow")
+    assert armed is not None
+    assert now < armed <= now + timedelta(seconds=10), (armed, now)
+    assert jc.job("Slow").next_runs == armed
+    assert jc.runs("Slow") == []
+
+
 def test_restart_of_a_tree_with_no_time_left_says_so(jc: JC) -> None:
     jc.create(
         box("Once", timer="at 2026-11-22T13:00", active=True),
