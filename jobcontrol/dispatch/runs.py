@@ -463,11 +463,15 @@ class TreeRuns:
         status: int | None = None,
         recorded: RunState | None = None,
         row: RunRecord | queries.RunEnd | None = None,
+        *,
+        ran: bool = True,
     ) -> int:
         """Record a job's end (spec 7.6 ``finally``); returns its status.
 
         ``recorded``: the state a task's run row already says (its worker wrote it);
         ``row``: that row, whose CPU time and peak memory the finished event carries.
+        ``ran``: False for a task cancelled while queued: its duration is 0, as its run
+        row's (the time it waited for a slot is no run of it).
         """
         node, tr = frame.node, frame.tree_run
         self._cancel_aheads(frame)
@@ -477,7 +481,7 @@ class TreeRuns:
         now = self.d.clock.now()
         if self._ended_at is not None:  # never before it started, nor after now (a clock
             now = max(frame.started, min(now, self._ended_at))  # skewed elsewhere)
-        duration = max(0, int((now - frame.started).total_seconds() * 1000))
+        duration = max(0, int((now - frame.started).total_seconds() * 1000)) if ran else 0
         job = node.job
         job.last_ran, job.exit_status, job.last_duration_ms = frame.started, status, duration
         conn = self.d.tx.conn
@@ -618,7 +622,7 @@ class TreeRuns:
         """A queued task run is cancelled here; a running one is asked of its worker."""
         if self._stop_task_run(task.run_id, reason):
             task.tree_run.current_task = None
-            self._propagate(task, self._finish(task, KILLED_STATUS))
+            self._propagate(task, self._finish(task, KILLED_STATUS, ran=False))
         # Otherwise its end is on its way (wake-up or back-up poll).
 
     def _stop_task_run(self, run_id: int, reason: str) -> bool:

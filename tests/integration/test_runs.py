@@ -650,3 +650,39 @@ def test_a_short_task_records_its_pid_and_outcome_with_its_end(jc: JC) -> None:
     assert run.ended is not None
     assert run.log_path is not None
     assert Path(run.log_path).read_text() == "out\nerr\n"
+
+
+def test_a_task_killed_while_it_waits_for_a_slot_ran_for_no_time(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """Killed while queued (no slot free): its run row and its job say it ran for 0 ms,
+    not for the time it waited; the kill counts (255) as a failure."""
+    jc = make_jc(db_url, slots=1)
+    gate = jc.gate()
+    jc.create(
+        box("Busy", active=True),
+        task("hold", gate.command, "Busy", active=True),
+        box("Waits", active=True),
+        task("waiting", "true", "Waits", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Busy")
+    held = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "hold", since=mark
+    ).run["id"]
+    jc.wait_task_process(held)
+    jc.run_now("Waits")
+    jc.sync()
+    (queued,) = jc.runs("waiting")
+    assert queued.state is RunState.QUEUED, queued
+    jc.clock.set(jc.clock.now() + timedelta(seconds=2))  # it waits 2 s for the slot
+
+    jc.engine.kill("Waits", user=USER)
+    done = jc.rec.run_finished("waiting", since=mark)
+    assert (done["state"], done["exit_status"], done["duration_ms"]) == ("killed", 255, 0)
+    row = jc.run(queued.id)
+    assert (row.started, row.duration_ms) == (None, 0)
+    job = jc.job("waiting")
+    assert (job.exit_status, job.last_duration_ms) == (255, 0)
+    gate.open()
+    jc.rec.run_finished("Busy", since=mark)
