@@ -83,6 +83,8 @@ FINAL_RUN_STATES = frozenset(set(RunState) - ACTIVE_RUN_STATES - {RunState.PENDI
 
 KILLED_STATUS = 255
 MAX_RETRIES = 100  # a task run again more often than this wants a fix, not a retry
+MAX_PRIORITY = 1_000_000  # a priority is between -MAX_PRIORITY and MAX_PRIORITY
+MAX_LOG_FILES = 100_000  # the most task logs a job may keep
 # A run's ``log_path`` when its output is in the database (``run_log``), not in a file:
 # a file's path is absolute, so it can never be this.
 DB_LOG = "db:"

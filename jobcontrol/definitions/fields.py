@@ -14,7 +14,15 @@ from typing import Any
 
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.errors import CommandError, JobError, ScheduleError, clip
-from jobcontrol.model import EDITABLE_FIELDS, MAX_RETRIES, BoxType, Misfire, OnError
+from jobcontrol.model import (
+    EDITABLE_FIELDS,
+    MAX_LOG_FILES,
+    MAX_PRIORITY,
+    MAX_RETRIES,
+    BoxType,
+    Misfire,
+    OnError,
+)
 from jobcontrol.timerexpr.expression import validate_timer
 
 NAME_MAX = 128
@@ -128,11 +136,11 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
     if key == "misfire":
         return _choice(job, key, value, Misfire)
     if key == "priority":
-        return _int(job, key, value, -1_000_000, 1_000_000)
+        return _int(job, key, value, -MAX_PRIORITY, MAX_PRIORITY)
     if key == "job_order":
         return _int(job, key, value, 0, 2**31 - 1)
     if key == "max_log_files":
-        return None if value in (None, "") else _int(job, key, value, 1, 100_000)
+        return None if value in (None, "") else _int(job, key, value, 1, MAX_LOG_FILES)
     if key == "retries":
         if isinstance(value, float) and not value.is_integer():
             raise JobError(job, f"retries must be a whole number, not {value!r}")

@@ -23,13 +23,20 @@ from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.dump import dump_definitions
 from jobcontrol.definitions.durations import format_duration, parse_duration
 from jobcontrol.errors import CommandError, DefinitionError, ScheduleError, clip
-from jobcontrol.model import MAX_RETRIES, BoxType, JobRecord, Kind, Misfire, OnError
+from jobcontrol.model import (
+    MAX_LOG_FILES,
+    MAX_PRIORITY,
+    MAX_RETRIES,
+    BoxType,
+    JobRecord,
+    Kind,
+    Misfire,
+    OnError,
+)
 from jobcontrol.timerexpr.expression import validate_timer
 
 __all__ = [
     "DEFINITION_FIELDS",
-    "INT32_MAX",
-    "INT32_MIN",
     "JOB_KEYS",
     "MAX_DEPTH",
     "NAME_MAX",
@@ -46,7 +53,6 @@ __all__ = [
 
 NAME_MAX = 128
 QUEUE_MAX = 64  # the job.queue column is String(64)
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # priority and max_log_files are Integer columns
 # Real trees are a few levels deep; the bound keeps a hostile file from exhausting the stack.
 MAX_DEPTH = 64
 
@@ -383,7 +389,7 @@ def _parse_timeout(p: _Parser, node: Node, job: str) -> float | None:
 def _parse_max_log_files(p: _Parser, node: Node, job: str) -> int | None:
     if isinstance(node, ScalarNode) and p.scalar(node, job, "max_log_files", "") is None:
         return None
-    return p.integer(node, job, "max_log_files", 1, INT32_MAX)
+    return p.integer(node, job, "max_log_files", 1, MAX_LOG_FILES)
 
 
 def _parse_cwd(p: _Parser, node: Node, job: str) -> str | None:
@@ -419,7 +425,10 @@ _FIELD_PARSERS: dict[str, tuple[str, _FieldParser]] = {
     "on_error": ("on_error", lambda p, n, j: p.choice(n, j, "on_error", OnError)),
     "box_type": ("box_type", lambda p, n, j: p.choice(n, j, "box_type", BoxType)),
     "queue": ("queue", _parse_queue),
-    "priority": ("priority", lambda p, n, j: p.integer(n, j, "priority", INT32_MIN, INT32_MAX)),
+    "priority": (
+        "priority",
+        lambda p, n, j: p.integer(n, j, "priority", -MAX_PRIORITY, MAX_PRIORITY),
+    ),
     "timeout": ("timeout_s", _parse_timeout),
     "max_log_files": ("max_log_files", _parse_max_log_files),
     "retries": ("retries", lambda p, n, j: p.integer(n, j, "retries", 0, MAX_RETRIES)),

@@ -15,8 +15,6 @@ from hypothesis import strategies as st
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.parse import (
     DEFINITION_FIELDS,
-    INT32_MAX,
-    INT32_MIN,
     JobDef,
     dump_definitions,
     field_defaults,
@@ -26,7 +24,7 @@ from jobcontrol.definitions.parse import (
     parse_duration,
 )
 from jobcontrol.errors import CommandError, DefinitionError, JobError
-from jobcontrol.model import BoxType, JobRecord, Kind, Misfire, OnError
+from jobcontrol.model import MAX_LOG_FILES, MAX_PRIORITY, BoxType, JobRecord, Kind, Misfire, OnError
 
 DESIGN_EXAMPLE = """\
 jobs:
@@ -232,8 +230,15 @@ REFUSALS = [
     pytest.param(
         "jobs:\n  - name: a\n    priority: 3000000000\n",
         3,
-        ["job 'a'", "'priority' must be between"],
+        ["job 'a'", "'priority' must be between -1000000 and 1000000"],
         id="priority-range",
+    ),
+    pytest.param(
+        # The same bounds as an edit's (``set``, the API): the file says them first.
+        "jobs:\n  - name: a\n    priority: 1000001\n",
+        3,
+        ["job 'a'", "'priority' must be between -1000000 and 1000000, got 1000001"],
+        id="priority-past-an-edits-bound",
     ),
     pytest.param(
         "jobs:\n  - name: a\n    description: 12\n",
@@ -367,8 +372,14 @@ REFUSALS = [
     pytest.param(
         "jobs:\n  - name: a\n    max_log_files: 0\n",
         3,
-        ["job 'a'", "'max_log_files' must be between 1 and"],
+        ["job 'a'", "'max_log_files' must be between 1 and 100000"],
         id="max-log-files",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    max_log_files: 200000\n",
+        3,
+        ["job 'a'", "'max_log_files' must be between 1 and 100000, got 200000"],
+        id="max-log-files-past-an-edits-bound",
     ),
     pytest.param(
         "jobs:\n  - name: a\n    children:\n      - name: nightly/db\n        command: ls\n",
@@ -647,9 +658,9 @@ def definition_fields(kind: Kind) -> st.SearchStrategy[dict[str, Any]]:
             "on_error": st.sampled_from(OnError),
             "box_type": st.sampled_from(BoxType),
             "queue": st.sampled_from(["default", "fast_lane", "lane-ü"]),
-            "priority": st.integers(INT32_MIN, INT32_MAX),
+            "priority": st.integers(-MAX_PRIORITY, MAX_PRIORITY),
             "timeout_s": timeouts,
-            "max_log_files": st.none() | st.integers(1, INT32_MAX),
+            "max_log_files": st.none() | st.integers(1, MAX_LOG_FILES),
             "misfire": st.sampled_from(Misfire),
             "cwd": st.none() | no_nul_text.filter(bool),
             "env": st.dictionaries(
