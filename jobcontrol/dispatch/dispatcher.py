@@ -340,12 +340,41 @@ class Dispatcher:
         """Run ``fn`` on the dispatcher thread inside a handler; its result or error via the future."""
         if not self.running:
             raise NotRunningError("Job Control is not running")
-        state = self.outage.state()
-        if state.down:
-            raise StoreUnavailable(f"the database does not answer: {state.error}")
+        error = self.unavailable()
+        if error is not None:
+            raise StoreUnavailable(f"the database does not answer: {error}")
         fut: Future[Any] = Future()
         self._queue.put((fn, fut))
         return fut
+
+    def unavailable(self) -> str | None:
+        """Why a request is refused now for the database, if it is: the dispatcher rides
+        an outage out, or another part of the process met one its writes still meet."""
+        state = self.outage.state()
+        return state.error if state.down else self.store.unavailable()
+
+    def ask(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the dispatcher thread (``call``), its result within the edit
+        timeout. A request still queued then is withdrawn, never carried out later:
+        ``BusyError`` says nothing was done. One under way (its handler waits for the
+        database) is waited for once more; past that, whether it took effect is unknown."""
+        fut = self.call(fn)
+        timeout = self.config.edit_timeout
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            if fut.cancel():
+                raise BusyError(
+                    f"the dispatcher did not take the request within {timeout:g}s (the "
+                    "database holding it up): nothing was done; try again"
+                ) from None
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            raise BusyError(
+                f"the dispatcher did not answer within {2 * timeout:g}s (the database holding "
+                "it up): whether the request took effect is not known"
+            ) from None
 
     def read(self, fn: Callable[[], T], timeout: float, *, after_signals: bool = False) -> T:
         """``fn()`` where the tree is consistent: on the dispatcher thread between handlers
@@ -457,8 +486,8 @@ class Dispatcher:
                 self._handle_safely(events_, None)
             if after is _STOP:
                 return
-            if after is not None:
-                self._handle_safely([after[0]], after[1])
+            if after is not None and after[1].set_running_or_notify_cancel():
+                self._handle_safely([after[0]], after[1])  # not withdrawn (``ask``)
             with self._idle_runs:
                 if not self.runs.tree_runs:
                     self._idle_runs.notify_all()
@@ -769,7 +798,7 @@ class Dispatcher:
             log.info("Manual execution of Job %s by %s", node.job.name, user)
             return self.runs.start_run(node, Trigger.MANUAL, immediate=True, user=user)
 
-        return int(self.call(handler).result(self.config.edit_timeout))
+        return int(self.ask(handler))
 
     def kill(self, job: JobRef, user: str) -> int:
         """Kill the run of the nearest sub-tree root at or above the job (spec 8.1); its run id."""
@@ -784,7 +813,7 @@ class Dispatcher:
                     return tr.root_run_id
             raise JobError(node.job.name, "not running")
 
-        return int(self.call(handler).result(self.config.edit_timeout))
+        return int(self.ask(handler))
 
     @property
     def paused(self) -> bool:
@@ -816,7 +845,7 @@ class Dispatcher:
             log.info("Restart of job %s by %s", node.job.name, user)
             return self.tree_timers.restart(node, by=user)
 
-        result: Restarted = self.call(handler).result(self.config.edit_timeout)
+        result: Restarted = self.ask(handler)
         return result
 
     def _kill_all(self) -> None:

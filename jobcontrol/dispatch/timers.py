@@ -97,7 +97,7 @@ class TreeTimers:
                 log.info("Timers paused (%d armed)", len(self.armed))
             return len(self.armed)
 
-        return int(self.d.call(handler).result(self.d.config.edit_timeout))
+        return int(self.d.ask(handler))
 
     def resume_timers(self) -> int:
         """Re-evaluate and re-arm every scheduled tree; a time missed follows its misfire policy.
@@ -122,7 +122,7 @@ class TreeTimers:
             self.d.tx.log(log, "Timers resumed (%d armed)", len(self.armed))  # after the arms
             return len(self.armed)
 
-        return int(self.d.call(handler).result(self.d.config.edit_timeout))
+        return int(self.d.ask(handler))
 
     def status(self, next_timers: int = 5) -> dict[str, Any]:
         """Timers armed (count and the earliest few), timers come due whose tree run has not

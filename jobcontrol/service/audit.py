@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobcontrol.errors import JobControlError, StoreError, StoreUnavailable
+from jobcontrol.errors import BusyError, JobControlError, StoreError, StoreUnavailable
 from jobcontrol.store import Store
 from jobcontrol.store import access_queries as q
 
@@ -130,10 +130,11 @@ def scope(store: Store, user: str, operation: str, jobs: Iterable[str] = ()) -> 
         yield note
     except JobControlError as exc:
         result = Result.ERROR if isinstance(exc, StoreError) else Result.REFUSED
-        # Refused for an outage: its entry is tried once, at once. Waiting for the
-        # database (up to SQLite's busy timeout, behind the dispatcher's own tries)
-        # would hold the refusal the README promises at once.
-        _record_after(store, note, result, str(exc), wait=not isinstance(exc, StoreUnavailable))
+        # Refused for an outage or a database holding the dispatcher up: its entry is
+        # tried once, at once. Waiting for the database (up to SQLite's busy timeout,
+        # behind the dispatcher's own tries) would hold up the refusal itself.
+        held_up = isinstance(exc, StoreUnavailable | BusyError)
+        _record_after(store, note, result, str(exc), wait=not held_up)
         raise
     except Exception as exc:
         _record_after(store, note, Result.ERROR, f"{type(exc).__name__}: {exc}")

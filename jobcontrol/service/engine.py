@@ -145,11 +145,12 @@ class Engine:
                 _drop_aheads(conn, change)
             return
         assert self.dispatcher is not None
-        state = self.dispatcher.outage.state()
-        if state.down:
-            # Refused at once, as a run or a kill is: the dispatcher waits the outage out
-            # (its tries hold the database's turn), and an edit would wait behind them.
-            raise StoreUnavailable(f"the database does not answer: {state.error}")
+        error = self.dispatcher.unavailable()
+        if error is not None:
+            # Refused at once, as a run or a kill is: the parts that met the outage ride
+            # it out (their tries hold the database's turn), and an edit would wait
+            # behind them.
+            raise StoreUnavailable(f"the database does not answer: {error}")
         with self.dispatcher.protocol.user_edit() as ticket:
             with self.store.write() as conn:
                 yield conn, self._structure(conn), change

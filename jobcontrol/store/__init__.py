@@ -46,6 +46,9 @@ PING_IDLE = 1.0
 # A write of this process that took longer than this, its wait for a lock included, or
 # that failed on a transient error, was held up by the database (``held_up_within``).
 HELD_UP_S = 1.0
+# How long a write that failed as an outage says the database is away, unless writes
+# still wait for it (``Store.unavailable``): longer than the parts' retries (2 s at most).
+UNAVAILABLE_S = 5.0
 # Seconds a PostgreSQL connection attempt may take before it fails (and is retried).
 PG_CONNECT_TIMEOUT = 10
 
@@ -228,6 +231,10 @@ class Store:
         self._writes: dict[int, float] = {}
         # time.monotonic() when a write of this process was last seen held up.
         self._held_up_at = float("-inf")
+        # The error and time.monotonic() of the last write that waited and failed as an
+        # outage (the database away, SQLite's lock held past the busy timeout), until a
+        # write commits again (``unavailable``).
+        self._unavailable: tuple[str, float] | None = None
         self._serials = itertools.count(1)  # tells a pinned thread's connections apart
 
     def _make_engine(self, pool_size: int) -> Engine:
@@ -308,14 +315,35 @@ class Store:
         writes[me] = began = time.monotonic()
         try:
             yield from self._write(wait)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             self._held_up_at = time.monotonic()
+            if wait:
+                self._unavailable = (str(exc), time.monotonic())
             raise
+        else:
+            self._unavailable = None
         finally:
             del writes[me]
             ended = time.monotonic()
             if ended - began > HELD_UP_S:
                 self._held_up_at = ended
+
+    def unavailable(self) -> str | None:
+        """Why the database does not answer this process's writes, as the last write that
+        waited for it found (whichever part of the process met it): while that failure
+        is recent (``UNAVAILABLE_S``) or writes still wait for the database; None once a
+        write commits again. A request is refused at once meanwhile, rather than wait a
+        busy timeout behind the tries of the parts that ride the outage out. A failure
+        nobody tries again (a request's own) is forgotten after ``UNAVAILABLE_S``."""
+        failed = self._unavailable
+        if failed is None:
+            return None
+        error, at = failed
+        now = time.monotonic()
+        if now - at <= UNAVAILABLE_S:
+            return error
+        under_way = list(self._writes.values())
+        return error if under_way and now - min(under_way) > HELD_UP_S else None
 
     def held_up_within(self, seconds: float) -> bool:
         """Whether the database held up a write of this process (for longer than

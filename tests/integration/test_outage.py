@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from jobcontrol import RunState, events
-from jobcontrol.errors import StoreUnavailable
+from jobcontrol.errors import BusyError, StoreUnavailable
 from jobcontrol.model import RunRecord
 from jobcontrol.service.eventlog import EventLog
 from jobcontrol.store import Store
@@ -775,3 +775,65 @@ def test_an_outage_met_by_a_handler_is_not_taken_for_a_pause_of_the_dispatcher(
     assert "did not run for" not in said, said
     gate.open()
     jc.rec.run_finished("Long", since=mark, timeout=30)
+
+
+def test_a_request_the_dispatcher_cannot_take_in_time_is_withdrawn_not_done_later(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """The dispatcher's handler waits for a SQLite lock another process holds (a slow
+    database, not yet an outage) when a run is asked: past the edit timeout the request
+    is refused as busy, saying nothing was done, and it is not carried out once the
+    lock goes (it used to answer 500 and run the tree anyway)."""
+    jc = make_jc(sqlite_url, busy_timeout=8.0, poll_interval=0.2, edit_timeout=1.0)
+    jc.create(
+        box("Ticker", timer="every 1s", active=True),
+        task("tick", "true", "Ticker", active=True),
+        box("Asked", active=True),
+        task("asked", "true", "Asked", active=True),
+    )
+    jc.advance(1)
+    jc.wait_quiet()
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        jc.timers.advance(timedelta(seconds=5))  # the ticker's handler waits for the lock
+        poll_until("the dispatcher to wait for the lock", lambda: jc.dispatcher._beginning)
+        began = time.monotonic()
+        with pytest.raises(BusyError, match="nothing was done"):
+            jc.engine.run_now("Asked", user=USER)
+        # Refused within the edit timeout, its audit entry not waiting for the lock.
+        assert time.monotonic() - began < 4.0
+    finally:
+        blocker.rollback()
+        blocker.close()
+    jc.wait_quiet()  # through the dispatcher's queue: past where the request was
+    assert jc.runs("asked") == [], "the withdrawn request was carried out after all"
+
+
+def test_a_write_that_met_an_outage_says_so_until_one_commits(sqlite_url: str) -> None:
+    """``Store.unavailable``: the error of a write that waited out the busy timeout, for
+    any part of the process to refuse requests at once; gone once a write commits."""
+    store = Store(sqlite_url, busy_timeout=0.3)
+    store.upgrade()
+    try:
+        assert store.unavailable() is None
+        blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreUnavailable), store.write():
+                pass
+            error = store.unavailable()
+            assert error is not None
+            assert "locked" in error
+            # A write that does not wait does not say the database is away.
+            with pytest.raises(StoreUnavailable), store.write(wait=False):
+                pass
+            assert store.unavailable() == error
+        finally:
+            blocker.rollback()
+            blocker.close()
+        with store.write():
+            pass
+        assert store.unavailable() is None
+    finally:
+        store.dispose()
