@@ -181,15 +181,17 @@ class TreeTimers:
         """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active.
 
         ``completed``: the tree's run has just completed (its ``every`` count from now).
-        ``edited``: an edit changed a timer or an ``active`` in the tree (spec 5.5): as a
-        restart, a time already past is not run at once but skipped to the next one
-        after now (a tree activated after an idle spell, an ``every`` made shorter).
-        What ``misfire`` catches up is a time missed while the daemon was down.
+        ``edited``: an edit changed a timer or an ``active`` in the tree (spec 5.5,
+        Inq's restartSubtreeTimer): evaluated from now, as a restart is (``every 10s``
+        10 s after the edit), and a time already past is not run at once but skipped
+        to the next one after now (a tree activated after an idle spell, an ``every``
+        made shorter). What ``misfire`` catches up is a time missed while the daemon
+        was down.
         """
         self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
         self.disarm(top)
-        ev = self.evaluator(from_now=completed)
+        ev = self.evaluator(from_now=completed or edited)
         due = ev.evaluate_tree(top)
         if edited and due is not None and due <= ev.now:
             due = ev.skip_missed(top, due)
