@@ -9,7 +9,7 @@ the tree directly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
@@ -25,6 +25,7 @@ from jobcontrol.api.bodies import (
 )
 from jobcontrol.api.deps import ApiContext, Context, env_for, require
 from jobcontrol.api.runs import run_json
+from jobcontrol.errors import ValidationError, clip
 from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
 from jobcontrol.service.engine import JobChange
 from jobcontrol.service.users import Action, User
@@ -39,6 +40,29 @@ Activator = Annotated[User, Depends(require(Action.ACTIVATE))]
 Admin = Annotated[User, Depends(require(Action.MODIFY))]
 
 # ---------------------------------------------------------------- reading the live tree
+
+
+def _job_ref(
+    job: str,
+    by: Annotated[
+        Literal["name", "id"] | None,
+        Query(
+            description="`id`: the path is a job's id, never a name. Without it a path of "
+            "digits names the job that has it as its name, else the job with that id."
+        ),
+    ] = None,
+) -> JobRef:
+    """The job a ``/jobs/{job}`` path names: with ``?by=id`` an id only (the admin client,
+    which names jobs by id, must never reach a job named ``"3"`` for the job of id 3)."""
+    if by != "id":
+        return job
+    if not (job.isascii() and job.isdigit()) or int(job) > MAX_ID:
+        raise ValidationError(f"?by=id needs a job id (digits), not {clip(repr(job))}")
+    return int(job)
+
+
+# A job named in the path: by name, or id (see ``_job_ref``).
+JobPath = Annotated[JobRef, Depends(_job_ref)]
 
 
 def resolve_job(ctx: ApiContext, ref: JobRef) -> int:
@@ -127,13 +151,13 @@ def set_box_type(ctx: Context, body: BoxTypeBody, user: Admin) -> dict[str, Any]
 
 
 @router.post("/jobs/{job:path}/run", status_code=202, summary="Run a job and its sub-tree now")
-def run_job(ctx: Context, job: str, user: Operator) -> dict[str, Any]:
+def run_job(ctx: Context, job: JobPath, user: Operator) -> dict[str, Any]:
     return {"run_id": ctx.engine.run_now(resolve_job(ctx, job), user=user.name)}
 
 
 @router.post("/jobs/{job:path}/kill", summary="Kill the run the job is part of")
 def kill_job(
-    ctx: Context, job: str, user: Annotated[User, Depends(require(Action.KILL))]
+    ctx: Context, job: JobPath, user: Annotated[User, Depends(require(Action.KILL))]
 ) -> dict[str, Any]:
     run_id = ctx.engine.kill(resolve_job(ctx, job), user=user.name)
     # A task's kill stops the run of the nearest sub-tree root above it (spec 8.1): say whose.
@@ -143,7 +167,7 @@ def kill_job(
 
 @router.post("/jobs/{job:path}/restart", summary="Re-arm a top-level job's timer")
 def restart_job(
-    ctx: Context, job: str, user: Annotated[User, Depends(require(Action.RESTART))]
+    ctx: Context, job: JobPath, user: Annotated[User, Depends(require(Action.RESTART))]
 ) -> dict[str, Any]:
     result = ctx.engine.restart(resolve_job(ctx, job), user=user.name)
     when = result.next_runs
@@ -158,7 +182,7 @@ def restart_job(
 @router.get("/jobs/{job:path}/runs", summary="A job's runs, newest first, paged by run id")
 def job_runs(
     ctx: Context,
-    job: str,
+    job: JobPath,
     user: Viewer,
     limit: Annotated[int, Query(ge=1, le=RUNS_PAGE_MAX)] = 50,
     before: Annotated[
@@ -171,6 +195,6 @@ def job_runs(
 
 
 @router.get("/jobs/{job:path}", summary="One job's stored fields and live state")
-def get_job(ctx: Context, job: str, user: Viewer) -> dict[str, Any]:
+def get_job(ctx: Context, job: JobPath, user: Viewer) -> dict[str, Any]:
     """An env's values are masked for a user who may not change them."""
     return env_for(user, ctx.engine.job_detail(job))

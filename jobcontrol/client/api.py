@@ -113,6 +113,12 @@ def _job(job: JobRef) -> str:
     return quote(str(job), safe="")
 
 
+def _by(job: JobRef) -> dict[str, Any]:
+    """A job given by id is named by id alone (``?by=id``): a job named ``"3"`` is not the
+    job of id 3. A name goes as it is (a name first, then an id, as the CLI's)."""
+    return {"by": "id"} if isinstance(job, int) else {}
+
+
 class Client:
     """The admin API of one daemon; use as a context manager (or call :meth:`close`)."""
 
@@ -189,7 +195,7 @@ class Client:
 
     def job(self, job: JobRef) -> dict[str, Any]:
         """One job's stored fields and live state (``version`` included)."""
-        result: dict[str, Any] = self._json("GET", f"/jobs/{_job(job)}")
+        result: dict[str, Any] = self._json("GET", f"/jobs/{_job(job)}", params=_by(job))
         return result
 
     def create_job(self, name: str, kind: str, **fields: Any) -> dict[str, Any]:
@@ -228,7 +234,7 @@ class Client:
 
     def run_now(self, job: JobRef) -> int:
         """The id of the run started."""
-        return int(self._json("POST", f"/jobs/{_job(job)}/run")["run_id"])
+        return int(self._json("POST", f"/jobs/{_job(job)}/run", params=_by(job))["run_id"])
 
     def kill(self, job: JobRef) -> int:
         """The id of the run killed."""
@@ -237,7 +243,7 @@ class Client:
     def kill_run(self, job: JobRef) -> dict[str, Any]:
         """Kill the run the job is part of: ``run_id`` and ``job``, the name of the job
         whose run that is (the nearest running sub-tree root at or above ``job``)."""
-        reply: dict[str, Any] = self._json("POST", f"/jobs/{_job(job)}/kill")
+        reply: dict[str, Any] = self._json("POST", f"/jobs/{_job(job)}/kill", params=_by(job))
         return reply
 
     def restart(self, job: JobRef) -> str | None:
@@ -248,14 +254,14 @@ class Client:
     def rearm(self, job: JobRef) -> dict[str, Any]:
         """Restart a top-level job: the daemon's whole answer, ``next_runs`` (ISO text or
         None), ``armed`` and, when nothing is armed, the ``reason``."""
-        reply: dict[str, Any] = self._json("POST", f"/jobs/{_job(job)}/restart")
+        reply: dict[str, Any] = self._json("POST", f"/jobs/{_job(job)}/restart", params=_by(job))
         return reply
 
     # ------------------------------------------------------------ runs and logs
 
     def runs(self, job: JobRef, *, limit: int = 50, before: int | None = None) -> dict[str, Any]:
         """``{"runs", "next"}``: a page of the job's runs, newest first."""
-        params: dict[str, Any] = {"limit": limit}
+        params: dict[str, Any] = {"limit": limit, **_by(job)}
         if before is not None:
             params["before"] = before
         result: dict[str, Any] = self._json("GET", f"/jobs/{_job(job)}/runs", params=params)

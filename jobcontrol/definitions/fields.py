@@ -78,15 +78,25 @@ def check_name(job: str, value: Any) -> str:
     return value
 
 
-# The API names a job in a URL path, where '/' separates the parts (``/jobs/{job}/runs``).
-SLASH_REASON = "a job name must not contain '/' (the API names jobs in URL paths)"
+def unaddressable(name: str) -> str | None:
+    """Why a job could not be named by ``name`` everywhere a job is named, or None. The
+    API names a job in a URL path (``/jobs/{job}/runs``), where '/' separates the parts
+    and '.' and '..' are folded away by HTTP clients. (A name of digits only is fine:
+    it is a name first, and a client that means an id says so, ``?by=id``.)"""
+    if "/" in name:
+        return "must not contain '/' (the API names jobs in URL paths)"
+    if name in (".", ".."):
+        return "must not be '.' or '..' (a URL path cannot carry them)"
+    return None
 
 
 def check_new_name(job: str, value: str) -> None:
-    """Refuse a name a job is about to get (create, rename) that holds '/'. A job named
-    with '/' before this rule keeps its name until renamed (README, Behaviour)."""
-    if "/" in value:
-        raise JobError(job or value, f"cannot be named {clip(repr(value))}: {SLASH_REASON}")
+    """Refuse a name a job is about to get (create, rename) that could not name it
+    (``unaddressable``). A job named so before this rule keeps its name until renamed
+    (README, Behaviour)."""
+    problem = unaddressable(value)
+    if problem is not None:
+        raise JobError(job or value, f"cannot be named {clip(repr(value))}: a job name {problem}")
 
 
 def _env(job: str, value: Any) -> dict[str, str]:

@@ -22,6 +22,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.dump import dump_definitions
 from jobcontrol.definitions.durations import format_duration, parse_duration
+from jobcontrol.definitions.fields import unaddressable
 from jobcontrol.errors import CommandError, DefinitionError, ScheduleError, clip
 from jobcontrol.model import (
     MAX_LOG_FILES,
@@ -326,9 +327,7 @@ def _name_problem(name: str) -> str | None:
         return "must not start or end with spaces"
     if any(unicodedata.category(ch) in _BAD_NAME_CATEGORIES for ch in name):
         return "must not contain control or line-break characters"
-    if "/" in name:
-        return "must not contain '/' (the API names jobs in URL paths)"
-    return None
+    return unaddressable(name)
 
 
 def _parse_description(p: _Parser, node: Node, job: str) -> str | None:

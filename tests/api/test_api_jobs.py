@@ -600,3 +600,37 @@ def test_a_malformed_change_is_refused_and_audited_as_such(api: Api) -> None:
     assert [(e.operation, e.result) for e in entries] == [("POST /api/v1/jobs", "refused")]
     assert "colour" in entries[0].detail
     assert api.client.get("/api/v1/tree", headers=api.headers()).json()["jobs"] == []
+
+
+def test_a_client_that_names_a_job_by_id_never_reaches_a_job_named_that_number(api: Api) -> None:
+    """The admin client names jobs by id. A job named "3" beside the job of id 3: with
+    ``?by=id`` (the client's ``Client``) each request reaches the job of id 3, never the
+    one named "3"; without it a path is a name first, as the CLI's."""
+    ids = api.jc.create(box("Top"), box("Other"), box("Third"))
+    target = ids["Third"]
+    named = api.jc.create(task(str(target), "echo I am named after an id", active=True))
+    h = api.headers("operator")
+    by_id = api.client.get(f"{V1}/jobs/{target}", params={"by": "id"}, headers=h).json()
+    assert (by_id["id"], by_id["name"]) == (target, "Third")
+    by_name = api.client.get(f"{V1}/jobs/{target}", headers=h).json()
+    assert by_name["id"] == named[str(target)]
+    # A run asked by id runs the job of that id.
+    run = api.client.post(f"{V1}/jobs/{target}/run", params={"by": "id"}, headers=h)
+    assert run.status_code == 202, run.text
+    runs = api.client.get(f"{V1}/jobs/{target}/runs", params={"by": "id"}, headers=h).json()
+    assert [r["id"] for r in runs["runs"]] == [run.json()["run_id"]]
+    assert [r["job_name"] for r in runs["runs"]] == ["Third"]
+    # ?by=id takes ids only.
+    bad = api.client.get(f"{V1}/jobs/Top", params={"by": "id"}, headers=h)
+    assert bad.status_code == 422
+    assert "?by=id needs a job id" in bad.json()["message"]
+
+
+def test_dot_names_are_refused_as_a_url_path_cannot_carry_them(api: Api) -> None:
+    h = api.headers("admin")
+    before = api.client.get(f"{V1}/tree", headers=h).json()["jobs"]
+    for name in (".", ".."):
+        r = api.client.post(f"{V1}/jobs", json={"name": name, "kind": "box"}, headers=h)
+        assert r.status_code == 422, r.text
+        assert "must not be '.' or '..'" in r.json()["message"]
+    assert api.client.get(f"{V1}/tree", headers=h).json()["jobs"] == before
