@@ -574,11 +574,15 @@ class Daemon:
 
     def stop(self) -> None:
         try:
+            if self.runtime is not None:
+                # Nothing starts while the API closes: a stop that found no job running
+                # (or the CLI's stop refuses) must not kill a run a timer started meanwhile.
+                self.runtime.dispatcher.timers.shutdown()
+            if self.eventlog is not None:
+                self.eventlog.stop()  # ends the event streams: the API need not wait for them
             if self.api is not None:
                 self.api.stop()
                 self.opts.url_file.unlink(missing_ok=True)
-            if self.eventlog is not None:
-                self.eventlog.stop()
             if self.metrics is not None:
                 self.metrics.stop()
             if self.runtime is not None:

@@ -331,3 +331,51 @@ def test_a_restart_reacts_to_no_end_twice(jc: JobControl) -> None:
     assert again == counts
     assert "ended while no dispatcher ran" not in jc.daemon_log(400)
     jc.ok("daemon", "stop")
+
+
+def test_a_stop_with_an_event_stream_open_starts_and_kills_nothing(jc_sqlite: JobControl) -> None:
+    """``daemon stop`` (no --kill) found no job running, while a client (the admin
+    client always has one) held the event stream open. Closing the API waited up to
+    10 s for that stream, the timers fired meanwhile, and the stop then killed the run
+    they started. Now nothing starts once the stop begins, and the stream ends at once."""
+    import threading
+
+    import httpx
+
+    jc = jc_sqlite.upgraded()
+    jc.load(
+        write(
+            jc.base / "soon.yaml",
+            """\
+jobs:
+  - name: Soon
+    timer: every 6s
+    active: true
+    children:
+      - {name: soon-task, active: true, command: "sleep 30"}
+""",
+        )
+    )
+    jc.ok("daemon", "start")
+    base = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    token = jc.token_file.read_text().strip()
+    opened = threading.Event()
+
+    def follow() -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.stream("GET", f"{base}/api/v1/events", headers=headers, timeout=60) as r:
+            opened.set()
+            for _ in r.iter_bytes():
+                pass
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    assert opened.wait(10), "the event stream did not open"
+    assert jc.history("Soon") == [], "the stop must begin before the first firing"
+    stopped = jc.run("daemon", "stop")
+    assert stopped.returncode == 0, describe(stopped)
+    assert jc.live_daemons() == []
+    reader.join(10)
+    assert not reader.is_alive(), "the event stream was not ended by the stop"
+    assert [r["state"] for r in jc.history("Soon")] == [], "a run started during the stop"
+    jc.assert_no_task_processes()
