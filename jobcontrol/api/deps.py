@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -266,9 +267,12 @@ def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
 
 
 def _clipped(value: Any) -> Any:
-    """``value`` as an error answer may echo it: every string at most ``ECHO_MAX`` characters."""
+    """``value`` as an error answer may echo it: every string at most ``ECHO_MAX`` characters,
+    and a number JSON cannot carry (NaN, Infinity: Python's JSON reads them) as its text."""
     if isinstance(value, str):
         return clip(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if isinstance(value, dict):
         return {clip(str(k)): _clipped(v) for k, v in list(value.items())[:MAX_PROBLEMS]}
     if isinstance(value, list | tuple):

@@ -38,7 +38,7 @@ class LogLevelBody(BaseModel):
 
 
 class ShutdownBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "yes" or 1 is no ``true``
     force: bool = False
 
 

@@ -172,11 +172,30 @@ def test_shutdown_when_idle_is_accepted_and_needs_an_admin(api: Api) -> None:
 
 
 def test_shutdown_rejects_a_malformed_body(api: Api) -> None:
-    response = api.client.post(
-        "/api/v1/shutdown", json={"force": "later"}, headers=api.headers("admin")
-    )
-    assert response.status_code == 422
+    # "yes" and 1 are not true: a forced shutdown kills every run.
+    for force in ("later", "yes", 1, "true"):
+        response = api.client.post(
+            "/api/v1/shutdown", json={"force": force}, headers=api.headers("admin")
+        )
+        assert response.status_code == 422, (force, response.text)
+        assert "force" in response.json()["message"]
     assert api.shutdown_requests == []
+
+
+def test_numbers_json_cannot_carry_are_refused_as_bad_input_not_a_500(api: Api) -> None:
+    """Python's JSON reads NaN and Infinity; the refusal that echoes them must still be
+    JSON (it was a plain-text 500), and nothing is made."""
+    h = {**api.headers("admin"), "Content-Type": "application/json"}
+    before = api.client.get("/api/v1/tree", headers=h).json()["jobs"]
+    for body in (
+        '{"name": "n", "kind": "task", "command": "true", "priority": NaN}',
+        '{"name": "n", "kind": "task", "command": "true", "priority": Infinity}',
+        '{"name": "n", "kind": "task", "command": "true", "timeout": NaN}',
+    ):
+        response = api.client.post("/api/v1/jobs", content=body, headers=h)
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["error"], response.text
+    assert api.client.get("/api/v1/tree", headers=h).json()["jobs"] == before
 
 
 # ---------------------------------------------------------------- metrics
