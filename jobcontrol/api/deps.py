@@ -126,7 +126,7 @@ def _bearer(authorization: str | None) -> str:
     return token.strip()
 
 
-def _authenticated(ctx: ApiContext, authorization: str | None) -> User:
+def authenticated_user(ctx: ApiContext, authorization: str | None) -> User:
     user = authenticate(ctx.store, _bearer(authorization), known=ctx.known_users)
     if user is None:
         raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
@@ -158,7 +158,7 @@ class TokenGate:
         ctx: ApiContext = request.app.state.ctx
         try:
             user = await run_in_threadpool(
-                _authenticated, ctx, request.headers.get("authorization")
+                authenticated_user, ctx, request.headers.get("authorization")
             )
         except StarletteHTTPException as exc:
             await http_error_response(exc)(scope, receive, send)
@@ -178,7 +178,7 @@ def require(action: Action) -> Callable[..., User]:
     ) -> User:
         user: User | None = request.scope.get(USER_KEY)
         if user is None:  # an app without the TokenGate
-            user = _authenticated(ctx, authorization)
+            user = authenticated_user(ctx, authorization)
         if not user.can(action):
             message = f"user {user.name!r} has role {user.role}, which may not {action}"
             if action is not Action.READ:  # a refused change belongs in the audit trail

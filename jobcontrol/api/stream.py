@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
-from jobcontrol.api.deps import Context, require
+from jobcontrol.api.deps import Context, authenticated_user, require
+from jobcontrol.errors import JobControlError
 from jobcontrol.service.eventlog import Event, EventGap, EventLog
 from jobcontrol.service.users import Action, User
 
@@ -27,6 +30,9 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 KEEPALIVE = ": keepalive\n\n"
+# How often an open stream asks again whether its token still reads: a removed user's or
+# a rotated token's stream ends within this (a new request is refused at once).
+RECHECK_S = 2.0
 SUBSCRIBER_QUEUE = 1000  # events a reader may fall behind before it must resync
 
 
@@ -48,13 +54,18 @@ async def event_stream(
     *,
     heartbeat: float,
     disconnected: Callable[[], Awaitable[bool]] | None = None,
+    allowed: Callable[[], Awaitable[bool]] | None = None,
     maxsize: int = SUBSCRIBER_QUEUE,
 ) -> AsyncIterator[str]:
     """The SSE text of the events after ``after`` (live only when None), then live ones.
 
-    Ends after a ``resync`` event, when the log stops, or when ``disconnected``
-    says the client has gone; the subscription is closed however it ends.
+    Ends after a ``resync`` event, when the log stops, when ``disconnected`` says the
+    client has gone, or when ``allowed`` (asked at most every ``RECHECK_S``) says its
+    token no longer reads (its user removed, its token rotated); the subscription is
+    closed however it ends.
     """
+    checked = sent = time.monotonic()
+    wait = heartbeat if allowed is None else min(heartbeat, RECHECK_S)
     try:
         sub = eventlog.subscribe(after, maxsize=maxsize)
     except EventGap as gap:
@@ -63,18 +74,25 @@ async def event_stream(
     try:
         while True:
             try:
-                event = await sub.get_async(timeout=heartbeat)
+                event = await sub.get_async(timeout=wait)
             except EventGap as gap:
                 yield format_resync(gap)
                 return
+            if allowed is not None and time.monotonic() - checked >= RECHECK_S:
+                checked = time.monotonic()
+                if not await allowed():
+                    return
             if event is not None:
+                sent = time.monotonic()
                 yield format_event(event)
                 continue
             if sub.closed:
                 return
             if disconnected is not None and await disconnected():
                 return
-            yield KEEPALIVE
+            if time.monotonic() - sent >= heartbeat:
+                sent = time.monotonic()
+                yield KEEPALIVE
     finally:
         sub.close()
 
@@ -109,11 +127,23 @@ async def events(
     ] = None,
 ) -> StreamingResponse:
     """Every change as Server-Sent Events; resume with ``Last-Event-ID`` or ``?after=``."""
+    authorization = request.headers.get("authorization")
+
+    async def allowed() -> bool:
+        try:
+            user = await run_in_threadpool(authenticated_user, ctx, authorization)
+        except HTTPException:
+            return False  # unknown or revoked now
+        except JobControlError:
+            return True  # the database does not answer: the token it accepted stands
+        return user.can(Action.READ)
+
     stream = event_stream(
         ctx.eventlog,
         _after(last_event_id, after),
         heartbeat=ctx.event_heartbeat,
         disconnected=request.is_disconnected,
+        allowed=allowed,
     )
     headers: dict[str, Any] = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from jobcontrol.api.stream import KEEPALIVE, event_stream
+from jobcontrol.api.stream import KEEPALIVE, RECHECK_S, event_stream
 from jobcontrol.service.eventlog import EventLog
+from jobcontrol.service.users import Role, add_user, remove_user
 from tests.api.conftest import Api
 from tests.integration.helpers import WAIT, poll_until, task
 
@@ -229,3 +230,27 @@ def test_a_reader_that_falls_behind_gets_resync_not_a_blocked_dispatcher(api: Ap
     assert chunks[-1].startswith("event: resync\n")
     assert "fell more than 2 events behind" in chunks[-1]
     assert subscribers(log) == 0
+
+
+def test_a_removed_users_stream_ends_within_a_recheck(fast: Api) -> None:
+    """ "Its token stops working at once": a stream opened before the user was removed
+    ends within ``RECHECK_S``, not when the client lets go; other streams go on."""
+    api = fast
+    _, token = add_user(api.jc.store, "leaving", Role.VIEWER)
+    kept_open = api.client.stream("GET", "/api/v1/events", headers=api.headers("viewer"))
+    with (
+        kept_open as other,
+        api.client.stream(
+            "GET", "/api/v1/events", headers={"Authorization": f"Bearer {token}"}
+        ) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        next(lines)  # open: a keepalive or an event
+        remove_user(api.jc.store, "leaving")
+        began = time.monotonic()
+        for _ in lines:  # keepalives, until the stream ends
+            assert time.monotonic() - began < RECHECK_S + WAIT, "the stream did not end"
+        assert time.monotonic() - began < RECHECK_S + WAIT
+        assert other.status_code == 200
+        assert next(other.iter_lines()) is not None  # the other user's stream goes on
