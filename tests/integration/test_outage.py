@@ -13,6 +13,8 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,6 +35,19 @@ pytestmark = pytest.mark.timeout(90)
 # The test's lock waits for the engine's short write to end before it is held (with no
 # wait, BEGIN IMMEDIATE fails whenever one is under way).
 LOCK_WAIT = 10.0
+
+
+@contextmanager
+def _write_lock_held(sqlite_url: str) -> Iterator[None]:
+    """Another process's write lock on the SQLite file (``BEGIN IMMEDIATE``), released
+    (rolled back) when the block ends."""
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        blocker.rollback()
+        blocker.close()
 
 
 def _task_running(jc: JC, name: str, mark: int) -> int:
@@ -66,10 +81,7 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
     root = jc.run_now("Long")
     through = _task_running(jc, "through", mark)
 
-    path = sqlite_url.split("///", 1)[1]
-    blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
-    try:
+    with _write_lock_held(sqlite_url):  # the write lock, held past the busy timeout
         gate.open()  # the task ends during the outage
         worker = jc.runtime.worker
         assert worker is not None
@@ -98,9 +110,6 @@ def test_a_held_sqlite_lock_loses_no_outcome_and_no_tick(sqlite_url: str, make_j
         states = {v["name"]: v["state"] for v in views}
         assert states.keys() == {"Ticker", "tick", "Long", "through", "after"}, states
         assert states["through"] == "running", states
-    finally:
-        blocker.rollback()
-        blocker.close()
 
     # ...and is written with its real outcome once the lock is gone.
     finished = jc.rec.run_finished("Long", since=mark, timeout=30)
@@ -203,16 +212,11 @@ def test_an_end_announced_while_the_dispatcher_waits_out_an_outage_is_reacted_to
     run = worker.claim("through")
     worker.finish(run.id, 0)  # committed; its wake-up not yet sent
 
-    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
-    try:
+    with _write_lock_held(sqlite_url):  # the write lock, held past the busy timeout
         d = jc.dispatcher
         d.post((d._poll, None))  # the back-up poll meets the lock
         poll_until("the dispatcher to meet the locked database", lambda: d.outage.down)
         worker.announce(run.id)  # handled only after the dispatcher has rebuilt itself
-    finally:
-        blocker.rollback()
-        blocker.close()
 
     finished = jc.rec.run_finished("through", since=mark, timeout=30)
     assert (finished["id"], finished["state"], finished["exit_status"]) == (
@@ -497,10 +501,7 @@ def test_a_lock_held_short_of_the_busy_timeout_settles_no_healthy_run(
     # Leases are judged from a lease after the start on: wait until they are.
     poll_until("leases to be judged", lambda: time.monotonic() > d._leases_judged_after)
 
-    path = sqlite_url.split("///", 1)[1]
-    blocker = sqlite3.connect(path, timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
+    with _write_lock_held(sqlite_url):  # released before the busy timeout: nothing fails
         jc.clock.set(jc.clock.now() + timedelta(seconds=10))  # its lease runs out, unrenewed
         # The heartbeat (every second) and the dispatcher's poll (every 0.2 s) wait for the
         # lock; so does a write of the test's own, which says when the wait is long.
@@ -512,9 +513,6 @@ def test_a_lock_held_short_of_the_busy_timeout_settles_no_healthy_run(
             return longest is not None and longest[1] > 2.0
 
         poll_until("the writes to wait past a hold-up", held_long)
-    finally:
-        blocker.rollback()  # before the busy timeout: nothing failed
-        blocker.close()
     waiter.join(LOCK_WAIT)
     assert not d.outage.down
     # Past the lease after the hold, leases are judged again: the heartbeat renewed it.
@@ -629,17 +627,12 @@ def test_a_worker_counts_a_held_sqlite_write_lock_as_one_outage(
     )
     worker.start()
     try:
-        blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-        blocker.execute("BEGIN IMMEDIATE")
-        try:
+        with _write_lock_held(sqlite_url):
             poll_until("a beat to fail", lambda: worker.outage.down)
             # Several beats fail, with looks (reads that pass) between them.
             poll_until("beats to fail again", lambda: worker.outage.state().failures >= 4)
             state = worker.outage.state()
             assert (state.down, state.outages) == (True, 1), state
-        finally:
-            blocker.rollback()
-            blocker.close()
         poll_until("the worker to write again", lambda: not worker.outage.down)
         assert worker.outage.state().outages == 1
     finally:
@@ -675,9 +668,7 @@ def test_a_task_taken_with_its_predecessors_end_starts_when_the_lock_is_had(
     mark = jc.rec.mark()
     jc.run_now("Seq")
     first = _task_running(jc, "first", mark)
-    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
+    with _write_lock_held(sqlite_url):
         gate.open()
         poll_until("first's process to end", lambda: not jc.task_pids(first))
         poll_until(
@@ -685,9 +676,6 @@ def test_a_task_taken_with_its_predecessors_end_starts_when_the_lock_is_had(
         )
         before = jc.clock.now()
         jc.clock.set(before + timedelta(seconds=20))  # the wait, as the clock sees it
-    finally:
-        blocker.rollback()
-        blocker.close()
     done = jc.rec.run_finished("second", since=mark, timeout=30)
     second = jc.run(done["id"])
     assert second.id == first + 1, "taken with the end: queued ahead"
@@ -716,9 +704,7 @@ def test_requests_during_a_sqlite_outage_are_refused_at_once_and_change_nothing(
     jc.advance(1)
     jc.wait_quiet()
     description = jc.job("other").description
-    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
+    with _write_lock_held(sqlite_url):
         jc.timers.advance(timedelta(seconds=5))  # the ticker's handler meets the lock
         poll_until("the dispatcher to meet the outage", lambda: jc.dispatcher.outage.down)
         for name, ask in (
@@ -731,9 +717,6 @@ def test_requests_during_a_sqlite_outage_are_refused_at_once_and_change_nothing(
                 ask()
             took = time.monotonic() - began
             assert took < busy / 2, f"{name} refused after {took:.1f}s, not at once"
-    finally:
-        blocker.rollback()
-        blocker.close()
     poll_until("the database to answer the dispatcher", lambda: not jc.dispatcher.outage.down)
     jc.wait_quiet()
     assert jc.runs("other") == [], "the refused run was not made"
@@ -759,14 +742,9 @@ def test_an_outage_met_by_a_handler_is_not_taken_for_a_pause_of_the_dispatcher(
     mark = jc.rec.mark()
     jc.run_now("Long")
     _task_running(jc, "through", mark)  # a run in flight: the back-up poll is due
-    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
+    with _write_lock_held(sqlite_url):
         jc.timers.advance(timedelta(seconds=5))  # the ticker's handler meets the lock
         poll_until("the dispatcher to meet the outage", lambda: jc.dispatcher.outage.down)
-    finally:
-        blocker.rollback()
-        blocker.close()
     poll_until("the database to answer the dispatcher", lambda: not jc.dispatcher.outage.down)
     seen = jc.dispatcher.stats.events
     poll_until("a few back-up polls", lambda: jc.dispatcher.stats.events > seen + 3)
@@ -793,9 +771,7 @@ def test_a_request_the_dispatcher_cannot_take_in_time_is_withdrawn_not_done_late
     )
     jc.advance(1)
     jc.wait_quiet()
-    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-    blocker.execute("BEGIN IMMEDIATE")
-    try:
+    with _write_lock_held(sqlite_url):
         jc.timers.advance(timedelta(seconds=5))  # the ticker's handler waits for the lock
         poll_until("the dispatcher to wait for the lock", lambda: jc.dispatcher._beginning)
         began = time.monotonic()
@@ -803,9 +779,6 @@ def test_a_request_the_dispatcher_cannot_take_in_time_is_withdrawn_not_done_late
             jc.engine.run_now("Asked", user=USER)
         # Refused within the edit timeout, its audit entry not waiting for the lock.
         assert time.monotonic() - began < 4.0
-    finally:
-        blocker.rollback()
-        blocker.close()
     jc.wait_quiet()  # through the dispatcher's queue: past where the request was
     assert jc.runs("asked") == [], "the withdrawn request was carried out after all"
 
@@ -817,9 +790,7 @@ def test_a_write_that_met_an_outage_says_so_until_one_commits(sqlite_url: str) -
     store.upgrade()
     try:
         assert store.unavailable() is None
-        blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=LOCK_WAIT)
-        blocker.execute("BEGIN IMMEDIATE")
-        try:
+        with _write_lock_held(sqlite_url):
             with pytest.raises(StoreUnavailable), store.write():
                 pass
             error = store.unavailable()
@@ -829,9 +800,6 @@ def test_a_write_that_met_an_outage_says_so_until_one_commits(sqlite_url: str) -
             with pytest.raises(StoreUnavailable), store.write(wait=False):
                 pass
             assert store.unavailable() == error
-        finally:
-            blocker.rollback()
-            blocker.close()
         with store.write():
             pass
         assert store.unavailable() is None
