@@ -576,27 +576,28 @@ class _Unavailable(Exception):
     """Why cgroups cannot contain task runs here."""
 
 
-def kill_run_cgroups(instance_id: str, run_id: int) -> list[int]:
-    """Kill what is left in the cgroup of task run ``run_id`` of any worker of this
-    database on this host (the daemon's embedded one, or ``jobcontrol worker``
+def kill_run_cgroups(instance_id: str, run_ids: Iterable[int]) -> list[int]:
+    """Kill what is left in the cgroups of the task runs ``run_ids`` of any worker of
+    this database on this host (the daemon's embedded one, or ``jobcontrol worker``
     processes, each with a subtree of its own named after the database's instance):
-    a process that dropped the run's marker cannot leave it. The pids that were in
-    it. The cgroup itself stays for its worker (or its next start) to remove."""
+    a process that dropped a run's marker cannot leave it. The pids that were in
+    them. The cgroups themselves stay for their worker (or its next start) to remove."""
     try:
         mount = _cgroup2_mount()
     except _Unavailable:
         return []
     prefix = f"jobcontrol-{_SAFE.sub('_', instance_id)}"
-    found: list[int] = []
+    names = [f"run-{i}" for i in run_ids]
+    found: set[int] = set()
     for base in mount[0].glob(f"**/{prefix}*"):  # "**" takes the mount's own level too
-        path = base / f"run-{run_id}"
         if base.name != prefix and not base.name.startswith(f"{prefix}_"):
             continue  # another database's whose instance begins the same
-        if path.is_dir():
-            cg = RunCgroup(path, None)
-            found += cg.pids()
-            cg.kill()
-    return sorted(set(found))
+        for name in names:
+            if (base / name).is_dir():
+                cg = RunCgroup(base / name, None)
+                found.update(cg.pids())
+                cg.kill()
+    return sorted(found)
 
 
 def _setup(name: str) -> Containment:

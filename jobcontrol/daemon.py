@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sqlalchemy import text
 
-from jobcontrol import cpupin, diskspace, filemodes, gcpause, places, procs, slotgroups
-from jobcontrol.diskspace import DEFAULT_LOW, DiskSpace, LowMark, disk_space
+from jobcontrol import cpupin, filemodes, gcpause, places, procs, slotgroups
+from jobcontrol.diskspace import DEFAULT_LOW, LOG_ROOM, DiskSpace, LowMark, available, disk_space
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError, StoreUnavailable
 from jobcontrol.filemodes import LogAccess
@@ -830,10 +830,10 @@ def _start_failed(what: str, status: int, log_file: Path, offset: int) -> JobCon
     if not lines:
         # Nothing written: its reason could not be either, most likely for want of room.
         try:
-            free = diskspace.available(os.statvfs(log_file.parent))
+            free = available(os.statvfs(log_file.parent))
         except OSError:
             free = None
-        if free is not None and free < diskspace.LOG_ROOM:
+        if free is not None and free < LOG_ROOM:
             return JobControlError(
                 f"the {what} exited at start (status {status}) without a word in {log_file}: "
                 f"its disk is full ({free} bytes free)"

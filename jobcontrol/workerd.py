@@ -200,8 +200,7 @@ class RemoteWorker:
         spool_dir = self.opts.state_dir / "spool" / _SAFE.sub("_", self.opts.name)
         # Ends an earlier life kept on disk (stopped during an outage): recorded before
         # recovery, which would settle those runs as lost (as the daemon does).
-        if spool_dir.is_dir():
-            keptends.record(self.runqueue, spool_dir)
+        keptends.record(self.runqueue, spool_dir)
         self._recover(instance, marker, previous)
         self.relay = relay = Relay(self.store, name=f"worker {self.opts.name}")
         relay.start()

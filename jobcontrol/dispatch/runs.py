@@ -709,7 +709,6 @@ class TreeRuns:
         committed, ``events.runs_lost`` names those of this host, to be collected."""
         conn, now = self.d.tx.conn, self.d.clock.now()
         settled: list[RunRecord] = []
-        collect: list[int] = []
         for row in runqueue.expired_leases(conn, now):
             local = row.host == local_host
             expired = (
@@ -731,8 +730,6 @@ class TreeRuns:
                 continue
             settled.append(row)
             log.warning("task run %s (%s) %s", row.id, row.job_name, reason)
-            if local:
-                collect.append(row.id)  # provably this host's: nothing of it may keep running
             frame = self.frames.get(row.id)
             if frame is not None and not self._retry(frame, state, KILLED_STATUS):
                 frame.tree_run.current_task = None
@@ -741,6 +738,8 @@ class TreeRuns:
         if settled:
             runqueue.lease_lapsed(conn, [r.worker for r in settled if r.worker is not None])
             self.stop_lanes_after_worker_ends(settled)
+        # Provably this host's: nothing of them may keep running.
+        collect = [r.id for r in settled if r.host == local_host]
         if collect:
             store = self.d.store
             self.d.tx.after(lambda: events.runs_lost.send(store, run_ids=collect))

@@ -340,10 +340,7 @@ class Store:
             return None
         error, at = failed
         now = time.monotonic()
-        if now - at <= UNAVAILABLE_S:
-            return error
-        under_way = list(self._writes.values())
-        return error if under_way and now - min(under_way) > HELD_UP_S else None
+        return error if now - at <= UNAVAILABLE_S or self._held_up_now(now) else None
 
     def held_up_within(self, seconds: float) -> bool:
         """Whether the database held up a write of this process (for longer than
@@ -351,8 +348,11 @@ class Store:
         up now (the caller's own included). A lease that ran out meanwhile may have
         run out waiting for the database, not because its worker stopped."""
         now = time.monotonic()
-        if now - self._held_up_at < seconds:
-            return True
+        return now - self._held_up_at < seconds or self._held_up_now(now)
+
+    def _held_up_now(self, now: float) -> bool:
+        """Whether a write of this process has waited for the database over ``HELD_UP_S``
+        so far."""
         under_way = list(self._writes.values())
         return bool(under_way) and now - min(under_way) > HELD_UP_S
 

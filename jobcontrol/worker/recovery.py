@@ -4,8 +4,8 @@ The dispatcher's start-up recovery (``jobcontrol.dispatch.recovery``) settles th
 rows of runs nobody can finish any more; ``kill_leftovers`` is the host's half, run
 by the daemon before its embedded worker takes any work. While the daemon runs, the
 dispatcher settles the runs of a worker that stopped renewing their leases, and
-``collect`` kills what those of this host left (``events.runs_lost``). Processes are found by the
-environment marker every task carries and, where runs are contained, by the
+``collect`` kills what those of this host left (``events.runs_lost``). Processes
+are found by the environment marker every task carries and, where runs are contained, by the
 cgroups an earlier daemon of this database left (which escapees that dropped the
 marker cannot leave).
 """
@@ -72,9 +72,8 @@ def collect(instance_id: str, run_ids: Collection[int], *, kill_grace: float) ->
         {"JOBCONTROL_RUN_ID": str(i), "JOBCONTROL_INSTANCE": instance_id} for i in run_ids
     ]
     killed = _kill_marked(markers, kill_grace)
-    for run_id in run_ids:
-        # What dropped the marker (``env -i``, a daemon of its own) is still in its cgroup.
-        killed |= set(cgroups.kill_run_cgroups(instance_id, run_id))
+    # What dropped the marker (``env -i``, a daemon of its own) is still in its cgroup.
+    killed |= set(cgroups.kill_run_cgroups(instance_id, run_ids))
     if killed:
         log.warning(
             "killed %d process(es) left by task run(s) %s, settled on an expired lease",
