@@ -50,7 +50,13 @@ from jobcontrol.filemodes import LogAccess
 from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, driver_message, pool_size_for, queries, redact
 from jobcontrol.store.relay import Relay
-from jobcontrol.store.runqueue import RunQueue, get_worker, heard_of_lately, lost_end
+from jobcontrol.store.runqueue import (
+    RunQueue,
+    get_worker,
+    heard_of_lately,
+    lost_end,
+    queues_of,
+)
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import keptends
 from jobcontrol.worker import recovery as local_recovery
@@ -263,7 +269,7 @@ class RemoteWorker:
                     f"worker {self.opts.name} is already running on this host (pid {row['pid']})"
                 )
             return row
-        lease = self.runqueue.lanes().default.stale_timeout_s
+        lease = self.runqueue.lanes().lease_of(queues_of(row))
         now = self.clock.now()
         age = (now - row["heartbeat"]).total_seconds()
         if heard_of_lately(row, now, lease):

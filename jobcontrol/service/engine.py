@@ -621,9 +621,10 @@ class Engine:
         now = self.clock.now()
         with self.store.read() as conn:
             workers = runqueue.list_workers(conn, now)
+            known = lanes.load(conn)
         host = socket.gethostname()
         for w in workers:
-            w["state"] = worker_state(w, now, host)
+            w["state"] = worker_state(w, now, host, known)
         return workers
 
     def live_workers(self) -> list[dict[str, Any]]:
@@ -642,9 +643,10 @@ class Engine:
             if not waiting:  # the usual answer: one small read per health poll
                 return []
             workers = runqueue.list_workers(conn, now)
-            stopped = {n for n, x in lanes.load(conn).by_name.items() if x.stopped_at}
+            known = lanes.load(conn)
+        stopped = {n for n, x in known.by_name.items() if x.stopped_at}
         host = socket.gethostname()
-        serving = [w for w in workers if worker_state(w, now, host) == "online"]
+        serving = [w for w in workers if worker_state(w, now, host, known) == "online"]
         if any(w["queues"] is None for w in serving):
             return []  # a worker that takes every queue
         served = {q for w in serving for q in w["queues"]}
@@ -678,12 +680,13 @@ class Engine:
         return active, armed
 
 
-def worker_state(worker: dict[str, Any], now: datetime, host: str) -> str:
+def worker_state(worker: dict[str, Any], now: datetime, host: str, known: lanes.Lanes) -> str:
     """What a registered worker is doing, as the operator is told (``jobcontrol workers``,
     ``GET /api/v1/workers``):
 
-    - ``online``: it takes runs: heard of lately (within a lease,
-      ``runqueue.DEFAULT_LEASE``, or twice the beat interval an idle worker stated), and
+    - ``online``: it takes runs: heard of lately (within the lease of its runs, the
+      shortest stale timeout of the lanes it serves, ``known``, as its own renewals go by;
+      or twice the beat interval an idle worker stated), and
       on this host its process alive (``worker_alive``). The daemon's own embedded worker
       goes by its process alone: its heartbeat may lag behind a busy daemon, never its
       claims;
@@ -701,7 +704,7 @@ def worker_state(worker: dict[str, Any], now: datetime, host: str) -> str:
             return "gone"
         if int(worker["pid"]) == os.getpid():
             return "online"
-    lately = runqueue.heard_of_lately(worker, now, runqueue.DEFAULT_LEASE.total_seconds())
+    lately = runqueue.heard_of_lately(worker, now, known.lease_of(worker["queues"]))
     return "online" if lately else "late"
 
 

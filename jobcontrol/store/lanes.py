@@ -120,6 +120,11 @@ class Lanes:
             self.by_name[n] for n in {self.name_of(q) for q in queues} if n in self.by_name
         ] or [self.default]
 
+    def lease_of(self, queues: Sequence[str] | None) -> float:
+        """The lease, in seconds, of the runs of a worker serving ``queues``: the shortest
+        stale timeout of its lanes. Its busy beat renews them every third of it."""
+        return min(x.stale_timeout_s for x in self.served(queues))
+
     def blocked(self) -> set[str]:
         """Lanes nobody may claim from: drained or STOPPED."""
         return {n for n, lane_ in self.by_name.items() if not lane_.claimable}

@@ -1077,6 +1077,11 @@ def _registry_groups(
     return list(dict.fromkeys(named)), groups
 
 
+def queues_of(row: Mapping[str, Any]) -> list[str] | None:
+    """The queues a worker's raw registry row (``get_worker``) says it serves (None: all)."""
+    return _registry_groups(row["queues"], row["slots"], [])[0]
+
+
 def heard_of_lately(row: Mapping[str, Any], now: datetime, lease_s: float) -> bool:
     """Whether a worker's last beat is recent enough for it to be taken as alive: within
     the lease, or within twice the interval it said its next beat would come in (an idle

@@ -427,8 +427,8 @@ class Worker:
             (x.poll_interval_s for x in served), default=DEFAULT_POLL_S
         )
         lease = (self.runqueue.lease or DEFAULT_LEASE).total_seconds()
-        if self.runqueue.lease is None:
-            lease = min([lease] + [x.stale_timeout_s for x in served])
+        if self.runqueue.lease is None and lanes is not None:
+            lease = min(lease, lanes.lease_of(self.queues))
         self.heartbeat_interval = self._fixed_beat or lease / 3
         self._capped = any(x.max_slots is not None for x in served)
         seen = lanes.signature() if lanes is not None else None

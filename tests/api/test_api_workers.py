@@ -13,6 +13,7 @@ import pytest
 
 from jobcontrol import RunState
 from jobcontrol.cli.output import table_workers
+from jobcontrol.store import lanes
 from jobcontrol.store.runqueue import DEFAULT_LEASE, RunQueue, WorkerInfo
 from tests.api.conftest import Api
 from tests.conftest import MakeJC
@@ -184,3 +185,30 @@ def test_a_worker_whose_runs_lease_ran_out_reads_late_at_once(db_url: str, make_
     # Its next beat (it was only stopped) states its interval again: online.
     queue.heartbeat("w-idle", jc.clock.now(), every=10.0)
     assert state() == "online"
+
+
+def test_a_worker_of_a_short_lease_lane_reads_late_when_its_lease_would_run_out(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A worker serving a lane whose stale timeout is 5 s renews its runs' leases every
+    third of that: silent for 6 s (a SIGSTOP), its runs are being settled, so it reads
+    late, not online for the default lease's 30 s. One serving a 30 s lane is online."""
+    jc = make_jc(db_url, slots=0)
+    with jc.store.write() as conn:
+        lanes.insert(conn, "quick", {"stale_timeout_s": 5.0}, T0, "tester")
+    queue = RunQueue(jc.store, None)
+    for name, queues in (("w-quick", ["quick"]), ("w-default", ["default"])):
+        info = WorkerInfo(
+            name=name, host="elsewhere", pid=4242, slots=1, version="1", started=T0, queues=queues
+        )
+        queue.register(info, T0)
+        queue.heartbeat(name, T0, every=5.0 / 3)  # its busy beat
+
+    def state(name: str) -> str:
+        [w] = [w for w in jc.engine.workers() if w["name"] == name]
+        return str(w["state"])
+
+    jc.clock.set(T0 + timedelta(seconds=4))
+    assert (state("w-quick"), state("w-default")) == ("online", "online")
+    jc.clock.set(T0 + timedelta(seconds=6))
+    assert (state("w-quick"), state("w-default")) == ("late", "online")
