@@ -253,7 +253,8 @@ MESSAGE_MAX = 4000
 def refusal_response(exc: JobControlError) -> JSONResponse:
     status = error_status(exc)
     if status >= 500:
-        log.warning("request failed: %s", exc)
+        # One line, what it cost included (an audit entry the outage kept out: audit.scope).
+        log.warning("request failed: %s", "; ".join([str(exc), *getattr(exc, "__notes__", ())]))
     return JSONResponse(error_body(exc), status_code=status)
 
 

@@ -168,6 +168,8 @@ def _show(client: Client, args: argparse.Namespace) -> int:
     shown = dict(job)
     if job.get("parent") is not None:
         shown["parent"] = client.job(job["parent"])["name"]
+        if shown.get("misfire"):  # only a top-level job's misfire counts
+            shown["misfire"] = f"{shown['misfire']} (no effect inside a box)"
     return _emit(args, job, out.fields(shown, SHOW_ORDER))
 
 

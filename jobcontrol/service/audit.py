@@ -134,7 +134,9 @@ def scope(store: Store, user: str, operation: str, jobs: Iterable[str] = ()) -> 
         # tried once, at once. Waiting for the database (up to SQLite's busy timeout,
         # behind the dispatcher's own tries) would hold up the refusal itself.
         held_up = isinstance(exc, StoreUnavailable | BusyError)
-        _record_after(store, note, result, str(exc), wait=not held_up)
+        if _record_after(store, note, result, str(exc), wait=not held_up, say=not held_up):
+            # Said in the refusal's own line (``api.deps.refusal_response``), not a second.
+            exc.add_note(f"its audit entry ({note.operation} by {note.user}) not written")
         raise
     except Exception as exc:
         _record_after(store, note, Result.ERROR, f"{type(exc).__name__}: {exc}")
@@ -151,11 +153,21 @@ def current() -> AuditNote | None:
 
 
 def _record_after(
-    store: Store, note: AuditNote, result: Result, detail: str, *, wait: bool = True
-) -> None:
+    store: Store,
+    note: AuditNote,
+    result: Result,
+    detail: str,
+    *,
+    wait: bool = True,
+    say: bool = True,
+) -> bool:
+    """Write the scope's entry after its outcome. An entry that the database's outage
+    costs is logged here, unless ``say`` is false: then True says the caller must."""
     try:
         record(store, note.user, note.operation, note.jobs, result, detail, wait=wait)
     except StoreUnavailable as exc:
+        if not say:
+            return True
         # The database is away (the outage is logged once by the part that met it, and in
         # health): one line for the entry it costs, no trace of a known cause.
         log.warning(
@@ -175,6 +187,7 @@ def _record_after(
             result,
             detail,
         )
+    return False
 
 
 def list_entries(

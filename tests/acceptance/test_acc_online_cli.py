@@ -86,6 +86,9 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     shown = jc.ok("show", "hello").stdout
     assert re.search(r"^parent: +Nightly$", shown, re.M), shown
     assert re.search(r"^state: +idle$", shown, re.M), shown
+    # Only a top-level job's misfire counts: show says so of one inside a box.
+    assert re.search(r"^misfire: +run-once \(no effect inside a box\)$", shown, re.M), shown
+    assert re.search(r"^misfire: +run-once$", jc.ok("show", "Nightly").stdout, re.M)
 
     # set: two fields in one batch, one version step.
     edited = jc.ok("set", "hello", "description=says hello", "priority=5")
