@@ -132,6 +132,7 @@ class JobTreeModel(QAbstractItemModel):
         self.expanded: set[int] = set()
         self.pending: set[int] = set()  # jobs with changes not applied yet (shown in italics)
         self.seq: int | None = None
+        self.read_only = False  # the token's role may not modify jobs: no rename, no move
         self._unordered: dict[int, JobNode] = {}  # parents whose children may be out of order
 
     # ------------------------------------------------------------ reading
@@ -207,7 +208,7 @@ class JobTreeModel(QAbstractItemModel):
     def flags(self, index: AnyIndex) -> Qt.ItemFlag:
         if not index.isValid():
             return _ROOT
-        if index.column() != 0:
+        if index.column() != 0 or self.read_only:
             return _ROW
         node = self.nodes.get(index.internalId())
         return _BOX_NAME if node is not None and node.is_box else _NAME

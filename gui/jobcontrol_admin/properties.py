@@ -292,6 +292,7 @@ class PropertiesPanel(QWidget):
         self._zoning = False  # the zone combo is rewriting the timer: leave the combo alone
         self._closed = False
         self._read_failed = False  # the message is a failed read (a later read clears it)
+        self.refused: str | None = None  # why the token's role may not modify jobs, if so
 
         self.editors: dict[str, _Editor] = {
             "name": _line(),
@@ -461,7 +462,7 @@ class PropertiesPanel(QWidget):
             self.zone.setCurrentText(timer_zone(self.editors["timer"].read() or ""))
         finally:
             self._loading = False
-        self.form.setEnabled(detail is not None and not self.applying)
+        self.form.setEnabled(detail is not None and not self.applying and self.refused is None)
         is_box = stored.get("kind") == "box"
         self.editors["command"].widget.setEnabled(not is_box)
         self.editors["box_type"].widget.setEnabled(is_box)
@@ -548,7 +549,16 @@ class PropertiesPanel(QWidget):
         label.setFont(font)
         widget.setStyleSheet(PENDING_STYLE if pending else "")
 
+    def set_refused(self, why: str | None) -> None:
+        """``why`` the token's role may not modify jobs (None: it may): the form only shows."""
+        self.refused = why
+        self.form.setEnabled(self.detail is not None and not self.applying and why is None)
+        self.form.setToolTip(why or "")
+        if why is not None:
+            self._say(why)
+
     def _say(self, text: str) -> None:
+        text = text or (self.refused or "")  # with nothing else to say, why it only shows
         self._read_failed = False
         self.message.setText(text)
         self.message.setVisible(bool(text))
@@ -594,7 +604,7 @@ class PropertiesPanel(QWidget):
 
     def _done_applying(self) -> None:
         self.applying = False
-        self.form.setEnabled(self.detail is not None)
+        self.form.setEnabled(self.detail is not None and self.refused is None)
 
     def _jobs_named(self, name: str) -> set[int]:
         """The pending jobs called ``name`` (the daemon names the job of a conflict)."""

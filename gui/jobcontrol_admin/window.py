@@ -67,6 +67,19 @@ TEMPLATES = {
 }
 
 
+# What a permission of ``GET /whoami`` lets a role do, and which roles have it (users.py).
+NEEDS_WHAT = {
+    "create": ("create jobs", "admins"),
+    "delete": ("delete jobs", "admins"),
+    "modify": ("change jobs or the daemon", "admins"),
+    "activate": ("activate or deactivate jobs", "operators and admins"),
+    "restart": ("restart jobs", "operators and admins"),
+    "run": ("run jobs", "operators and admins"),
+    "kill": ("kill runs", "operators and admins"),
+    "pause": ("pause or resume the timers", "operators and admins"),
+}
+
+
 class MainWindow(QMainWindow):
     """``settings``: where the window's geometry, docks and column widths are remembered
     (default: the user's ``jobcontrol/jobcontrol-admin`` settings)."""
@@ -89,6 +102,8 @@ class MainWindow(QMainWindow):
         self.errors: list[QMessageBox] = []
         self.connection_state = "disconnected"
         self.paused = False
+        self.role: str | None = None
+        self.permissions: set[str] | None = None  # None: not known (yet); the daemon decides
         self._lost_since_live = False
 
         self.model = JobTreeModel(self)
@@ -347,7 +362,33 @@ class MainWindow(QMainWindow):
         else:
             self._read_status(failed=None)
         session.read("Log level", lambda c: c.log_level(), self._show_level, lambda _exc: None)
+        session.read("Who am I", lambda c: c.whoami(), self._set_role, self._role_unknown)
         self.update_actions()
+
+    def _set_role(self, me: dict[str, Any]) -> None:
+        """What the token's role may do (``GET /whoami``): what it may not is disabled,
+        with the reason, in the window and its panels. The daemon still checks each."""
+        self.role = str(me.get("role"))
+        self.permissions = set(me.get("permissions") or ())
+        if self.workers is not None:
+            self.workers.set_role(me)
+        self.model.read_only = "modify" not in self.permissions
+        if self.properties is not None:
+            self.properties.set_refused(self.why_not("modify"))
+        self.update_actions()
+
+    def _role_unknown(self, exc: Exception) -> None:
+        # A daemon without /whoami: every action stays offered, the daemon decides.
+        if self.workers is not None:
+            self.workers.role_unknown(exc)
+
+    def why_not(self, permission: str) -> str | None:
+        """Why the token's role may not do what ``permission`` allows; None if it may (or
+        while its role is not known)."""
+        if self.permissions is None or permission in self.permissions:
+            return None
+        what, who = NEEDS_WHAT[permission]
+        return f"Your role ({self.role}) may not {what}: {who} may"
 
     def disconnect_daemon(self) -> None:
         self._event_timer.stop()
@@ -365,6 +406,8 @@ class MainWindow(QMainWindow):
                 panel.deleteLater()
         self.properties = self.history = None
         self.workers = None
+        self.role = self.permissions = None
+        self.model.read_only = False
         if self.session is not None:
             self.session.close()
             self.session.deleteLater()
@@ -648,6 +691,38 @@ class MainWindow(QMainWindow):
         else:
             self.act_restart.setToolTip("Restart")
             self.act_run.setToolTip("Run Now")
+        for action, permission in self._needs():
+            refused = self.why_not(permission)
+            if refused is not None:
+                action.setEnabled(False)
+                action.setToolTip(refused)
+                action.setStatusTip(refused)
+
+    def _needs(self) -> list[tuple[QAction, str]]:
+        """Each action that changes something, with the permission it needs."""
+        return [
+            (self.act_new_box, "create"),
+            (self.act_new_task, "create"),
+            (self.act_new_top_box, "create"),
+            (self.act_new_top_task, "create"),
+            (self.act_delete, "delete"),
+            (self.act_active, "activate"),
+            (self.act_inactive, "activate"),
+            (self.act_continue, "modify"),
+            (self.act_abort, "modify"),
+            (self.act_timed, "modify"),
+            (self.act_consecutive, "modify"),
+            (self.act_restart, "restart"),
+            (self.act_run, "run"),
+            (self.act_kill, "kill"),
+            (self.act_edit_timer, "modify"),
+            (self.act_edit_command, "modify"),
+            (self.act_rename, "modify"),
+            (self.act_pause, "pause"),
+            (self.act_resume, "pause"),
+            (self.act_shutdown, "modify"),
+            *((level, "modify") for level in self.level_actions.values()),
+        ]
 
     # ------------------------------------------------------------ asking and telling
 

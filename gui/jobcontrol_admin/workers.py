@@ -503,8 +503,7 @@ class WorkersPanel(QWidget):
     # ------------------------------------------------------------ life cycle
 
     def start(self) -> None:
-        """Ask who we are, read everything, then keep it fresh."""
-        self.session.read("Who am I", lambda c: c.whoami(), self._set_role, self._role_unknown)
+        """Read everything, then keep it fresh (the window tells it its role)."""
         self.refresh()
         self._periodic.start()
 
@@ -522,12 +521,13 @@ class WorkersPanel(QWidget):
             self.refresh()
         self.update_actions()
 
-    def _set_role(self, me: dict[str, Any]) -> None:
+    def set_role(self, me: dict[str, Any]) -> None:
+        """The token's ``GET /whoami``, read by the window for all its panels."""
         self.role = str(me.get("role"))
         self.permissions = set(me.get("permissions") or ())
         self.update_actions()
 
-    def _role_unknown(self, exc: Exception) -> None:
+    def role_unknown(self, exc: Exception) -> None:
         # An older daemon without /whoami: every action stays offered, the daemon decides.
         self.status.setText(f"Role not known ({exc}); the daemon checks each action")
 

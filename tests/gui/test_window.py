@@ -334,19 +334,18 @@ def test_the_magnifier_of_a_timer_cell_opens_the_editor(
 def test_errors_from_the_daemon_are_dialogs_with_its_message(
     qtbot: Any, admin_daemon: AdminDaemon, client: Client
 ) -> None:
-    made = admin_daemon.jc.ok("user", "add", "watcher", "--role", "viewer")
-    token = re.search(r"jc_\S+", made.stdout)
-    assert token, describe(made)
     client.create_job("report", "task", command="echo hi")
-    window = open_window(qtbot, admin_daemon.url, token.group(0))
+    window = open_window(qtbot, admin_daemon.url, admin_daemon.token)
     try:
         wait_shown(qtbot, window, "report")
-        select(window, "report")
-        window.act_run.trigger()
+        node = window.model.find("report")
+        assert node is not None
+        window.rename(node.id, "..")  # what the tree's name cell sends
         qtbot.waitUntil(lambda: bool(error_texts(window)), timeout=WAIT_MS)
-        assert "watcher" in error_texts(window)[0]
-        assert "viewer" in error_texts(window)[0]
-        assert client.runs("report")["runs"] == []
+        assert "Rename" in error_texts(window)[0], error_texts(window)
+        assert "must not be '.' or '..'" in error_texts(window)[0], error_texts(window)
+        assert client.job("report")["name"] == "report"
+        assert shown(window, "report") is not None
     finally:
         window.close()
 
@@ -557,3 +556,75 @@ def test_the_entry_point_is_installed() -> None:
     assert done.returncode == 0, done.stderr
     assert "--url" in done.stdout
     assert "--token" in done.stdout
+
+
+def _user_window(qtbot: Any, admin_daemon: AdminDaemon, name: str, role: str) -> MainWindow:
+    made = admin_daemon.jc.ok("user", "add", name, "--role", role)
+    token = re.search(r"jc_\S+", made.stdout)
+    assert token, describe(made)
+    window = open_window(qtbot, admin_daemon.url, token.group(0))
+    qtbot.waitUntil(lambda: window.permissions is not None, timeout=WAIT_MS)
+    return window
+
+
+def test_a_viewer_sees_every_change_disabled_with_the_reason(
+    qtbot: Any, admin_daemon: AdminDaemon, client: Client
+) -> None:
+    """A viewer may look, not act: every action that changes something is disabled and
+    says why, names cannot be edited or dragged, and the properties form only shows."""
+    client.create_job("Nightly", "box", active=True, timer="daily 02:00")
+    client.create_job("hello", "task", parent="Nightly", command="echo hi")
+    window = _user_window(qtbot, admin_daemon, "watcher", "viewer")
+    try:
+        wait_shown(qtbot, window, "hello")
+        select(window, "Nightly")
+        assert window.properties is not None
+        qtbot.waitUntil(lambda: window.properties.detail is not None, timeout=WAIT_MS)
+        for action, what in (
+            (window.act_run, "may not run jobs"),
+            (window.act_restart, "may not restart jobs"),
+            (window.act_delete, "may not delete jobs"),
+            (window.act_new_task, "may not create jobs"),
+            (window.act_inactive, "may not activate or deactivate jobs"),
+            (window.act_rename, "may not change jobs"),
+            (window.act_edit_timer, "may not change jobs"),
+            (window.act_pause, "may not pause or resume the timers"),
+            (window.act_shutdown, "may not change jobs or the daemon"),
+        ):
+            assert not action.isEnabled(), action.text()
+            assert "Your role (viewer)" in action.toolTip(), action.toolTip()
+            assert what in action.toolTip(), action.toolTip()
+        index = window.view_index(window.model.find("hello").id)  # type: ignore[union-attr]
+        flags = window.model.flags(window.model.index(index.row(), 0, index.parent()))
+        assert not flags & Qt.ItemFlag.ItemIsEditable
+        assert not flags & Qt.ItemFlag.ItemIsDragEnabled
+        assert not window.properties.form.isEnabled()
+        assert "Your role (viewer) may not change jobs" in window.properties.message.text()
+        # What it may do, it may: reload, expand, find.
+        assert window.act_refresh.isEnabled()
+        assert window.act_find.isEnabled()
+    finally:
+        window.close()
+
+
+def test_an_operator_runs_and_kills_but_cannot_edit(
+    qtbot: Any, admin_daemon: AdminDaemon, client: Client
+) -> None:
+    client.create_job("lone", "task", command="true")
+    window = _user_window(qtbot, admin_daemon, "oper", "operator")
+    try:
+        wait_shown(qtbot, window, "lone")
+        select(window, "lone")
+        assert window.act_run.isEnabled()
+        assert window.act_restart.isEnabled()
+        assert window.act_inactive.isEnabled() is False  # inactive already
+        assert window.act_active.isEnabled()
+        assert window.act_pause.isEnabled()
+        for action in (window.act_delete, window.act_rename, window.act_edit_command):
+            assert not action.isEnabled(), action.text()
+            assert "Your role (operator) may not" in action.toolTip(), action.toolTip()
+        window.act_run.trigger()
+        qtbot.waitUntil(lambda: bool(client.runs("lone")["runs"]), timeout=WAIT_MS)
+        assert not error_texts(window)
+    finally:
+        window.close()
