@@ -14,7 +14,7 @@ import signal
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from jobcontrol import procs
 from jobcontrol.places import live_pid
 from jobcontrol.store import Store
+from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from jobcontrol.store.schema import run
 from tests.acceptance.harness import JobControl, describe, wait_until, write
 from tests.acceptance.hosts import TcpRelay
@@ -766,3 +767,38 @@ def test_the_daemon_notifies_only_while_a_worker_process_listens(jcpg: JobContro
 
     jc.ok("worker", "stop", "--name", "late-1")
     assert wait_until(lambda: metrics(jc)["jobcontrol_notification_peers"] == 0, WAIT), metrics(jc)
+
+
+def test_a_name_held_on_another_host_is_refused_while_its_lanes_lease_holds(
+    jcpg: JobControl,
+) -> None:
+    """A worker named like one on another host is refused while that one was heard of
+    within the lease of the lanes it serves: with a 5 s lane, a namesake silent for 10 s
+    is dead, and its name may be taken; one heard of 1 s ago may not."""
+    jc = jcpg.upgraded()
+    jc.ok("lane", "add", "quick", "stale=5s")
+    store = Store(jc.url)
+    try:
+        queue = RunQueue(store, None)
+        now = datetime.now(UTC)
+        for name, age in (("gone-quiet", 10.0), ("alive", 1.0)):
+            info = WorkerInfo(
+                name=name,
+                host="elsewhere",
+                pid=4242,
+                slots=1,
+                version="1",
+                started=now,
+                queues=["quick"],
+            )
+            queue.register(info, now - timedelta(seconds=age))
+            queue.heartbeat(name, now - timedelta(seconds=age), every=5.0 / 3)
+    finally:
+        store.dispose()
+    refused = jc.fails("worker", "--name", "alive", "--queues", "quick:1")
+    assert "worker alive is running on host elsewhere" in refused.stderr, describe(refused)
+    jc.ok("worker", "start", "--name", "gone-quiet", "--queues", "quick:1")
+    assert wait_until(lambda: worker_pid(jc, "gone-quiet") is not None, WAIT)
+    mine = [w for w in jc.json("workers") if w["name"] == "gone-quiet"]
+    assert [w["host"] for w in mine] != ["elsewhere"], mine
+    jc.ok("worker", "stop", "--name", "gone-quiet")
