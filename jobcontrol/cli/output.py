@@ -95,7 +95,7 @@ def table_runs(runs: Sequence[Mapping[str, Any]]) -> str:
             str(r["trigger"]),
             str(r["state"]),
             "" if r["exit_status"] is None else str(r["exit_status"]),
-            when(r["started"] or r["created"]),
+            when(r["started"]) if r["started"] else f"queued {when(r['created'])}",
             duration(r["duration_ms"]),
             cpu_time(r.get("cpu_us")),
             size(r.get("mem_peak_bytes")),

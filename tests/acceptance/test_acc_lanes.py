@@ -59,6 +59,10 @@ def test_a_lane_change_reaches_the_running_worker_without_a_restart(jc: JobContr
     assert re.search(rf"^batch +1 +{run_id} +batchjob +batch +0 ", table.stdout, re.M), describe(
         table
     )
+    # history's STARTED says it has not started: when it was queued, marked as such.
+    listed = jc.ok("history", "batchjob").stdout
+    row = next(line for line in listed.splitlines() if line.startswith(f"{run_id} "))
+    assert re.search(r" queued +queued \d\d [A-Z][a-z]{2} \d{4} [\d:]{8} ", row), listed
 
     jc.ok("lane", "resume", "batch")
     assert wait_until(lambda: run_state(jc, run_id) == "succeeded", WAIT), "resumed: it runs"
