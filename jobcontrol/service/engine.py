@@ -405,22 +405,21 @@ class Engine:
             struct.children.pop(job_id, None)
 
     def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> list[int]:
-        """Delete jobs with their sub-trees: shallowest first, each sub-tree its own transaction (spec 5.4)."""
+        """Delete jobs with their sub-trees in one transaction: all or nothing. (Inq's
+        ``deleteJobs`` commits each sub-tree on its own, spec 5.4, so a refusal midway,
+        a running job, left those before it deleted under a "refused" answer.)"""
         names = self._job_names(jobs)
         with audit.scope(self.store, user, "jobs.delete", names) as note:
-            note.deferred = True  # several transactions: recorded once, after the last
             with self.store.read() as conn:
                 struct = self._structure(conn)
             targets = {struct.resolve(j).id for j in jobs}
             note.jobs = [struct.by_id[i].name for i in sorted(targets, key=struct.depth)]
-            deleted: list[int] = []
-            for job_id in sorted(targets, key=struct.depth):
-                try:
-                    deleted += self._apply_batch(Batch(deletes=[job_id]), user).deleted
-                except UnknownJobError:
-                    continue  # went with an ancestor deleted before it
-            note.detail = f"{len(deleted)} deleted (with their sub-trees)"
-            return deleted
+            roots = [
+                job_id
+                for job_id in sorted(targets, key=struct.depth)
+                if not targets.intersection(struct.ancestors(struct.by_id[job_id].parent_id))
+            ]
+            return self._apply_batch(Batch(deletes=list(roots)), user).deleted
 
     # ------------------------------------------------------------ runs
 

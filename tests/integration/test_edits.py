@@ -184,6 +184,22 @@ REFUSALS: dict[str, Refusal] = {
         ("job is running",),
         running=True,
     ),
+    # One request, one answer: Inq committed each sub-tree on its own, so the idle box
+    # named with a running job was deleted under a "refused" answer.
+    "delete an idle tree and a running job": Refusal(
+        lambda jc: jc.engine.delete_jobs(["o1", "Top"], user=USER),
+        JobRunningError,
+        "o1",
+        ("job is running",),
+        running=True,
+    ),
+    "delete a running job's box and an idle box": Refusal(
+        lambda jc: jc.engine.delete_jobs(["A", "Other"], user=USER),
+        JobRunningError,
+        "Other",
+        ("job is running",),
+        running=True,
+    ),
     "delete the box of a running job": Refusal(
         lambda jc: jc.engine.delete_jobs(["Other"], user=USER),
         JobRunningError,
@@ -653,3 +669,4 @@ def _poll(jc: JC) -> None:
     """The dispatcher's back-up poll, now: it finds the ends nobody announced."""
     jc.dispatcher.post((jc.dispatcher._poll, None))
     jc.sync()
+
