@@ -172,16 +172,22 @@ def _copy_jobs(src: Connection, dst: Connection) -> int:
     return len(ordered)
 
 
+# Ids used elsewhere that a new row must not take: a deleted job's, which its runs keep.
+_ALSO_USED = {"job": "(SELECT MAX(job_id) FROM run)"}
+
+
 def _reset_sequences(conn: Connection) -> None:
     """Each id sequence past the largest copied id, so new rows do not collide."""
     for table in schema.metadata.sorted_tables:
         for column in table.primary_key.columns:
             if not column.autoincrement or column.type.python_type is not int:
                 continue
+            also = _ALSO_USED.get(table.name, "0")
             conn.execute(
                 text(
                     f"SELECT setval(pg_get_serial_sequence(:table, :column), "
-                    f"COALESCE((SELECT MAX({column.name}) FROM {table.name}), 0) + 1, false)"
+                    f"GREATEST(COALESCE((SELECT MAX({column.name}) FROM {table.name}), 0), "
+                    f"COALESCE({also}, 0)) + 1, false)"
                 ),
                 {"table": table.name, "column": column.name},
             )

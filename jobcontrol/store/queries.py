@@ -210,11 +210,26 @@ def jobs_named_with(conn: Connection, text: str) -> list[tuple[int, str]]:
 
 
 _INSERT_JOB = insert(job).returning(job.c.id)
+# SQLite gives a new row the largest id + 1: the id of a job just deleted, and with it the
+# runs that job left (its history, its logs). There a new job's id is past every id a run
+# names too. (PostgreSQL's sequence never goes back; ``db copy`` sets it past both.)
+_INSERT_JOB_SQLITE = (
+    insert(job)
+    .values(
+        id=func.max(
+            func.coalesce(select(func.max(job.c.id)).scalar_subquery(), 0),
+            func.coalesce(select(func.max(run.c.job_id)).scalar_subquery(), 0),
+        )
+        + 1
+    )
+    .returning(job.c.id)
+)
 
 
 def insert_job(conn: Connection, values: Mapping[str, Any]) -> int:
     # The columns are the keys given; the others get their defaults, as with .values().
-    return int(conn.execute(_INSERT_JOB, job_values(values)).scalar_one())
+    stmt = _INSERT_JOB_SQLITE if conn.dialect.name == "sqlite" else _INSERT_JOB
+    return int(conn.execute(stmt, job_values(values)).scalar_one())
 
 
 @functools.lru_cache(maxsize=512)

@@ -670,3 +670,18 @@ def _poll(jc: JC) -> None:
     jc.dispatcher.post((jc.dispatcher._poll, None))
     jc.sync()
 
+
+def test_a_new_job_never_takes_a_deleted_jobs_id_nor_its_history(jc: JC) -> None:
+    """SQLite hands a new row the largest id + 1: the newest job deleted, the next one
+    created took its id, and with it that job's runs (history, logs)."""
+    jc.create(task("Alpha", "exit 3", active=True))
+    alpha = jc.job("Alpha").id
+    run_id = jc.run_now("Alpha")
+    poll_until("Alpha's run to end", lambda: jc.run(run_id).state is RunState.FAILED)
+    jc.wait_quiet()
+    jc.engine.delete_jobs(["Alpha"], user=USER)
+
+    beta = jc.create(task("Beta", "true"))["Beta"]
+
+    assert beta > alpha
+    assert jc.runs("Beta") == []
