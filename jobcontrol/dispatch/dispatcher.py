@@ -225,8 +225,20 @@ class Dispatcher:
     def _arm_idle_trees(self) -> None:
         """Evaluate every tree and arm the timer of each active one not running on a timer."""
         ev = self.tree_timers.evaluator()
+        armed = {top.id: top.job.next_runs for top in self.tree.roots}  # as stored
         ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
-        dues = {top.id: ev.tree_due(top) for top in self.tree.roots}  # evaluated above
+        # A time stored ahead was armed for then (by the daemon before, or an edit's re-arm
+        # from now, spec 5.5): nothing was missed, even where the schedule counted from the
+        # last run (``every``, a ``daily`` made later) is past. Misfire is for times past.
+        dues = {
+            top.id: ev.keep(top, kept)
+            if (kept := armed[top.id]) is not None
+            and kept > ev.now
+            and top.timer_due is not None
+            and top.timer_due <= ev.now
+            else ev.tree_due(top)  # evaluated above
+            for top in self.tree.roots
+        }
         self.tree_timers.write_evaluation(ev)
         timer_runs = {tr.top.id for tr in self.runs.tree_runs.values() if not tr.immediate}
         for top in self.tree.roots:

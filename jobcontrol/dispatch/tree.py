@@ -239,6 +239,12 @@ class Evaluator:
             return due
         return self.skip_missed(top, due)
 
+    def keep(self, top: Node, when: datetime) -> datetime:
+        """Fire ``top``'s timer at ``when`` (a time it was armed for, kept)."""
+        top.timer_due = when
+        self._set(top, when)
+        return when
+
     def skip_missed(self, top: Node, due: datetime) -> datetime | None:
         """The next occurrence after now of the schedule that supplies ``top``'s timer."""
         source = top.timer_source

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 from jobcontrol import JobState
+from tests.conftest import MakeJC
 from tests.integration.helpers import JC, T0, USER, box, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
@@ -279,6 +280,42 @@ def test_activating_or_retiming_a_tree_never_fires_a_time_that_passed_meanwhile(
     assert armed == now + timedelta(seconds=10), (armed, now)
     assert jc.job("Slow").next_runs == armed
     assert jc.runs("Slow") == []
+
+
+def test_a_daemon_restarted_keeps_a_time_armed_that_has_not_come(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A tree an edit re-armed from now (``every 10m``: 10 min after the edit, spec 5.5)
+    and a ``daily`` made later in the day: a daemon restarted 2 s later must not take
+    them as missed because, counted from their last runs, their times are past. Nothing
+    was missed: the times armed have not come (misfire is for times that passed)."""
+    first = make_jc(db_url)
+    first.create(
+        box("Tick", timer="every 10m"),
+        task("t", "true", "Tick", active=True),
+        box("Daily", timer="daily 09:00"),
+        task("d", "true", "Daily", active=True),
+    )
+    for name in ("Tick", "Daily"):
+        mark = first.rec.mark()
+        first.run_now(name)
+        first.rec.run_finished(name, since=mark)
+    first.wait_quiet()
+    first.advance(to=T0 + timedelta(hours=1))  # T0 is 12:00: 09:00 has passed today
+    first.modify("Tick", active=True)
+    first.modify("Daily", active=True)
+    first.modify("Daily", timer="daily 12:30")
+    tick, daily = first.armed_at("Tick"), first.armed_at("Daily")
+    assert tick == T0 + timedelta(hours=1, minutes=10)
+    assert daily == T0 + timedelta(days=1, minutes=30)  # tomorrow 12:30
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(hours=1, seconds=2))
+    second.start()
+    assert (second.armed_at("Tick"), second.armed_at("Daily")) == (tick, daily)
+    assert second.advance(0) == 0, "nothing was missed: nothing runs at once"
+    assert [len(second.runs(n)) for n in ("Tick", "Daily")] == [1, 1]
 
 
 def test_restart_of_a_tree_with_no_time_left_says_so(jc: JC) -> None:
