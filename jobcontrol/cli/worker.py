@@ -213,9 +213,13 @@ def _stop(opts: Any, args: argparse.Namespace) -> int:
         if args.kill:
             os.kill(pid, signal.SIGINT)
         if not select.select([pidfd], [], [], args.timeout)[0]:
+            why = (
+                "its runs are killed; it waits to record their ends (see its log)"
+                if args.kill
+                else "it waits for its runs to end; use --kill to kill them"
+            )
             raise JobControlError(
-                f"worker {opts.name} (pid {pid}) did not stop within {args.timeout:g}s: it waits "
-                "for its runs to end; use --kill to kill them"
+                f"worker {opts.name} (pid {pid}) did not stop within {args.timeout:g}s: {why}"
             )
     finally:
         os.close(pidfd)

@@ -51,9 +51,29 @@ HELD_UP_S = 1.0
 UNAVAILABLE_S = 5.0
 # Seconds a PostgreSQL connection attempt may take before it fails (and is retried).
 PG_CONNECT_TIMEOUT = 10
+# A connection whose path to the server died silently (a link down, a firewall's or NAT's
+# idle drop, a server that failed over during a partition) otherwise looks alive for as
+# long as TCP says (hours idle, minutes waiting for an answer): a listener that hears
+# nothing, a query or a stop that waits as long as the partition lasts. TCP keepalives
+# from 5 s idle, every 2 s, 3 unanswered: about 11 s; data unacknowledged for 15 s fails.
+# Each is kept where the URL sets it itself.
+PG_TCP = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
 
 # SQLite errors that pass: another process holds the lock, the disk is full or failing.
 _SQLITE_TRANSIENT = ("locked", "busy", "disk i/o", "disk is full", "unable to open")
+
+
+def _pg_connect_params(url: str) -> dict[str, int]:
+    """The libpq parameters a PostgreSQL connection gets unless ``url`` gives them: a
+    bounded connection attempt, and a dead path to the server noticed (``PG_TCP``)."""
+    wanted = {"connect_timeout": PG_CONNECT_TIMEOUT, **PG_TCP}
+    return {k: v for k, v in wanted.items() if f"{k}=" not in url}
 
 
 def pool_size_for(slots: int, groups: int = 1) -> int:
@@ -258,7 +278,7 @@ class Store:
             return engine.execution_options(isolation_level="AUTOCOMMIT")
         # libpq waits for a server that does not answer as long as TCP does (minutes):
         # bound it, unless the URL says otherwise (?connect_timeout=N).
-        connect = {} if "connect_timeout=" in self.url else {"connect_timeout": PG_CONNECT_TIMEOUT}
+        connect = _pg_connect_params(self.url)
         return _engine(
             self.url,
             pool_size=pool_size,
@@ -277,8 +297,8 @@ class Store:
 
         url = make_url(self.url).set(drivername="postgresql")
         conninfo = url.render_as_string(hide_password=False)
-        if "connect_timeout=" not in conninfo:
-            conninfo += ("&" if "?" in conninfo else "?") + f"connect_timeout={PG_CONNECT_TIMEOUT}"
+        for key, value in _pg_connect_params(self.url).items():
+            conninfo += ("&" if "?" in conninfo else "?") + f"{key}={value}"
         return conninfo
 
     @property

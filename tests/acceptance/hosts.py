@@ -138,6 +138,16 @@ class TcpRelay:
                 except OSError:
                     pass
 
+    def drop(self) -> None:
+        """Destroy every accepted connection in the kernel (``ss -K``: one RST each, never
+        sent again), as a server that fails over drops its clients: a client whose RST is
+        lost (its link is down) never hears of it, unless it probes."""
+        subprocess.run(
+            ["ss", "-K", "state", "established", f"( sport = :{self.port} )"],
+            check=True,
+            capture_output=True,
+        )
+
     def close(self) -> None:
         self.server.close()
         for s in self.conns:

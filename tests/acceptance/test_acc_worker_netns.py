@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.acceptance.harness import JobControl, describe, wait_until, write
-from tests.acceptance.hosts import Namespace, ip, namespace, relayed
+from tests.acceptance.hosts import Namespace, TcpRelay, ip, namespace, relayed
 from tests.acceptance.test_acc_remote_worker import ended
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.postgres]
@@ -130,3 +131,73 @@ jobs:
     assert (run["state"], run["exit_status"], run["worker"]) == ("failed", 7, "far-2"), describe(
         jc.run("history", "waits")
     )
+
+
+def test_a_worker_cut_off_by_a_silent_partition_stops_without_waiting_for_the_link(
+    jcpg: JobControl, remote: Any, netns: Namespace
+) -> None:
+    """A link that goes down says nothing: without TCP keepalives the worker's database
+    connections look alive for as long as the partition lasts, and its stop waited for
+    the link to come back. It notices the dead path within seconds and stops."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    worker = remote("far-3", "--slots", "1")
+    log = jc.base / "remote-far-3.log"
+    assert wait_until(lambda: "far-3" in workers(jc), WAIT), log.read_text()
+    ip("link", "set", netns.veth, "down")
+    try:
+        worker.terminate()
+        try:
+            worker.wait(60)  # its patience with the database (10 s) after ~11 s of probes
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"its stop waited for the link:\n{log.read_text()}") from None
+        assert "does not answer" in log.read_text(), log.read_text()
+    finally:
+        ip("link", "set", netns.veth, "up")
+
+
+def test_a_listener_the_server_dropped_during_a_partition_is_noticed_and_reopened(
+    jcpg: JobControl, netns: Namespace
+) -> None:
+    """The server drops a remote worker's connections while the link is down (a failover,
+    a firewall's idle drop): their resets never arrive. An idle listener sends nothing,
+    so without keepalives it waited forever for notifications that went elsewhere, and
+    each run then waited for the worker's back-off poll (45 s, seen from outside). Its
+    probes meet the reset once the link is back: it listens again, and runs start at once."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("lane", "set", "default", "poll=60s")  # no back-up poll within the test
+    relay = TcpRelay(netns.host_ip, int(make_url(jc.url).port or 5432))
+    state = jc.base / "remote-far-4"
+    argv, env = jc.argv_env(
+        relay.url(jc.url), "worker", "--name", "far-4", "--slots", "1", state_dir=state
+    )
+    log = jc.base / "remote-far-4.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            netns.argv(HOSTNAME, *argv), env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        assert wait_until(lambda: "far-4" in workers(jc), WAIT), log.read_text()
+        jc.ok("run", "hello")  # the listener works: at once
+        assert wait_until(lambda: ended(jc, "hello"), 10.0), log.read_text()
+        ip("link", "set", netns.veth, "down")
+        try:
+            relay.drop()  # each connection reset: lost on the link that is down
+        finally:
+            ip("link", "set", netns.veth, "up")
+        # Its probes met the reset: said once, and it listens again.
+        assert wait_until(lambda: "does not answer" in log.read_text(), WAIT), log.read_text()
+        before = len(jc.history("hello"))
+        jc.ok("run", "hello")
+        assert wait_until(
+            lambda: len(jc.history("hello")) > before and ended(jc, "hello"), 10.0
+        ), f"the run waited for the worker's poll:\n{log.read_text()}"
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        relay.close()
