@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action != "unit" and (args.user is not None or args.unit_command is not None):
         raise OptionError("--user and --command are options of `worker unit`")
-    name = check_name(args.name or socket.gethostname())
+    # An empty --name (an unset shell variable) is refused, not taken for the host's.
+    name = check_name(socket.gethostname() if args.name is None else args.name)
     opts = WorkerOptions(db_url=args.db, name=name, state_dir=args.state_dir or state_dir_default())
     if args.action == "stop":
         return _stop(opts, args)

@@ -531,6 +531,8 @@ def test_a_worker_is_refused_on_sqlite_or_a_bad_spec_and_nothing_changes(
     assert "--queues or --slots, not both" in both.stderr
     named = jcpg.fails("worker", "--name", "-bad name")
     assert "worker name '-bad name'" in named.stderr, describe(named)
+    empty = jcpg.fails("worker", "--name", "")  # an unset shell variable: not the host's
+    assert "worker name ''" in empty.stderr, describe(empty)
     assert jcpg.json("workers") == []
 
     # A name a live worker holds is refused.
