@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -39,8 +39,10 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def dump_definitions(jobs: Sequence[JobRecord]) -> str:
-    """YAML for whole job trees; a record whose parent is not in ``jobs`` is a root."""
+def dump_definitions(jobs: Sequence[JobRecord], parents: Mapping[int, str] | None = None) -> str:
+    """YAML for whole job trees; a record whose parent is not in ``jobs`` is a root.
+    ``parents``: the box a root goes under (root id -> its name), said as ``parent:``:
+    the export of a sub-tree loads back under its box."""
     ids = {record.id for record in jobs}
     children: dict[int | None, list[JobRecord]] = {}
     for record in jobs:
@@ -49,7 +51,13 @@ def dump_definitions(jobs: Sequence[JobRecord]) -> str:
     for siblings in children.values():
         siblings.sort(key=lambda record: (record.job_order, record.id))
     _refuse_parent_cycles(jobs, children)
-    document = {"jobs": [_job_mapping(record, children) for record in children.get(None, [])]}
+    above = parents or {}
+    document = {
+        "jobs": [
+            _job_mapping(record, children, above.get(record.id))
+            for record in children.get(None, [])
+        ]
+    }
     return yaml.dump(
         document,
         Dumper=_Dumper,
@@ -76,8 +84,12 @@ def _refuse_parent_cycles(
             raise JobError(record.name, "cannot export: its parent links form a cycle")
 
 
-def _job_mapping(record: JobRecord, children: dict[int | None, list[JobRecord]]) -> dict[str, Any]:
+def _job_mapping(
+    record: JobRecord, children: dict[int | None, list[JobRecord]], parent: str | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": record.name}
+    if parent is not None:
+        out["parent"] = parent
     if record.description is not None:
         out["description"] = record.description
     if record.timer is not None:

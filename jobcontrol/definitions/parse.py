@@ -59,7 +59,7 @@ MAX_DEPTH = 64
 
 # The keys of a job, in the order dump_definitions writes them.
 JOB_KEYS = tuple(
-    "name description timer command active on_error box_type queue priority timeout"
+    "name parent description timer command active on_error box_type queue priority timeout"
     " max_log_files retries misfire cwd env children".split()
 )
 # The JobRecord attributes a definition file sets (besides name, kind and job_order).
@@ -94,6 +94,9 @@ class JobDef:
     line: int
     fields: dict[str, Any]
     children: list[JobDef] = field(default_factory=list)
+    # A top-level entry's box in the database (``parent:``): a sub-tree's export says
+    # where the sub-tree sits, so that loading it back leaves it there. None: top level.
+    parent: str | None = None
 
 
 def iter_defs(roots: list[JobDef]) -> Iterator[tuple[JobDef, JobDef | None]]:
@@ -245,10 +248,25 @@ class _Parser:
             if key in _FIELD_PARSERS:
                 field_name, parse = _FIELD_PARSERS[key]
                 fields[field_name] = parse(self, value_node, name)
+        parent: str | None = None
+        if "parent" in given:
+            key_node, value_node = given["parent"]
+            if depth > 0:
+                self.fail(
+                    key_node,
+                    name,
+                    "'parent' is for a job at the top of the file (the box it goes under); "
+                    "a nested job's parent is the box it is listed in",
+                )
+            parent = self.string(value_node, name, "parent")
+            if parent == name:
+                self.fail(value_node, name, "a job cannot be its own parent")
         children: list[JobDef] = []
         if "children" in given:
             children = self.job_list(self.children_list(given["children"][1], name), depth + 1)
-        return JobDef(name=name, kind=kind, line=_line(node), fields=fields, children=children)
+        return JobDef(
+            name=name, kind=kind, line=_line(node), fields=fields, children=children, parent=parent
+        )
 
     def job_name(self, node: MappingNode) -> str:
         for key_node, value_node in node.value:

@@ -47,7 +47,12 @@ def _load(
     batch = Batch()
     for d, parent in iter_defs(roots):
         fields = _definition_fields(d)
-        parent_name = parent.name if parent else None
+        parent_name = parent.name if parent else d.parent
+        if parent is None:
+            # The top of the file: the top level's order is the dispatcher's (by next run,
+            # spec 4.5), and a sub-tree (``parent:``) keeps its place among its siblings
+            # (a new one goes last). The file's order would change them all on a reload.
+            fields.pop("job_order", None)
         current = existing.get(d.name)
         if current is None:
             batch.creates.append(NewJob(d.name, d.kind, parent_name, fields))
@@ -113,12 +118,16 @@ def export_definitions(engine: Engine, job: str | None = None, *, mask_env: bool
         root = next((r for r in records if r.name == job), None)
         if root is None:
             raise UnknownJobError(job)
+        above = next((r.name for r in records if r.id == root.parent_id), None)
+        names = {root.id: above} if above is not None else {}
         records = _subtree(records, root)
+    else:
+        names = {}
     ordered = [r for r, _ in tree_order(records)]
     if not mask_env:
-        return dump_definitions(ordered)
+        return dump_definitions(ordered, parents=names)
     ordered = [dataclasses.replace(r, env=masked_env(r.env)) if r.env else r for r in ordered]
-    return MASKED_HEADER + dump_definitions(ordered)
+    return MASKED_HEADER + dump_definitions(ordered, parents=names)
 
 
 def _subtree(records: list[JobRecord], root: JobRecord) -> list[JobRecord]:
@@ -130,5 +139,5 @@ def _subtree(records: list[JobRecord], root: JobRecord) -> list[JobRecord]:
         node = stack.pop()
         out.append(node)
         stack.extend(children.get(node.id, []))
-    root_copy = JobRecord(**{**root.__dict__, "parent_id": None})
+    root_copy = JobRecord(**{**root.__dict__, "parent_id": None})  # the root of the export
     return [root_copy if r is root else r for r in out]

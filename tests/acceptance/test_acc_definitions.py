@@ -137,12 +137,24 @@ def test_load_ls_export_round_trip(
 
     assert normalised_defs(exported) == normalised_defs(TESTSETUP.read_text())
 
-    # export JOB: only that sub-tree, rooted at the job.
+    # export JOB: only that sub-tree, rooted at the job, which says the box it sits in.
     periodic = yaml.safe_load(exported)["jobs"][0]
-    assert yaml.safe_load(box) == {"jobs": [periodic["children"][0]]}
+    inner = periodic["children"][0]
+    assert yaml.safe_load(box) == {"jobs": [{"name": "Box", "parent": "Periodic", **inner}]}
     assert [d[0] for d in normalised_defs(box)] == ["Box", "gcc error", "no-op ok"]
     assert box_to_file == ""
     assert box_file.read_text() == box
+    # Loaded back, it stays where it is and nothing changes: not a tree of its own.
+    assert jc.load(box_file).stdout == f"loaded {box_file}: 0 created, 0 changed, 0 deleted\n"
+    assert jc.ok("export").stdout == exported
+    # Trees loaded from files of their own, then the whole export reloaded: nothing
+    # changes (the top level's order is the dispatcher's, not the file's).
+    for name in ("RA", "RB"):
+        one = write(jc.base / f"{name}.yaml", f"jobs:\n  - name: {name}\n    command: 'true'\n")
+        jc.load(one)
+    everything = ok(jc.run("export"))
+    again = write(jc.base / "again.yaml", everything)
+    assert jc.load(again).stdout == f"loaded {again}: 0 created, 0 changed, 0 deleted\n"
 
     # The export loads into a fresh database and exports the same.
     export_file = write(jc.base / "exported.yaml", exported)
@@ -154,6 +166,31 @@ def test_load_ls_export_round_trip(
 # (file text, line of the problem, what stderr must say). Several files change a job
 # that exists (Periodic's timer) before the problem: the load must still change nothing.
 BAD_FILES = {
+    "parent-of-a-nested-job": (
+        """\
+jobs:
+  - name: New tree
+    children:
+      - name: t
+        parent: Periodic
+        command: "true"
+""",
+        5,
+        "'parent' is for a job at the top of the file",
+    ),
+    "unknown-parent": (
+        """\
+jobs:
+  - name: Periodic
+    timer: every 5s
+    children: []
+  - name: Lost
+    parent: Nowhere
+    command: "true"
+""",
+        5,
+        "Nowhere",
+    ),
     "bad-schedule": (
         """\
 jobs:
