@@ -365,3 +365,26 @@ def _audit_invalid(request: Request, message: str) -> None:
     if user is not None:
         operation = f"{request.method} {request.url.path}"
         audit.record(ctx.store, user.name, operation, [], "refused", message)
+
+
+async def _no_body(request: Request) -> None:
+    """A request that takes no body refuses one (422), as a body with an unknown field is:
+    ``{"force": true}`` sent to pause must not pass for something it does not do. An empty
+    body, ``{}`` or ``null`` is none."""
+    body = (await request.body()).strip()
+    if body in (b"", b"{}", b"null"):
+        return
+    raise RequestValidationError(
+        [
+            {
+                "type": "extra_forbidden",
+                "loc": ("body",),
+                "msg": "this request takes no body",
+                "input": body[:200].decode("utf-8", "replace"),
+            }
+        ]
+    )
+
+
+# The last parameter of a route that takes no body (after the user: a 401 comes first).
+NoBody = Annotated[None, Depends(_no_body)]

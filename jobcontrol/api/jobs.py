@@ -23,7 +23,7 @@ from jobcontrol.api.bodies import (
     NewJobBody,
     OnErrorBody,
 )
-from jobcontrol.api.deps import ApiContext, Context, env_for, require
+from jobcontrol.api.deps import ApiContext, Context, NoBody, env_for, require
 from jobcontrol.api.runs import run_json
 from jobcontrol.errors import ValidationError, clip
 from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
@@ -151,13 +151,16 @@ def set_box_type(ctx: Context, body: BoxTypeBody, user: Admin) -> dict[str, Any]
 
 
 @router.post("/jobs/{job:path}/run", status_code=202, summary="Run a job and its sub-tree now")
-def run_job(ctx: Context, job: JobPath, user: Operator) -> dict[str, Any]:
+def run_job(ctx: Context, job: JobPath, user: Operator, _: NoBody) -> dict[str, Any]:
     return {"run_id": ctx.engine.run_now(resolve_job(ctx, job), user=user.name)}
 
 
 @router.post("/jobs/{job:path}/kill", summary="Kill the run the job is part of")
 def kill_job(
-    ctx: Context, job: JobPath, user: Annotated[User, Depends(require(Action.KILL))]
+    ctx: Context,
+    job: JobPath,
+    user: Annotated[User, Depends(require(Action.KILL))],
+    _: NoBody,
 ) -> dict[str, Any]:
     run_id = ctx.engine.kill(resolve_job(ctx, job), user=user.name)
     # A task's kill stops the run of the nearest sub-tree root above it (spec 8.1): say whose.
@@ -167,7 +170,10 @@ def kill_job(
 
 @router.post("/jobs/{job:path}/restart", summary="Re-arm a top-level job's timer")
 def restart_job(
-    ctx: Context, job: JobPath, user: Annotated[User, Depends(require(Action.RESTART))]
+    ctx: Context,
+    job: JobPath,
+    user: Annotated[User, Depends(require(Action.RESTART))],
+    _: NoBody,
 ) -> dict[str, Any]:
     result = ctx.engine.restart(resolve_job(ctx, job), user=user.name)
     when = result.next_runs

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query
 
 from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID, LaneSettings, PriorityBody
-from jobcontrol.api.deps import Context, require
+from jobcontrol.api.deps import Context, NoBody, require
 from jobcontrol.service.users import Action, User
 
 router = APIRouter(prefix="/api/v1", tags=["lanes"], max_body_size=MAX_BODY_BYTES)
@@ -54,18 +54,18 @@ def set_lane(
 
 
 @router.delete("/lanes/{name}", summary="Remove a lane with no queued or running runs (admin)")
-def remove_lane(ctx: Context, name: LaneName, user: Configurer) -> dict[str, Any]:
+def remove_lane(ctx: Context, name: LaneName, user: Configurer, _: NoBody) -> dict[str, Any]:
     ctx.engine.lanes.remove_lane(name, user=user.name)
     return {"removed": name}
 
 
 @router.post("/lanes/{name}/drain", summary="No new claims in the lane; running runs finish")
-def drain_lane(ctx: Context, name: LaneName, user: Manager) -> dict[str, Any]:
+def drain_lane(ctx: Context, name: LaneName, user: Manager, _: NoBody) -> dict[str, Any]:
     return views.jsonable(ctx.engine.lanes.drain(name, user=user.name))
 
 
 @router.post("/lanes/{name}/resume", summary="Claims again (also ends STOPPED)")
-def resume_lane(ctx: Context, name: LaneName, user: Manager) -> dict[str, Any]:
+def resume_lane(ctx: Context, name: LaneName, user: Manager, _: NoBody) -> dict[str, Any]:
     return views.jsonable(ctx.engine.lanes.resume(name, user=user.name))
 
 

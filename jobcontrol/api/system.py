@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from jobcontrol import logbatch
-from jobcontrol.api.deps import ApiContext, Context, require
+from jobcontrol.api.deps import ApiContext, Context, NoBody, require
 from jobcontrol.errors import BusyError, StoreUnavailable
 from jobcontrol.service import audit
 from jobcontrol.service.metrics import CONTENT_TYPE
@@ -273,7 +273,7 @@ def _daemon_log() -> dict[str, Any] | None:
 
 @router.post("/api/v1/timers/pause", tags=["system"])
 def pause_timers(
-    ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))]
+    ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))], _: NoBody
 ) -> dict[str, Any]:
     """Timers stop firing (trees stay scheduled); runs in flight go on."""
     armed = ctx.engine.pause_timers(user=user.name)
@@ -282,7 +282,7 @@ def pause_timers(
 
 @router.post("/api/v1/timers/resume", tags=["system"])
 def resume_timers(
-    ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))]
+    ctx: Context, user: Annotated[User, Depends(require(Action.PAUSE))], _: NoBody
 ) -> dict[str, Any]:
     """Re-arm every scheduled tree; a time missed while paused follows the tree's misfire."""
     armed = ctx.engine.resume_timers(user=user.name)

@@ -37,7 +37,16 @@ COMMANDS = DAEMON_ONLY | {"ls", "history", "workers", "load", "export"} | cli_la
 # `set` sends JSON of the type each field has; a value given empty clears a text field.
 _BOOL_FIELDS = {"active"}
 _INT_FIELDS = {"priority", "max_log_files", "retries", "job_order"}
-_CLEARABLE = {"description", "command", "timer", "cwd", "box_type", "timeout", "parent"}
+_CLEARABLE = {
+    "description",
+    "command",
+    "timer",
+    "cwd",
+    "box_type",
+    "timeout",
+    "parent",
+    "max_log_files",  # back to the default (5)
+}
 _TRUE, _FALSE = {"true", "yes", "y", "1", "on"}, {"false", "no", "n", "0", "off"}
 # The order `show` lists a job's fields in (the rest follow).
 SHOW_ORDER = (
@@ -222,6 +231,8 @@ def _field_value(job: str, key: str, text: str) -> Any:
         if text.strip().lower() not in _TRUE | _FALSE:
             raise JobControlError(f"job {job!r}: {key} must be true or false, not {text!r}")
         return text.strip().lower() in _TRUE
+    if key in _CLEARABLE and text == "":
+        return None
     if key in _INT_FIELDS:
         try:
             return int(text)
@@ -256,8 +267,9 @@ def _set(client: Client, args: argparse.Namespace) -> int:
         problems = str(exc).replace("changes.0.fields.", "")
         raise JobControlError(f"job {args.job!r}: {problems}") from None
     new = next((j for j in result["jobs"] if j["id"] == current["id"]), None)
-    version = new["version"] if new else "?"
-    human = f"modified {args.job} (version {current['version']} -> {version})"
+    if new is None:  # every field already had its value: nothing written, no reaction
+        return _emit(args, result, f"{args.job}: nothing changed (already so)")
+    human = f"modified {args.job} (version {current['version']} -> {new['version']})"
     return _emit(args, result, human)
 
 

@@ -99,6 +99,27 @@ def check_new_name(job: str, value: str) -> None:
         raise JobError(job or value, f"cannot be named {clip(repr(value))}: a job name {problem}")
 
 
+# Job Control sets these for every run (its job, run id, worker, the marker that finds
+# its processes) and never passes the daemon's own: a definition's would be dropped.
+RESERVED_ENV_PREFIX = "JOBCONTROL_"
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a variable of a job's ``env``, or None."""
+    if name.upper().startswith(RESERVED_ENV_PREFIX):
+        return f"is Job Control's own: it sets {RESERVED_ENV_PREFIX}* variables for every run"
+    return None
+
+
+def cwd_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a job's ``cwd``, or None."""
+    if not path or "\0" in path:
+        return "must be a non-empty path without NUL bytes"
+    if not path.startswith("/"):
+        return "must be an absolute path: a task starts there whichever worker runs it"
+    return None
+
+
 def _env(job: str, value: Any) -> dict[str, str]:
     if value is None or value == "":
         return {}
@@ -113,6 +134,9 @@ def _env(job: str, value: Any) -> dict[str, str]:
     for key, val in value.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             raise JobError(job, f"env name {key!r} is not a valid environment variable name")
+        problem = env_name_problem(key)
+        if problem is not None:
+            raise JobError(job, f"env name {key!r} {problem}")
         if not isinstance(val, str | int | float) or isinstance(val, bool):
             raise JobError(job, f"env {key} must be a string, not {val!r}")
         out[key] = str(val)
@@ -179,7 +203,13 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
             except CommandError as exc:
                 raise JobError(job, str(exc)) from None
         return command
-    if key in ("description", "cwd"):
+    if key == "cwd":
+        cwd = _optional_text(value)
+        problem = cwd_problem(cwd) if cwd is not None else None
+        if problem is not None:
+            raise JobError(job, f"cwd {cwd!r} {problem}")
+        return cwd
+    if key == "description":
         return _optional_text(value)
     if key == "parent_id":
         return value

@@ -22,7 +22,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.dump import dump_definitions
 from jobcontrol.definitions.durations import format_duration, parse_duration
-from jobcontrol.definitions.fields import unaddressable
+from jobcontrol.definitions.fields import cwd_problem, env_name_problem, unaddressable
 from jobcontrol.errors import CommandError, DefinitionError, ScheduleError, clip
 from jobcontrol.model import (
     MAX_LOG_FILES,
@@ -411,8 +411,9 @@ def _parse_max_log_files(p: _Parser, node: Node, job: str) -> int | None:
 
 def _parse_cwd(p: _Parser, node: Node, job: str) -> str | None:
     value: str | None = p.string(node, job, "cwd", optional=True)
-    if value is not None and (not value or "\0" in value):
-        p.fail(node, job, "'cwd' must be a non-empty path without NUL bytes")
+    problem = cwd_problem(value) if value is not None else None
+    if problem is not None:
+        p.fail(node, job, f"'cwd' {problem}")
     return value
 
 
@@ -424,6 +425,9 @@ def _parse_env(p: _Parser, node: Node, job: str) -> dict[str, str]:
         key = p.string(key_node, job, "env name")
         if not _ENV_NAME.fullmatch(key):
             p.fail(key_node, job, f"invalid environment variable name {key!r}")
+        problem = env_name_problem(key)
+        if problem is not None:
+            p.fail(key_node, job, f"environment variable {key!r} {problem}")
         if key in env:
             p.fail(key_node, job, f"environment variable {key!r} given twice")
         value = p.string(value_node, job, f"env {key}")

@@ -226,6 +226,11 @@ class Engine:
                 job_id = self._create_one(conn, struct, new, fields, user, now)
                 result.created[new.name] = job_id
                 change.created.append(job_id)
+            twice = _named_twice(struct, [edit for edit, _ in changes])
+            if twice is not None:
+                raise JobError(
+                    twice, "named twice in one batch: give all of its fields in one change"
+                )
             prefetched = self._prefetch(conn, struct, [edit for edit, _ in changes])
             for edit, fields in changes:
                 changed = self._modify_one(conn, struct, edit, fields, user, now, prefetched)
@@ -718,6 +723,21 @@ def _batch_operation(batch: Batch) -> str:
         if items
     ]
     return parts[0] if len(parts) == 1 else "jobs.edit"
+
+
+def _named_twice(struct: _Structure, edits: Sequence[JobChange]) -> str | None:
+    """The name of a job two changes of one batch name (by name or id), if any: the
+    second was refused as someone else's change, its version bumped by the first."""
+    seen: set[int] = set()
+    for edit in edits:
+        try:
+            entry = struct.resolve(edit.job)
+        except UnknownJobError:
+            continue  # refused as unknown where it is applied
+        if entry.id in seen:
+            return entry.name
+        seen.add(entry.id)
+    return None
 
 
 def _note_batch(note: audit.AuditNote, result: BatchResult) -> None:

@@ -97,6 +97,13 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     assert (after["description"], after["priority"]) == ("says hello", 5)
     assert after["version"] == before["version"] + 1
     assert after["updated_by"] == "admin"
+    # A set that changes nothing says so (nothing written); max_log_files= clears it.
+    same = jc.ok("set", "hello", "priority=5")
+    assert same.stdout == "hello: nothing changed (already so)\n", describe(same)
+    assert jc.json("show", "hello")["version"] == after["version"]
+    jc.ok("set", "hello", "max_log_files=9")
+    jc.ok("set", "hello", "max_log_files=")
+    assert jc.json("show", "hello")["max_log_files"] is None
 
     # A refused edit: exit 1, the server's message, nothing written.
     refused = fails_with(jc, "set", "lone", "timer=every fortnight")

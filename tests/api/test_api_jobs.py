@@ -301,6 +301,58 @@ def test_a_stale_version_is_409_naming_the_job_and_nothing_is_written(api: Api) 
     assert api.jc.dump() == before
 
 
+def test_a_batch_that_names_a_job_twice_is_refused_as_such(api: Api) -> None:
+    """Not as "changed by someone else": nobody else did. Nothing is written."""
+    api.jc.create(box("Top"), task("a", "true", "Top"))
+    before = api.jc.dump()
+    version = api.jc.job("a").version
+    r = api.client.patch(
+        f"{V1}/jobs",
+        json={
+            "changes": [
+                {"job": "a", "version": version, "fields": {"description": "one"}},
+                {"job": api.jc.job("a").id, "version": version, "fields": {"priority": 3}},
+            ]
+        },
+        headers=api.headers("admin"),
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["job"] == "a"
+    assert "named twice in one batch" in r.json()["message"]
+    assert api.jc.dump() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/jobs/a/run"),
+        ("POST", "/jobs/a/kill"),
+        ("POST", "/jobs/Top/restart"),
+        ("POST", "/timers/pause"),
+        ("POST", "/timers/resume"),
+        ("POST", "/lanes/default/drain"),
+        ("POST", "/lanes/default/resume"),
+        ("DELETE", "/lanes/default"),
+    ],
+)
+def test_a_request_that_takes_no_body_refuses_one_and_does_nothing(
+    api: Api, method: str, path: str
+) -> None:
+    api.jc.create(box("Top", active=True), task("a", "true", "Top", active=True))
+    before = api.jc.dump()
+    r = api.client.request(
+        method, f"{V1}{path}", json={"force": True}, headers=api.headers("admin")
+    )
+    assert r.status_code == 422, r.text
+    assert "this request takes no body" in r.text
+    assert api.jc.dump() == before
+    assert api.jc.engine.status()["paused"] is False
+    assert (
+        api.client.get(f"{V1}/lanes", headers=api.headers("admin")).json()["lanes"][0]["state"]
+        == "open"
+    )
+
+
 @pytest.mark.parametrize(
     "fields",
     [
@@ -312,6 +364,9 @@ def test_a_stale_version_is_409_naming_the_job_and_nothing_is_written(api: Api) 
         {"retries": -1},
         {"retries": "two"},
         {"retries": 1.5},
+        {"cwd": "relative/dir"},  # every run would fail: refused when saved
+        {"env": {"JOBCONTROL_JOB": "mine"}},  # Job Control's own: it would be dropped
+        {"env": {"jobcontrol_run_id": "1"}},
     ],
 )
 def test_a_bad_change_refuses_the_whole_batch(api: Api, fields: dict[str, Any]) -> None:

@@ -322,6 +322,24 @@ REFUSALS = [
         id="duplicate-key",
     ),
     pytest.param(
+        "jobs:\n  - name: a\n    command: ls\n    cwd: build/out\n",
+        4,
+        ["job 'a'", "'cwd' must be an absolute path"],
+        id="relative-cwd",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: ls\n    env:\n      JOBCONTROL_RUN_ID: '7'\n",
+        5,
+        ["job 'a'", "'JOBCONTROL_RUN_ID' is Job Control's own"],
+        id="reserved-env",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    children:\n      - name: b\n        parent: a\n        command: ls\n",
+        5,
+        ["job 'b'", "'parent' is for a job at the top of the file"],
+        id="parent-nested",
+    ),
+    pytest.param(
         "jobs:\n  - name: a\n    timer: evry 10s\n",
         3,
         ["job 'a'", "invalid schedule 'evry 10s' at position 0: "],
@@ -665,9 +683,11 @@ def definition_fields(kind: Kind) -> st.SearchStrategy[dict[str, Any]]:
             "timeout_s": timeouts,
             "max_log_files": st.none() | st.integers(1, MAX_LOG_FILES),
             "misfire": st.sampled_from(Misfire),
-            "cwd": st.none() | no_nul_text.filter(bool),
+            "cwd": st.none() | no_nul_text.map(lambda text: "/" + text),
             "env": st.dictionaries(
-                st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True),
+                st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True).filter(
+                    lambda name: not name.upper().startswith("JOBCONTROL_")
+                ),
                 no_nul_text,
                 max_size=3,
             ),
