@@ -726,17 +726,19 @@ def _batch_operation(batch: Batch) -> str:
 
 
 def _named_twice(struct: _Structure, edits: Sequence[JobChange]) -> str | None:
-    """The name of a job two changes of one batch name (by name or id), if any: the
-    second was refused as someone else's change, its version bumped by the first."""
-    seen: set[int] = set()
+    """The name of a job that two changes of one batch name (by name or id), one of
+    them with the version it expects, if any: the later was refused as someone else's
+    change, the version bumped by the earlier. (Without versions they apply in order.)"""
+    seen: dict[int, bool] = {}  # job id -> whether a change of it gave a version
     for edit in edits:
         try:
             entry = struct.resolve(edit.job)
         except UnknownJobError:
             continue  # refused as unknown where it is applied
-        if entry.id in seen:
+        versioned = edit.version is not None
+        if entry.id in seen and (versioned or seen[entry.id]):
             return entry.name
-        seen.add(entry.id)
+        seen[entry.id] = seen.get(entry.id, False) or versioned
     return None
 
 

@@ -38,7 +38,9 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 
+from jobcontrol.errors import JobControlError
 from jobcontrol.model import DB_LOG, KILLED_STATUS, RunRecord, RunState
 from jobcontrol.slotgroups import WILDCARD, SlotGroup
 from jobcontrol.store import Store, lanes, queries, runlogs
@@ -382,11 +384,20 @@ class RunQueue:
             "log_problem": None,
         }
         with self.store.write() as conn:
+            if conn.dialect.name == "postgresql":
+                values["login"] = func.current_user()  # whose rows these are (0013)
             updated = conn.execute(
                 update(worker).where(worker.c.name == info.name).values(values)
             ).rowcount
             if not updated:
-                conn.execute(worker.insert().values(name=info.name, **values))
+                try:
+                    conn.execute(worker.insert().values(name=info.name, **values))
+                except IntegrityError:
+                    # The name is there, but row-level security hid it from this login.
+                    raise JobControlError(
+                        f"worker name {info.name!r} belongs to another worker login: "
+                        "give this one another --name"
+                    ) from None
 
     def report_groups(self, name: str, groups: str) -> None:
         """Which runs each of the worker's slot groups holds now (``groups_json``): the

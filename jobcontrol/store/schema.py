@@ -212,6 +212,9 @@ worker = Table(
     # be written, bytes lost), and the last such problem: said with each heartbeat.
     Column("log_problems", Integer, nullable=False, default=0, server_default="0"),
     Column("log_problem", Text),
+    # The database role that registered it (PostgreSQL): a worker login may change only
+    # rows of its own login and the runs their workers hold (row-level security, 0013).
+    Column("login", String(63)),
 )
 
 # A run's lane is the lane row named by its queue; a queue without one is in ``default``.

@@ -665,13 +665,57 @@ def test_worker_credentials_work_the_queue_and_nothing_else(
     assert start.returncode == 0, describe(start)
     cmdline = Path(f"/proc/{worker_pid(jc, 'ci1')}/cmdline").read_bytes()
     assert password.encode() not in cmdline
-    jc.ok("run", "hello")
-    assert wait_until(lambda: ended(jc, "hello"), WAIT), "hello never ran on the ci1 worker"
+    jc.ok("set", "hello", "max_log_files=1")  # each finish prunes the one before
+    for _ in range(2):
+        jc.ok("run", "hello")
+        assert wait_until(lambda: ended(jc, "hello"), WAIT), "hello never ran on the ci1 worker"
     run = ended(jc, "hello")
     assert run is not None
     assert (run["worker"], run["exit_status"]) == ("ci1", 3)
+    first, second = sorted(r["id"] for r in jc.history("hello"))
+    with psycopg.connect(jc.url.replace("postgresql+psycopg://", "postgresql://")) as owner:
+        kept = owner.execute("SELECT DISTINCT run_id FROM run_log ORDER BY 1").fetchall()
+        paths = dict(owner.execute("SELECT id, log_path FROM run WHERE job_name = 'hello'"))
+    assert kept == [(second,)], "the worker login pruned the first run's log"
+    assert (paths[first], paths[second]) == (None, "db:")
     stop = jc.bare("--state-dir", str(jc.state_dir), "worker", "stop", "--name", "ci1", env=env)
     assert stop.returncode == 0, describe(stop)
+
+    # Another worker login changes nothing of ci1's: not its settled run, not its
+    # registry row, not its runs' stored output; nor may it take ci1's name.
+    other_file = tmp_path / "w2-url"
+    jc.ok("worker-credentials", "add", "ci2", "--output", str(other_file))
+    other = other_file.read_text().strip()
+    with psycopg.connect(jc.url.replace("postgresql+psycopg://", "postgresql://")) as owner:
+        before = owner.execute("SELECT * FROM run ORDER BY id").fetchall()
+        logs = owner.execute("SELECT count(*) FROM run_log").fetchone()
+        row = owner.execute("SELECT * FROM worker WHERE name = 'ci1'").fetchone()
+    assert logs is not None
+    assert logs[0] > 0  # hello's output, kept in the database
+    libpq2 = other.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(libpq2, autocommit=True, connect_timeout=5) as conn:
+        for statement in (
+            f"UPDATE run SET state = 'succeeded', exit_status = 0 WHERE id = {run['id']}",
+            f"UPDATE run SET worker = 'ci2', state = 'running' WHERE id = {run['id']}",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="settled"):
+                conn.execute(statement)
+        for statement in (
+            "UPDATE worker SET stopped = NULL, heartbeat = now() + interval '1 day'",
+            "DELETE FROM run_log",
+        ):
+            assert conn.execute(statement).rowcount == 0, statement
+    with psycopg.connect(jc.url.replace("postgresql+psycopg://", "postgresql://")) as owner:
+        assert owner.execute("SELECT * FROM run ORDER BY id").fetchall() == before
+        assert owner.execute("SELECT count(*) FROM run_log").fetchone() == logs
+        assert owner.execute("SELECT * FROM worker WHERE name = 'ci1'").fetchone() == row
+    taken = jc.bare(
+        "--state-dir", str(tmp_path / "w2"), "worker", "--name", "ci1", "--slots", "1",
+        env=dict(jc.env, JOBCONTROL_DB=other),
+    )  # fmt: skip
+    assert taken.returncode != 0, describe(taken)
+    assert "worker name 'ci1' belongs to another worker login" in taken.stderr, describe(taken)
+    jc.ok("worker-credentials", "remove", "ci2")
     jc.ok("daemon", "stop")
     jc.ok("worker-credentials", "remove", "ci1")
     assert jc.ok("worker-credentials", "list").stdout.split() == []

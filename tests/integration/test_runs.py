@@ -18,6 +18,7 @@ from sqlalchemy import select
 from jobcontrol.errors import JobError, JobRunningError
 from jobcontrol.model import JobState, RunState
 from jobcontrol.procs import pid_alive
+from jobcontrol.store import queries
 from jobcontrol.store.schema import run
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, T0, USER, box, poll_until, task
@@ -511,14 +512,23 @@ def test_task_sees_its_job_run_id_env_and_cwd(jc_sqlite: JC) -> None:
     assert Path(log_path).read_text() == expected
 
 
-def test_a_jobs_env_cannot_set_the_variables_its_processes_are_found_by(jc_sqlite: JC) -> None:
+def test_a_jobs_env_cannot_set_the_variables_its_processes_are_found_by(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
     """Kill and crash recovery find a task's processes by its marker: a job's ``env``
-    naming those variables does not change them, nor passes the task off as a worker
-    process's (which the daemon's recovery leaves alone)."""
-    jc = jc_sqlite
+    naming those variables is refused when saved and, in a row written before that
+    refusal, changes nothing, nor passes the task off as a worker process's (which the
+    daemon's recovery leaves alone)."""
+    jc = make_jc(sqlite_url, start=False)
     marker = ("JOBCONTROL_RUN_ID", "JOBCONTROL_INSTANCE", "JOBCONTROL_WORKER")
     command = 'printf "%s|%s|%s\n" "$JOBCONTROL_RUN_ID" "$JOBCONTROL_INSTANCE" "${JOBCONTROL_WORKER-unset}"'
-    jc.create(task("spoof", command, active=True, env={k: "spoofed" for k in marker}))
+    with pytest.raises(JobError, match="is Job Control's own"):
+        jc.create(task("spoof", command, active=True, env={k: "spoofed" for k in marker}))
+    jc.create(task("spoof", command, active=True))
+    with jc.store.write() as conn:  # as a row written before that refusal could hold it
+        queries.update_job(conn, jc.job("spoof").id, {"env": dict.fromkeys(marker, "x")}, None)
+    jc.start()
+    assert jc.job("spoof").env == dict.fromkeys(marker, "x")
     mark = jc.rec.mark()
     run_id = jc.run_now("spoof")
     jc.rec.run_finished("spoof", since=mark)
