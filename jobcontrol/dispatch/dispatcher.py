@@ -777,6 +777,7 @@ class Dispatcher:
             root = self.tree.get(top_id)
             if root is not None and root.parent is None:
                 self.tree_timers.restart_subtree_timer(root, edited=top_id in restarted)
+                self.runs.rewait(root)  # a TIMED box waiting in it: for the time as it is now
         created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
         modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]
         deleted = list(change.deleted)

@@ -245,6 +245,46 @@ def test_restart_of_an_inactive_top_level_job_arms_nothing(jc: JC) -> None:
     assert jc.armed_at("Idle") == T0 + timedelta(seconds=70)
 
 
+def test_a_waiting_timed_box_follows_an_edit_of_the_child_it_waits_for(jc: JC) -> None:
+    """The box waits for a child's time; an edit moves that time (``ls`` shows it): the
+    wait follows it, and the child runs at the time shown, not at its old one. A child
+    deleted while it is waited for is waited for no more: its box goes on at once."""
+    jc.create(
+        box("T", box_type="timed", active=True),
+        task("a", "true", "T", timer="daily 22:56", active=True),
+        task("later", "true", "T", timer="daily 23:30", active=True),
+        task("untimed", "true", "T", active=True),
+        box("U", box_type="timed", active=True),
+        task("b", "true", "U", timer="daily 22:56", active=True),
+        task("gone", "true", "U", timer="daily 23:30", active=True),
+        task("after", "true", "U", active=True),
+    )
+    mark = jc.rec.mark()
+    assert jc.advance(to=A_AT) == 2
+    jc.rec.run_finished("a", since=mark)
+    jc.rec.run_finished("b", since=mark)
+    jc.sync()
+    roots = {s.run["job_name"]: s.run["id"] for s in jc.rec.signals("run_started", since=mark)}
+    was = T0.replace(hour=23, minute=30)
+    assert jc.timers.armed()[("wait", roots["T"])] == was
+    assert jc.timers.armed()[("wait", roots["U"])] == was
+
+    jc.modify("later", timer="daily 23:00")
+    moved = T0.replace(hour=23, minute=0)
+    assert jc.job("later").next_runs == moved
+    assert jc.timers.armed()[("wait", roots["T"])] == moved
+
+    jc.engine.delete_jobs(["gone"], user=USER)  # waited for: U goes on now
+    u = jc.rec.run_finished("U", since=mark)
+    assert jc.tree_run(u["id"])["after"].started == A_AT
+    assert ("wait", roots["U"]) not in jc.timers.armed()
+
+    jc.advance(to=moved)
+    t = jc.rec.run_finished("T", since=mark)
+    runs = jc.tree_run(t["id"])
+    assert (runs["later"].started, runs["untimed"].started) == (moved, moved)
+
+
 def test_activating_or_retiming_a_tree_never_fires_a_time_that_passed_meanwhile(
     jc: JC,
 ) -> None:
