@@ -348,8 +348,13 @@ class TreeRuns:
             self._cancel_ahead(run_id)
 
     def _cancel_ahead(self, run_id: int) -> None:
-        """A run queued ahead must not run: forget it, or stop it if a worker has it."""
-        if not queries.drop_pending(self.d.tx.conn, run_id):
+        """A run queued ahead must not run: forget it while no worker has it (pending, or
+        released by its predecessor's end but not claimed: it never was a run of its
+        own, and never shows in history), or stop it if a worker has it."""
+        conn = self.d.tx.conn
+        if not queries.drop_pending(conn, run_id) and not queries.drop_released_aheads(
+            conn, run_id
+        ):
             self._stop_task_run(run_id, "cancelled: its box stopped before it")
 
     def drop_aheads(self, tr: TreeRun | None = None, *, pending_only: bool = False) -> None:

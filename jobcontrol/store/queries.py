@@ -551,11 +551,13 @@ def drop_pending(conn: Connection, run_id: int | None = None) -> int:
     return int(conn.execute(stmt).rowcount)
 
 
-def drop_released_aheads(conn: Connection) -> int:
+def drop_released_aheads(conn: Connection, run_id: int | None = None) -> int:
     """Forget the runs queued ahead that their predecessor's end made claimable and no
     worker claimed yet (start-up recovery: their box goes on from that end instead, and
-    queues its next task again)."""
+    queues its next task again); or the one ``run_id``, whose box stopped before it."""
     stmt = delete(run).where(run.c.state == str(RunState.QUEUED), run.c.after_run_id.is_not(None))
+    if run_id is not None:
+        stmt = stmt.where(run.c.id == run_id)
     return int(conn.execute(stmt).rowcount)
 
 

@@ -848,3 +848,25 @@ def test_a_name_held_on_another_host_is_refused_while_its_lanes_lease_holds(
     mine = [w for w in jc.json("workers") if w["name"] == "gone-quiet"]
     assert [w["host"] for w in mine] != ["elsewhere"], mine
     jc.ok("worker", "stop", "--name", "gone-quiet")
+
+
+def test_a_worker_stopped_with_its_run_killed_leaves_no_run_of_the_task_after_it(
+    jcpg: JobControl,
+) -> None:
+    """The run killed by its worker's stop releases the next task of its sequence, which
+    the stopping worker does not take; the box then stops before it. That run never was
+    one: it shows in no history, as after a kill of the tree."""
+    jc = jcpg
+    pair = "jobs:\n  - name: Pair\n    children:\n"
+    pair += "      - {name: first, command: sleep 1000, active: true}\n"
+    pair += "      - {name: then, command: 'true', active: true}\n"
+    jc.load(write(jc.base / "pair.yaml", pair))
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "wp", "--slots", "1", "--drain-timeout", "1s")
+    jc.ok("run", "Pair")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="first"), WAIT), "first never started"
+    stopped = jc.ok("worker", "stop", "--name", "wp", "--timeout", "30")
+    assert "worker wp stopped" in stopped.stdout, describe(stopped)
+    assert wait_until(lambda: ended(jc, "Pair"), WAIT), jc.history("Pair")
+    assert [(r["state"], r["exit_status"]) for r in jc.history("first")] == [("killed", 255)]
+    assert jc.history("then") == [], jc.history("then")
