@@ -201,3 +201,39 @@ def test_a_listener_the_server_dropped_during_a_partition_is_noticed_and_reopene
             worker.kill()
             worker.wait()
         relay.close()
+
+
+def test_a_worker_killed_and_stopped_during_a_partition_keeps_the_end_for_its_next_start(
+    jcpg: JobControl, remote: Any, netns: Namespace
+) -> None:
+    """``stop --kill`` (SIGTERM, SIGINT) while the link is down and a run is in hand: the
+    task is killed at once, the worker gives up on the database within its patience
+    (the dead path noticed by keepalives) and exits, keeping the end on disk; its next
+    start records it, as killed, not lost."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("lane", "set", "default", "stale=5m")  # the lease outlasts the test's partition
+    worker = remote("far-5", "--slots", "1")
+    log = jc.base / "remote-far-5.log"
+    assert wait_until(lambda: "far-5" in workers(jc), WAIT), log.read_text()
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), log.read_text()
+    ip("link", "set", netns.veth, "down")
+    try:
+        worker.terminate()
+        worker.send_signal(2)
+        try:
+            worker.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"its stop waited for the link:\n{log.read_text()}") from None
+        assert not jc.marked(JOBCONTROL_JOB="sleeper"), "the task was killed at once"
+        kept = list((jc.base / "remote-far-5").rglob("ends.jsonl"))
+        assert kept, log.read_text()
+        assert jc.history("sleeper")[0]["state"] == "running"  # nobody could record it
+    finally:
+        ip("link", "set", netns.veth, "up")
+    remote("far-5", "--slots", "1")  # its next start records what it kept
+    assert wait_until(lambda: ended(jc, "sleeper"), WAIT), log.read_text()
+    run = ended(jc, "sleeper")
+    assert run is not None
+    assert (run["state"], run["exit_status"]) == ("killed", 255), run
