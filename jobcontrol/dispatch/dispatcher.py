@@ -227,18 +227,7 @@ class Dispatcher:
         ev = self.tree_timers.evaluator()
         armed = {top.id: top.job.next_runs for top in self.tree.roots}  # as stored
         ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
-        # A time stored ahead was armed for then (by the daemon before, or an edit's re-arm
-        # from now, spec 5.5): nothing was missed, even where the schedule counted from the
-        # last run (``every``, a ``daily`` made later) is past. Misfire is for times past.
-        dues = {
-            top.id: ev.keep(top, kept)
-            if (kept := armed[top.id]) is not None
-            and kept > ev.now
-            and top.timer_due is not None
-            and top.timer_due <= ev.now
-            else ev.tree_due(top)  # evaluated above
-            for top in self.tree.roots
-        }
+        dues = {top.id: ev.start_due(top, armed[top.id]) for top in self.tree.roots}
         self.tree_timers.write_evaluation(ev)
         timer_runs = {tr.top.id for tr in self.runs.tree_runs.values() if not tr.immediate}
         for top in self.tree.roots:
@@ -777,7 +766,7 @@ class Dispatcher:
             root = self.tree.get(top_id)
             if root is not None and root.parent is None:
                 self.tree_timers.restart_subtree_timer(root, edited=top_id in restarted)
-                self.runs.rewait(root)  # a TIMED box waiting in it: for the time as it is now
+        self.runs.rewait(affected)  # a TIMED box waiting in them: for the times as they are
         created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
         modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]
         deleted = list(change.deleted)

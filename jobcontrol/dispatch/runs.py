@@ -427,25 +427,22 @@ class TreeRuns:
             ("wait", frame.run_id), due, lambda: self.d.post_wait_elapsed(frame.run_id)
         )
 
-    def rewait(self, top: Node) -> None:
-        """An edit re-evaluated ``top``'s tree: a TIMED box of its run in flight that
-        waits for a child waits for that child's time as it is now (its timer edited, as
-        ``ls`` shows it), or no more if the child left the box or has no time now."""
+    def rewait(self, tops: set[int]) -> None:
+        """An edit re-evaluated the trees of ``tops``: a TIMED box of a run of theirs in
+        flight that waits for a child waits for that child's time as it is now (its timer
+        edited, as ``ls`` shows it), or no more if the child left the box or has no time."""
         for tr in list(self.tree_runs.values()):
             frame = tr.waiting_frame
-            if tr.top is not top or frame is None or not frame.waiting:
+            if tr.top.id not in tops or frame is None or not frame.waiting:
                 continue
             child = frame.children[frame.index]
             due = child.job.next_runs if child.parent is frame.node else None
-            key, run_id = ("wait", frame.run_id), frame.run_id
-            if due is not None and self.d.timers.armed().get(key) == due:
-                continue
+            key = ("wait", frame.run_id)
             self.d.timers.cancel(key)
-            elapsed = functools.partial(self.d.post_wait_elapsed, run_id)
+            elapsed = functools.partial(self.d.post_wait_elapsed, frame.run_id)
             if due is None or due <= self.d.clock.now():
                 self.d.tx.after(elapsed)
             else:
-                log.debug("Waiting to run %s, now at %s", child.job.name, due)
                 self.d.timers.arm(key, due, elapsed)
 
     def wait_elapsed(self, run_id: int) -> None:

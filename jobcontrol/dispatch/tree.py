@@ -239,11 +239,18 @@ class Evaluator:
             return due
         return self.skip_missed(top, due)
 
-    def keep(self, top: Node, when: datetime) -> datetime:
-        """Fire ``top``'s timer at ``when`` (a time it was armed for, kept)."""
-        top.timer_due = when
-        self._set(top, when)
-        return when
+    def start_due(self, top: Node, stored: datetime | None) -> datetime | None:
+        """``tree_due`` at a start, given the time ``stored`` that ``top`` was armed for.
+        A stored time still ahead was armed for then (by the daemon before, or an edit's
+        re-arm from now, spec 5.5): nothing was missed, even where the schedule counted
+        from the last run (``every``, a ``daily`` made later) is past. Misfire is for
+        times past."""
+        due = top.timer_due
+        if stored is None or stored <= self.now or due is None or due > self.now:
+            return self.tree_due(top)
+        top.timer_due = stored
+        self._set(top, stored)
+        return stored
 
     def skip_missed(self, top: Node, due: datetime) -> datetime | None:
         """The next occurrence after now of the schedule that supplies ``top``'s timer."""

@@ -419,12 +419,12 @@ class Engine:
                 struct = self._structure(conn)
             targets = {struct.resolve(j).id for j in jobs}
             note.jobs = [struct.by_id[i].name for i in sorted(targets, key=struct.depth)]
-            roots = [
+            roots: list[JobRef] = [
                 job_id
                 for job_id in sorted(targets, key=struct.depth)
                 if not targets.intersection(struct.ancestors(struct.by_id[job_id].parent_id))
             ]
-            return self._apply_batch(Batch(deletes=list(roots)), user).deleted
+            return self._apply_batch(Batch(deletes=roots), user).deleted
 
     # ------------------------------------------------------------ runs
 
