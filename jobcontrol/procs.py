@@ -9,6 +9,7 @@ process group (``setsid``, or reparented to init) is still found by scanning
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import signal
@@ -37,6 +38,9 @@ _POLL_MAX = 0.1
 _KILL_EXTRA = 5.0
 _ENVIRON_CHUNK = 65536
 _PF_KTHREAD = 0x00200000
+# The longest single poll(2) wait: its timeout is a C int of milliseconds.
+_POLL_MAX_MS = 2**31 - 1
+
 # How long find_marked waits for a process in the middle of execve to get its environment back.
 _EXEC_WAIT = 0.05
 
@@ -131,8 +135,14 @@ def wait_child(proc: subprocess.Popen[bytes], timeout: float | None) -> int | No
     try:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        if not poller.poll(max(0, int(timeout * 1000))):
-            return None
+        # poll(2) takes an int of milliseconds: a timeout of weeks is waited in pieces.
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if poller.poll(max(0, min(_POLL_MAX_MS, math.ceil(left * 1000)))):
+                break
+            if left <= _POLL_MAX_MS / 1000:
+                return None
     finally:
         os.close(pidfd)
     return proc.wait()

@@ -1270,6 +1270,15 @@ class Worker:
                         active.kill_reason = "timeout"
                 self._kill_processes(active, proc)
                 rc = proc.wait()
+            except BaseException:
+                # Never leave a started task unsupervised behind a recorded end: an
+                # error while waiting kills it before the run is recorded failed.
+                with self._cond:
+                    if active.kill_reason is None:
+                        active.kill_reason = "the worker could not wait for it"
+                self._kill_processes(active, proc)
+                proc.wait()
+                raise
         if sink is not None:
             sink.task_ended()  # the spool has all of it (a failed cgroup join reads it)
         outcome = _outcome(run, rc, active.kill_reason, timed_out)

@@ -490,6 +490,32 @@ def test_timeout_gives_124_and_the_box_rules_apply(jc_sqlite: JC) -> None:
     assert top["exit_status"] == 124  # and the box still reports the failure
 
 
+def test_a_timeout_of_weeks_waits_for_the_task_and_keeps_its_outcome_and_log(
+    jc_sqlite: JC,
+) -> None:
+    """poll(2) takes an int of milliseconds (24.8 days at most): a longer timeout raised
+    after the task had started, which ran on unsupervised while its run was recorded
+    'could not run' (and each retry started another copy)."""
+    jc = jc_sqlite
+    jc.create(
+        task(
+            "weeks",
+            "sleep 0.5; echo still-watched; exit 3",
+            timeout=30 * 86400,
+            retries=2,
+            active=True,
+        )
+    )
+    mark = jc.rec.mark()
+    jc.run_now("weeks")
+    done = jc.rec.run_finished("weeks", since=mark, timeout=20)
+    assert (done["state"], done["exit_status"]) == ("failed", 3)
+    run = jc.run(done["id"])
+    assert "could not run" not in (run.reason or "")
+    assert run.log_path
+    assert "still-watched" in Path(run.log_path).read_text()
+
+
 # ---------------------------------------------------------------- task environment and logs
 
 
