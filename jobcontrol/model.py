@@ -85,6 +85,16 @@ KILLED_STATUS = 255
 MAX_RETRIES = 100  # a task run again more often than this wants a fix, not a retry
 MAX_PRIORITY = 1_000_000  # a priority is between -MAX_PRIORITY and MAX_PRIORITY
 MAX_LOG_FILES = 100_000  # the most task logs a job may keep
+MAX_TIMEOUT_DAYS = 36500  # as long as a timer's longest interval
+# The longest texts a job keeps, the same through the API, the CLI and a definition
+# file. A command goes to ``/bin/sh -c`` as one argument, which Linux caps at 128 KiB
+# (MAX_ARG_STRLEN) with Job Control's prelude in front of it: bytes, not characters.
+MAX_COMMAND_BYTES = 100_000
+MAX_DESCRIPTION = 10_000
+MAX_PATH = 4095  # PATH_MAX with its NUL
+MAX_QUEUE = 64  # a queue names a lane
+MAX_TIMER = 1000
+MAX_ENV_ITEMS, MAX_ENV_NAME, MAX_ENV_VALUE = 1000, 256, 32_768
 # A run's ``log_path`` when its output is in the database (``run_log``), not in a file:
 # a file's path is absolute, so it can never be this.
 DB_LOG = "db:"

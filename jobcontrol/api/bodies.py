@@ -11,7 +11,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from jobcontrol.model import MAX_ID
+from jobcontrol.model import (
+    MAX_COMMAND_BYTES,
+    MAX_DESCRIPTION,
+    MAX_ENV_NAME,
+    MAX_ENV_VALUE,
+    MAX_ID,
+    MAX_PATH,
+    MAX_QUEUE,
+    MAX_TIMER,
+)
 
 # Request bodies above this are refused (413) before they are read whole.
 MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -22,10 +31,23 @@ def _no_nul(value: str) -> str:
     # No database text column (PostgreSQL's least of all) nor process argument holds one.
     if "\x00" in value:
         raise ValueError("must not contain a NUL character")
+    if any("\ud800" <= ch <= "\udfff" for ch in value):
+        raise ValueError("must be text: a lone UTF-16 surrogate (\\u escape) is not a character")
     return value
 
 
 NoNul = AfterValidator(_no_nul)
+
+
+def _printable(value: str) -> str:
+    # What is shown as one line (a file name in the audit trail) holds no line break
+    # nor terminal escape.
+    if not value.isprintable():
+        raise ValueError("must not contain control or line-break characters")
+    return value
+
+
+Printable = AfterValidator(_printable)
 
 
 JobId = Annotated[int, Field(ge=1, le=MAX_ID)]
@@ -33,13 +55,14 @@ JobName = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
 # A job is named by its id (a JSON number) or its name (a JSON string).
 JobRef = JobId | JobName
 JobRefs = Annotated[list[JobRef], Field(min_length=1, max_length=MAX_ITEMS)]
-Text = Annotated[str, StringConstraints(max_length=10_000), NoNul]
-Command = Annotated[str, StringConstraints(max_length=100_000), NoNul]
-Path = Annotated[str, StringConstraints(max_length=4096), NoNul]
-Queue = Annotated[str, StringConstraints(max_length=64), NoNul]
-Timer = Annotated[str, StringConstraints(max_length=1000), NoNul]
-EnvName = Annotated[str, StringConstraints(min_length=1, max_length=256), NoNul]
-EnvValue = Annotated[str, StringConstraints(max_length=32_768), NoNul]
+Text = Annotated[str, StringConstraints(max_length=MAX_DESCRIPTION), NoNul]
+# Characters here; the engine counts the command's bytes (``definitions.fields``).
+Command = Annotated[str, StringConstraints(max_length=MAX_COMMAND_BYTES), NoNul]
+Path = Annotated[str, StringConstraints(max_length=MAX_PATH), NoNul]
+Queue = Annotated[str, StringConstraints(max_length=MAX_QUEUE), NoNul]
+Timer = Annotated[str, StringConstraints(max_length=MAX_TIMER), NoNul]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ENV_NAME), NoNul]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE), NoNul]
 # Seconds, or duration text as in definition files ("90s", "1h30m").
 Timeout = (
     Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, StringConstraints(max_length=64)]

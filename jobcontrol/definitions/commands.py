@@ -11,6 +11,7 @@ import re
 import subprocess
 
 from jobcontrol.errors import CommandError
+from jobcontrol.model import MAX_COMMAND_BYTES
 
 SHELL = "/bin/sh"
 CHECK_TIMEOUT_S = 5.0
@@ -30,6 +31,12 @@ def check_command(text: str) -> None:
         raise CommandError("empty command")
     if "\0" in text:
         raise CommandError("command contains a NUL byte")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        raise CommandError(
+            f"command is {size} bytes; at most {MAX_COMMAND_BYTES} can be run"
+            " (the kernel takes 128 KiB in one argument): put it in a script"
+        )
     problem = _shell_syntax_problem(text)
     if problem is not None:
         raise CommandError(f"sh: {problem}")

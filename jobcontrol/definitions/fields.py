@@ -16,9 +16,17 @@ from jobcontrol.definitions.commands import check_command
 from jobcontrol.errors import CommandError, JobError, ScheduleError, clip
 from jobcontrol.model import (
     EDITABLE_FIELDS,
+    MAX_DESCRIPTION,
+    MAX_ENV_ITEMS,
+    MAX_ENV_NAME,
+    MAX_ENV_VALUE,
     MAX_LOG_FILES,
+    MAX_PATH,
     MAX_PRIORITY,
+    MAX_QUEUE,
     MAX_RETRIES,
+    MAX_TIMEOUT_DAYS,
+    MAX_TIMER,
     BoxType,
     Misfire,
     OnError,
@@ -63,6 +71,27 @@ def _optional_text(value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value == ""):
         return None
     return str(value)
+
+
+def _long_text(job: str, key: str, value: Any, most: int) -> str | None:
+    text = _optional_text(value)
+    if text is not None and len(text) > most:
+        raise JobError(job, f"{key} has {len(text)} characters; at most {most}")
+    return text
+
+
+def queue_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a queue, and so a lane, or None. A lane's name is a
+    path segment in the API (``/lanes/{name}``) and a column in tables."""
+    if not name:
+        return "a queue name cannot be empty"
+    if len(name) > MAX_QUEUE:
+        return f"a queue name has at most {MAX_QUEUE} characters"
+    if any(ch.isspace() or not ch.isprintable() or ch == "/" for ch in name):
+        return "a queue name has no spaces, control characters or '/'"
+    if name in (".", ".."):
+        return "a queue name cannot be '.' or '..' (a URL path cannot carry them)"
+    return None
 
 
 def check_name(job: str, value: Any) -> str:
@@ -130,8 +159,12 @@ def _env(job: str, value: Any) -> dict[str, str]:
             raise JobError(job, "env must be a mapping (JSON object) of names to strings") from None
     if not isinstance(value, Mapping):
         raise JobError(job, "env must be a mapping of names to strings")
+    if len(value) > MAX_ENV_ITEMS:
+        raise JobError(job, f"env has {len(value)} variables; at most {MAX_ENV_ITEMS}")
     out: dict[str, str] = {}
     for key, val in value.items():
+        if isinstance(key, str) and len(key) > MAX_ENV_NAME:
+            raise JobError(job, f"env name {clip(key)!r} is longer than {MAX_ENV_NAME} characters")
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             raise JobError(job, f"env name {key!r} is not a valid environment variable name")
         problem = env_name_problem(key)
@@ -139,7 +172,10 @@ def _env(job: str, value: Any) -> dict[str, str]:
             raise JobError(job, f"env name {key!r} {problem}")
         if not isinstance(val, str | int | float) or isinstance(val, bool):
             raise JobError(job, f"env {key} must be a string, not {val!r}")
-        out[key] = str(val)
+        text = str(val)
+        if len(text) > MAX_ENV_VALUE:
+            raise JobError(job, f"env {key} has {len(text)} characters; at most {MAX_ENV_VALUE}")
+        out[key] = text
     return out
 
 
@@ -154,6 +190,8 @@ def _timeout(job: str, value: Any) -> float | None:
         raise JobError(job, f"timeout: {exc}") from None
     if seconds <= 0:
         raise JobError(job, "timeout must be positive")
+    if seconds > MAX_TIMEOUT_DAYS * 86400:
+        raise JobError(job, f"timeout must be at most {MAX_TIMEOUT_DAYS}d")
     return seconds
 
 
@@ -185,11 +223,12 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
         return _env(job, value)
     if key == "queue":
         queue = str(value).strip() if value is not None else ""
-        if not queue or len(queue) > 64 or any(ch.isspace() for ch in queue):
-            raise JobError(job, f"queue must be 1 to 64 characters without spaces, not {value!r}")
+        problem = queue_name_problem(queue)
+        if problem is not None:
+            raise JobError(job, f"queue {clip(value)!r}: {problem}")
         return queue
     if key == "timer":
-        timer = _optional_text(value)
+        timer = _long_text(job, key, value, MAX_TIMER)
         try:
             validate_timer(timer)
         except ScheduleError as exc:
@@ -204,13 +243,13 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
                 raise JobError(job, str(exc)) from None
         return command
     if key == "cwd":
-        cwd = _optional_text(value)
+        cwd = _long_text(job, key, value, MAX_PATH)
         problem = cwd_problem(cwd) if cwd is not None else None
         if problem is not None:
             raise JobError(job, f"cwd {cwd!r} {problem}")
         return cwd
     if key == "description":
-        return _optional_text(value)
+        return _long_text(job, key, value, MAX_DESCRIPTION)
     if key == "parent_id":
         return value
     raise JobError(

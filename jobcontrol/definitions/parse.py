@@ -22,8 +22,14 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from jobcontrol.definitions.commands import check_command
 from jobcontrol.definitions.dump import dump_definitions
 from jobcontrol.definitions.durations import format_duration, parse_duration
-from jobcontrol.definitions.fields import cwd_problem, env_name_problem, unaddressable
-from jobcontrol.errors import CommandError, DefinitionError, ScheduleError, clip
+from jobcontrol.definitions.fields import (
+    cwd_problem,
+    env_name_problem,
+    normalise_field,
+    queue_name_problem,
+    unaddressable,
+)
+from jobcontrol.errors import CommandError, DefinitionError, JobError, ScheduleError, clip
 from jobcontrol.model import (
     MAX_LOG_FILES,
     MAX_PRIORITY,
@@ -41,7 +47,6 @@ __all__ = [
     "JOB_KEYS",
     "MAX_DEPTH",
     "NAME_MAX",
-    "QUEUE_MAX",
     "TOP_LEVEL_KEYS",
     "JobDef",
     "dump_definitions",
@@ -53,7 +58,6 @@ __all__ = [
 ]
 
 NAME_MAX = 128
-QUEUE_MAX = 64  # the job.queue column is String(64)
 # Real trees are a few levels deep; the bound keeps a hostile file from exhausting the stack.
 MAX_DEPTH = 64
 
@@ -247,7 +251,7 @@ class _Parser:
         for key, (_, value_node) in given.items():
             if key in _FIELD_PARSERS:
                 field_name, parse = _FIELD_PARSERS[key]
-                fields[field_name] = parse(self, value_node, name)
+                fields[field_name] = self.checked(value_node, name, field_name, parse)
         parent: str | None = None
         if "parent" in given:
             key_node, value_node = given["parent"]
@@ -296,13 +300,33 @@ class _Parser:
             given[key] = (key_node, value_node)
         return given
 
+    def checked(self, node: Node, job: str, field_name: str, parse: _FieldParser) -> Any:
+        """A field as its parser reads it, then checked as an edit through the API or
+        the CLI checks it (its limits): a file and a request are the same call."""
+        value = parse(self, node, job)
+        if field_name not in _EDIT_CHECKED:
+            return value
+        try:
+            normalise_field(job, field_name, value)
+        except JobError as exc:
+            self.fail(node, job, exc.reason)
+        return value
+
     def scalar(self, node: Node, job: str | None, key: str, expected: str) -> Any:
         if not isinstance(node, ScalarNode):
             self.fail(node, job, f"{key!r} must be {expected}, got {_node_kind(node)}")
         try:
-            return self.loader.construct_object(node, deep=True)
+            value = self.loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             self.fail(node, job, f"{key!r}: {exc}")
+        if isinstance(value, str) and _SURROGATE.search(value):
+            # JSON writes a character beyond the BMP as a pair of \u escapes, which
+            # YAML reads as two halves: joined here, as a JSON reader does.
+            try:
+                value = value.encode("utf-16", "surrogatepass").decode("utf-16")
+            except UnicodeDecodeError:
+                self.fail(node, job, f"{key!r} has a lone UTF-16 surrogate (\\u escape)")
+        return value
 
     def wrong(self, node: Node, job: str | None, key: str, expected: str, value: Any) -> NoReturn:
         hint = ""
@@ -382,12 +406,9 @@ def _parse_active(p: _Parser, node: Node, job: str) -> bool:
 def _parse_queue(p: _Parser, node: Node, job: str) -> str:
     value: str = p.string(node, job, "queue")
     # Lane lists on worker command lines are space separated, so a name cannot hold one.
-    if (
-        not 1 <= len(value) <= QUEUE_MAX
-        or not all(ch.isprintable() for ch in value)
-        or " " in value
-    ):
-        p.fail(node, job, f"'queue' must be 1 to {QUEUE_MAX} characters without spaces: {value!r}")
+    problem = queue_name_problem(value)
+    if problem is not None:
+        p.fail(node, job, f"'queue' {clip(value)!r}: {problem}")
     return value
 
 
@@ -438,6 +459,9 @@ def _parse_env(p: _Parser, node: Node, job: str) -> dict[str, str]:
 
 
 _FieldParser = Callable[[_Parser, Node, str], Any]
+# The fields whose limits an edit's check adds to the file's own (lengths, sizes).
+_EDIT_CHECKED = frozenset({"description", "timer", "queue", "timeout_s", "cwd", "env"})
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _FIELD_PARSERS: dict[str, tuple[str, _FieldParser]] = {
     "description": ("description", _parse_description),
     "timer": ("timer", _parse_timer),

@@ -18,6 +18,7 @@ from typing import Any
 from jobcontrol import events
 from jobcontrol.clock import Clock
 from jobcontrol.definitions.durations import format_duration, parse_duration
+from jobcontrol.definitions.fields import queue_name_problem
 from jobcontrol.errors import (
     LaneConflictError,
     LaneError,
@@ -30,7 +31,6 @@ from jobcontrol.service import audit
 from jobcontrol.store import Store, lanes, queries
 from jobcontrol.store.lanes import DEFAULT_LANE
 
-NAME_MAX = 64  # as long as a job's queue
 MAX_SLOTS = 100_000
 POLL_RANGE = (0.1, 3600.0)  # seconds
 STALE_RANGE = (3.0, 7 * 86400.0)  # seconds: the heartbeat renews leases every third of it
@@ -50,10 +50,9 @@ _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise LaneError(str(name), "a lane name cannot be empty", "name")
-    if len(name) > NAME_MAX:
-        raise LaneError(name, f"a lane name has at most {NAME_MAX} characters", "name")
-    if any(ch.isspace() or ch in "/\x00" for ch in name):
-        raise LaneError(name, "a lane name has no spaces, '/' or NUL (it names a queue)", "name")
+    problem = queue_name_problem(name)
+    if problem is not None:
+        raise LaneError(name, f"{problem} (a lane's name is a queue's)", "name")
     return name
 
 

@@ -63,7 +63,7 @@ BAD = [
     ("PATCH", f"{LANES}/default", {"stale_timeout_s": "3x"}, 422, "cannot read '3x' as a duration"),
     ("PATCH", f"{LANES}/default", {"poll": "2s", "colour": "red"}, 422, "unknown setting 'colour'"),
     ("DELETE", f"{LANES}/default", None, 409, "the default lane cannot be removed"),
-    ("POST", LANES, {"name": "bad name"}, 422, "a lane name has no spaces"),
+    ("POST", LANES, {"name": "bad name"}, 422, "a queue name has no spaces"),
 ]
 
 

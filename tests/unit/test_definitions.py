@@ -411,7 +411,73 @@ REFUSALS = [
         ["invalid job name 'nnn", "(99802 more characters)"],
         id="huge-name-clipped",
     ),
+    # A file and a request are the same call: the API's limits hold for a file too.
+    pytest.param(
+        "jobs:\n  - name: a\n    command: echo " + "y" * 131_000 + "\n",
+        3,
+        ["job 'a'", "command is 131005 bytes; at most 100000 can be run"],
+        id="command-past-what-exec-takes",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    description: " + "d" * 10_001 + "\n",
+        4,
+        ["job 'a'", "description has 10001 characters; at most 10000"],
+        id="description-past-the-api-limit",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    cwd: /" + "c" * 5000 + "\n",
+        4,
+        ["job 'a'", "cwd has 5001 characters; at most 4095"],
+        id="cwd-past-path-max",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    timeout: 36501d\n",
+        4,
+        ["job 'a'", "timeout must be at most 36500d"],
+        id="timeout-past-a-century",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    queue: a/b\n",
+        4,
+        ["job 'a'", "'queue' 'a/b'", "no spaces, control characters or '/'"],
+        id="queue-no-lane-can-have",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    queue: ..\n",
+        4,
+        ["job 'a'", "cannot be '.' or '..'"],
+        id="queue-dot-dot",
+    ),
+    pytest.param(
+        '{"jobs": [{"name": "a", "command": "echo \\ud83d"}]}',
+        1,
+        ["job 'a'", "'command' has a lone UTF-16 surrogate"],
+        id="lone-surrogate",
+    ),
 ]
+
+
+def test_a_character_json_writes_as_two_escapes_is_read_as_one() -> None:
+    """json.dumps writes U+1F642 as \\ud83d\\ude42 (ensure_ascii): a JSON reader joins the
+    pair, and so does a definition file's."""
+    text = json.dumps(
+        {
+            "jobs": [
+                {
+                    "name": "smile \U0001f642",
+                    "command": "echo \U0001f642",
+                    "description": "\U0001f642",
+                    "env": {"FACE": "\U0001f642"},
+                }
+            ]
+        }
+    )
+    assert "\\ud83d\\ude42" in text
+    (job,) = parse_definitions(text, "jobs.json")
+    assert job.name == "smile \U0001f642"
+    assert job.fields["command"] == "echo \U0001f642"
+    assert job.fields["description"] == "\U0001f642"
+    assert job.fields["env"] == {"FACE": "\U0001f642"}
 
 
 @pytest.mark.parametrize(("text", "line", "fragments"), REFUSALS)
