@@ -346,15 +346,9 @@ def _warn_public_secrets(args: argparse.Namespace, given_db: str | None) -> None
 
 
 def _has_password(db: str) -> bool:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from jobcontrol.store import url_password
 
-    if "://" not in db:
-        return False
-    try:
-        return bool(make_url(db).password)
-    except (ArgumentError, ValueError):
-        return False  # Store refuses it with its own message
+    return url_password(db) is not None
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
@@ -685,15 +679,8 @@ def _audit(args: argparse.Namespace, store: Store) -> int:
     entries = audit.list_entries(
         store, limit=args.limit, before_id=args.before, user=args.user, job=args.job
     )
-    if args.json:
-        print(json.dumps([e.as_dict() for e in entries], indent=2))
-        return 0
-    rows = [
-        [str(e.id), out.when(e.at), e.user, e.operation, str(e.result), out.names(e.jobs), e.detail]
-        for e in entries
-    ]
-    headers = ["ID", "AT", "USER", "OPERATION", "RESULT", "JOBS", "DETAIL"]
-    print(out.table(headers, rows) if rows else "no audit entries")
+    shown = [e.as_dict() for e in entries]
+    print(json.dumps(shown, indent=2) if args.json else out.table_audit(shown))
     return 0
 
 
@@ -709,7 +696,7 @@ def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     )
     try:
         result = load_definitions(
-            engine, text, source, user=getpass.getuser(), replace=args.replace
+            engine, text, source, user=f"local:{getpass.getuser()}", replace=args.replace
         )
     finally:
         lease.release()

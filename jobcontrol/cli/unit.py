@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobcontrol.store import redact
+from jobcontrol.store import redact, url_password
 
 DEFAULT_USER = "jobcontrol"
 DEFAULT_STATE_DIR = Path("/var/lib/jobcontrol")
@@ -72,10 +72,7 @@ def add_options(parser: Any, *, user_default: str | None) -> None:
 def _database(db_url: str | None, env_file: str, notes: list[str]) -> bool:
     """Whether ``db_url`` may go on the command line: not with a password, which goes in
     ``env_file`` instead (unit files and `systemctl show` are readable by everyone)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(db_url) if db_url and "://" in db_url else None
-    if url is not None and url.password:
+    if db_url and url_password(db_url) is not None:
         notes.append(
             f"the database URL holds a password: put JOBCONTROL_DB={redact(db_url or '')} "
             f"(with the real password) in {env_file}, owned by root, mode 0600"

@@ -122,10 +122,33 @@ def driver_message(exc: Exception) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL with any password hidden, for logs and messages."""
+    """The URL with any password hidden, for logs and messages: the one before the
+    host's ``@`` and a ``password=`` in its query (libpq takes either)."""
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    parsed = make_url(url)
+    if "password" not in parsed.query:
+        return parsed.render_as_string(hide_password=True)
+    hidden = parsed.set(query={**parsed.query, "password": "HIDDEN"})
+    return hidden.render_as_string(hide_password=True).replace("password=HIDDEN", "password=***")
+
+
+def url_password(url: str) -> str | None:
+    """The password a database URL carries (before the ``@`` or as ``password=``), or
+    None; None too for a path or text that is no URL (``check_url`` refuses that)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if "://" not in url:
+        return None
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+    given = parsed.query.get("password")
+    if isinstance(given, tuple):
+        given = given[0] if given else None
+    return parsed.password or given or None
 
 
 POSTGRESQL_EXTRA = "pip install 'jobcontrol[postgresql]'"
@@ -145,6 +168,7 @@ def check_url(url: str) -> None:
         make_url(url)
     except (ArgumentError, ValueError) as exc:
         shown = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+        shown = re.sub(r"([?&]password=)[^&]*", r"\1***", shown)
         raise StoreError(f"{shown} is not a database URL ({exc}): give {URL_FORMS}") from None
 
 

@@ -340,3 +340,26 @@ def test_log_group_the_daemons_user_is_not_in_is_refused() -> None:
         "--log-group 'root': the daemon's user (nobody) is not a member of that group, "
         "so it cannot give the logs to it"
     )
+
+
+# ---------------------------------------------------------------- the CLI's --db
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://jc:Qs3cret@127.0.0.1:1/jobs?connect_timeout=2",
+        "postgresql+psycopg://jc@127.0.0.1:1/jobs?password=Qs3cret&connect_timeout=2",
+        "postgresql+psycopg:///jobs?host=127.0.0.1&port=1&user=jc&password=Qs3cret",
+    ],
+    ids=["before-the-host", "in-the-query", "all-in-the-query"],
+)
+def test_a_password_in_db_draws_a_warning_and_never_shows(jc_sqlite: JobControl, url: str) -> None:
+    """libpq takes a password before the host or as ``password=``: either is a secret
+    on the command line, and neither is printed back (no server answers on port 1)."""
+    jc = jc_sqlite
+    refused = jc.bare("--db", url, "--state-dir", jc.state_dir, "ls")
+    assert refused.returncode != 0, describe(refused)
+    assert "warning: --db puts the database password on the command line" in refused.stderr
+    assert "cannot reach the database postgresql+psycopg://" in refused.stderr, describe(refused)
+    assert "Qs3cret" not in refused.stdout + refused.stderr, describe(refused)

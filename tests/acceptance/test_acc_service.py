@@ -193,16 +193,31 @@ def test_daemon_unit_prints_a_unit_systemd_accepts(jc_sqlite: JobControl, tmp_pa
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "postgresql+psycopg://jc:s3cret@db.example:5432/jobs",
+            "postgresql+psycopg://jc:***@db.example:5432/jobs",
+        ),
+        # libpq takes the password from the query too.
+        (
+            "postgresql+psycopg://jc@db.example:5432/jobs?password=s3cret",
+            "postgresql+psycopg://jc@db.example:5432/jobs?password=***",
+        ),
+    ],
+    ids=["before-the-host", "in-the-query"],
+)
 def test_daemon_unit_keeps_the_database_password_out_of_the_unit(
-    jc_sqlite: JobControl, tmp_path: Path
+    jc_sqlite: JobControl, tmp_path: Path, url: str, shown: str
 ) -> None:
     jc = jc_sqlite
     state = tmp_path / "state dir %d"
-    env = {**jc.env, "JOBCONTROL_DB": "postgresql+psycopg://jc:s3cret@db.example:5432/jobs"}
+    env = {**jc.env, "JOBCONTROL_DB": url}
     made = jc.bare("--state-dir", state, "daemon", "unit", "--user", "batch", env=env)
     assert made.returncode == 0, describe(made)
     assert "s3cret" not in made.stdout + made.stderr, describe(made)
-    assert "JOBCONTROL_DB=postgresql+psycopg://jc:***@db.example:5432/jobs" in made.stderr
+    assert f"JOBCONTROL_DB={shown}" in made.stderr
     assert "/etc/jobcontrol/jobcontrol.env" in made.stderr, describe(made)
     settings = verified_settings(made.stdout, tmp_path / "jobcontrol-pg.service")
     assert settings["User"] == ["batch"]
