@@ -127,7 +127,7 @@ def run_demo(directory: Path | None, *, duration: float | None, slots: int, verb
             Engine(daemon.store),
             sample,
             "testsetup/demo.yaml",
-            user=getpass.getuser(),
+            user=f"local:{getpass.getuser()}",
             replace=True,
         )
         daemon.start()

@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 DAEMON_ONLY = frozenset(
     "show run kill restart activate deactivate set rm logs status events pause resume".split()
 )
-COMMANDS = DAEMON_ONLY | {"ls", "history", "workers", "load", "export"} | cli_lanes.COMMANDS
+COMMANDS = (
+    DAEMON_ONLY | {"ls", "history", "workers", "load", "export", "audit"} | cli_lanes.COMMANDS
+)
+AUDIT_PAGE_MAX = 500  # the API's largest page of the audit trail
 
 # `set` sends JSON of the type each field has; a value given empty clears a text field.
 _BOOL_FIELDS = {"active"}
@@ -294,6 +297,23 @@ def _history(client: Client, args: argparse.Namespace) -> int:
     return _emit(args, runs, out.table_runs(runs))
 
 
+def _audit(client: Client, args: argparse.Namespace) -> int:
+    entries: list[dict[str, Any]] = []
+    before = args.before
+    while len(entries) < args.limit:
+        page = client.audit(
+            limit=min(args.limit - len(entries), AUDIT_PAGE_MAX),
+            before=before,
+            user=args.user,
+            job=args.job,
+        )
+        entries.extend(page["entries"])
+        before = page.get("next")
+        if before is None or not page["entries"]:
+            break
+    return _emit(args, entries, out.table_audit(entries))
+
+
 def _workers(client: Client, args: argparse.Namespace) -> int:
     workers = client.workers()
     return _emit(args, workers, out.table_workers(workers))
@@ -458,6 +478,7 @@ COMMAND_HANDLERS = {
     "set": _set,
     "rm": _rm,
     "history": _history,
+    "audit": _audit,
     "workers": _workers,
     "logs": _logs,
     "status": _status,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -44,16 +45,57 @@ def size(n: Any) -> str:
 
 def names(jobs: Sequence[str], shown: int = 3) -> str:
     more = f" (+{len(jobs) - shown} more)" if len(jobs) > shown else ""
-    return ", ".join(jobs[:shown]) + more
+    return ", ".join(str(job) for job in jobs[:shown]) + more
+
+
+def shown(text: str) -> str:
+    """``text`` as one line of a terminal: a control character (a line break, an
+    escape sequence) is written as its escape, so no value can forge a row of a
+    table or drive the reader's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: wide characters two, combining none."""
+    if text.isascii():
+        return len(text)
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
+    )
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
+    rows = [[shown(c) for c in r] for r in rows]
     widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+        max(_columns(h), *(_columns(r[i]) for r in rows)) if rows else _columns(h)
+        for i, h in enumerate(headers)
     ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
+
+    def line(cells: list[str]) -> str:
+        padded = (c + " " * (w - _columns(c)) for c, w in zip(cells, widths, strict=True))
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers)] + [line(r) for r in rows])
+
+
+def table_audit(entries: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        [
+            str(e["id"]),
+            when(e["at"]),
+            e["user"],
+            e["operation"],
+            e["result"],
+            names(e["jobs"]),
+            e["detail"],
+        ]
+        for e in entries
+    ]
+    headers = ["ID", "AT", "USER", "OPERATION", "RESULT", "JOBS", "DETAIL"]
+    return table(headers, rows) if rows else "no audit entries"
 
 
 def table_jobs(jobs: Sequence[Mapping[str, Any]]) -> str:

@@ -323,6 +323,20 @@ class Client:
         params = {} if after is None else {"after": after}
         yield from self._stream("/events", params, lambda r: parse_sse(r.iter_lines()), handle)
 
+    def audit(
+        self,
+        *,
+        limit: int = 50,
+        before: int | None = None,
+        user: str | None = None,
+        job: str | None = None,
+    ) -> dict[str, Any]:
+        """``{"entries", "next"}``: a page of the audit trail, newest first."""
+        given = {"limit": limit, "before": before, "user": user, "job": job}
+        params = {key: value for key, value in given.items() if value is not None}
+        result: dict[str, Any] = self._json("GET", "/audit", params=params)
+        return result
+
     def workers(self) -> list[dict[str, Any]]:
         """Every registered worker, live ones first: slots (``used``, ``free``), ``queues``
         (None: every queue), ``heartbeat`` / ``heartbeat_age_s`` / ``beat_s`` (the most it

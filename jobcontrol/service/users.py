@@ -31,6 +31,7 @@ from jobcontrol.errors import (
     UnknownUserError,
     UserError,
 )
+from jobcontrol.model import DISPATCHER_USER, TIMER_USER
 from jobcontrol.service import audit
 from jobcontrol.store import Store
 from jobcontrol.store import access_queries as q
@@ -46,6 +47,11 @@ NAME_MAX = 64
 # can pass for the CLI's 'local:<login>' audit entries.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
 LAST_SEEN_EVERY = timedelta(minutes=1)
+# The names Job Control itself writes where a user's name goes (a run's BY, an audit
+# entry's USER): no user may pass for it.
+RESERVED_NAMES = frozenset(
+    {TIMER_USER, DISPATCHER_USER, BOOTSTRAP_USER, "dispatcher", "daemon", "system", "worker"}
+)
 
 
 class Action(enum.StrEnum):
@@ -65,10 +71,32 @@ class Action(enum.StrEnum):
     MANAGE_WORKERS = "workers:manage"  # drain and resume lanes, reprioritize queued runs
     CONFIGURE_LANES = "lanes:configure"  # add, set and remove lanes
 
+    @property
+    def says(self) -> str:
+        """What the action does, in words: "which may not {says}"."""
+        return _ACTION_WORDS[self]
+
     @classmethod
     def for_fields(cls, fields: Iterable[str]) -> Action:
         """A change of ``active`` alone is activate/deactivate; any other field is modify."""
         return cls.ACTIVATE if set(fields) <= {"active"} else cls.MODIFY
+
+
+_ACTION_WORDS = {
+    Action.READ: "read",
+    Action.RUN: "run jobs",
+    Action.KILL: "kill runs",
+    Action.RESTART: "restart jobs",
+    Action.ACTIVATE: "activate or deactivate jobs",
+    Action.PAUSE: "pause or resume the timers",
+    Action.CREATE: "create jobs",
+    Action.MODIFY: "modify jobs or settings",
+    Action.DELETE: "delete jobs",
+    Action.MANAGE_USERS: "manage users",
+    Action.VIEW_WORKERS: "view workers, lanes and the queue",
+    Action.MANAGE_WORKERS: "drain or resume lanes and reprioritize queued runs",
+    Action.CONFIGURE_LANES: "add, change or remove lanes",
+}
 
 
 class Role(enum.StrEnum):
@@ -154,6 +182,10 @@ def check_name(name: str) -> str:
         raise BadUserNameError(
             name,
             "a user name has letters, digits and . _ @ - only, and starts with a letter or digit",
+        )
+    if name.lower() in RESERVED_NAMES:
+        raise BadUserNameError(
+            name, "the name is Job Control's own (its runs and audit entries are named so)"
         )
     return name
 

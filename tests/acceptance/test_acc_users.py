@@ -122,3 +122,33 @@ def test_audit_lists_loads_newest_first_in_pages(jc: JobControl) -> None:
     assert table[0].split()[:5] == ["ID", "AT", "USER", "OPERATION", "RESULT"]
     assert LOCAL in table[1]
     assert "user.add" in table[1]
+    # An offline load is the local user's, as every other offline change: no API user
+    # named like the login could pass for it.
+    assert {e["user"] for e in everything if e["operation"] == "definitions.load"} == {LOCAL}
+
+
+def test_audit_reads_through_the_daemon_and_prints_what_could_forge_a_line_escaped(
+    jc: JobControl,
+) -> None:
+    jc.upgraded().load(TESTSETUP)
+    jc.ok("daemon", "start")
+    try:
+        added = jc.ok("lane", "add", "gpu")
+        assert "gpu" in added.stdout
+        # A value that reached the trail before names were checked: shown as its escapes.
+        store = Store(jc.url)
+        try:
+            from jobcontrol.service import audit
+
+            audit.record(store, "admin", "lane.add", ["ln\x1b[2J"], "ok", "row\n999 forged")
+        finally:
+            store.dispose()
+        online = jc.json("audit", "--limit", "2")
+        assert [e["operation"] for e in online] == ["lane.add", "lane.add"]
+        table = jc.ok("audit", "--limit", "2").stdout.splitlines()
+        assert len(table) == 3, table
+        assert "ln\\x1b[2J" in table[1]
+        assert "row\\n999 forged" in table[1]
+        assert "\x1b" not in "\n".join(table)
+    finally:
+        jc.ok("daemon", "stop")
