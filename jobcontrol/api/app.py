@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
-from jobcontrol.api import definitions, jobs, lanes, runs, stream, system, workers
+from jobcontrol.api import audit, definitions, jobs, lanes, runs, stream, system, workers
 from jobcontrol.api.bodies import MAX_BODY_BYTES
-from jobcontrol.api.deps import ApiContext, TokenGate, install_error_handlers, require
+from jobcontrol.api.deps import ApiContext, TokenGate, install_error_handlers, require, role_table
 from jobcontrol.service.users import Action, User
 
 
@@ -28,8 +28,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.state.ctx = ctx
     install_error_handlers(app)
     app.add_middleware(TokenGate)  # 401 before any body is read
-    for module in (jobs, runs, system, stream, definitions, workers, lanes):
+    modules = (jobs, runs, system, stream, definitions, workers, lanes, audit)
+    for module in modules:
         app.include_router(module.router, max_body_size=MAX_BODY_BYTES)
+    # What each route's user must be allowed, for TokenGate's 403 before any body.
+    app.state.least_actions = role_table(r for m in modules for r in m.router.routes)
 
     @app.get("/api/v1/openapi.json", include_in_schema=False)
     def openapi_document(_user: Annotated[User, Depends(require(Action.READ))]) -> JSONResponse:

@@ -7,15 +7,18 @@ authenticated user's name; a bad file answers 422 with ``file:LINE:``.
 
 from __future__ import annotations
 
+import functools
+import typing
 from typing import Annotated, Any
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from pydantic import Field, StringConstraints
-from starlette.concurrency import run_in_threadpool
 
-from jobcontrol.api.bodies import MAX_BODY_BYTES, JobName, NoNul, Strict
-from jobcontrol.api.deps import Context, require, sees_env
+from jobcontrol.api.bodies import MAX_BODY_BYTES, JobName, NoNul, Printable, Strict
+from jobcontrol.api.deps import ApiContext, Context, require, sees_env
 from jobcontrol.service.loader import export_definitions, load_definitions
 from jobcontrol.service.users import Action, User
 
@@ -27,7 +30,11 @@ YAML = "text/yaml; charset=utf-8"
 class DefinitionsBody(Strict):
     text: Annotated[str, StringConstraints(max_length=MAX_BODY_BYTES), NoNul]
     source: Annotated[
-        str, StringConstraints(min_length=1, max_length=4096), NoNul, Field(description="file name")
+        str,
+        StringConstraints(min_length=1, max_length=4096),
+        NoNul,
+        Printable,
+        Field(description="file name"),
     ] = "<api>"
     replace: bool = Field(
         False, description="also delete jobs of the file's trees that it no longer has"
@@ -57,5 +64,18 @@ async def export(
 ) -> Response:
     """env values are masked for a user who may not change them (the file says so)."""
     mask = not sees_env(user)
-    text = await run_in_threadpool(export_definitions, ctx.engine, job, mask_env=mask)
+    dump = functools.partial(export_definitions, ctx.engine, job, mask_env=mask)
+    text = await anyio.to_thread.run_sync(dump, limiter=_exports(ctx))
     return Response(text, media_type=YAML)
+
+
+# Exports that may run at once; the others wait their turn. An export is Python from
+# end to end (YAML written by hand): fifty at once in the server's forty threads held
+# the interpreter lock away from the dispatcher for seconds, and its timers ran late.
+EXPORTS_AT_ONCE = 2
+
+
+def _exports(ctx: ApiContext) -> anyio.CapacityLimiter:
+    if ctx.export_limiter is None:  # made in the server's event loop, which it belongs to
+        ctx.export_limiter = anyio.CapacityLimiter(EXPORTS_AT_ONCE)
+    return typing.cast(anyio.CapacityLimiter, ctx.export_limiter)

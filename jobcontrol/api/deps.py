@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from http import HTTPStatus
@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from jobcontrol.api.bodies import MAX_BODY_BYTES
 from jobcontrol.diskspace import DiskSpace
 from jobcontrol.errors import (
     AlreadyRunningError,
@@ -87,6 +88,8 @@ class ApiContext:
     # Free space of the state directory and log root (``DaemonOptions.disk_space``).
     disk: Callable[[], dict[str, DiskSpace]] | None = None
     connections: ConnectionStats = field(default_factory=ConnectionStats)
+    # How many exports run at once (``api.definitions``), made on first use.
+    export_limiter: Any = None
 
     def database_state(self) -> dict[str, Any]:
         if self.database is not None:
@@ -167,7 +170,153 @@ class TokenGate:
             await refusal_response(exc)(scope, receive, send)
             return
         scope[USER_KEY] = user
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > MAX_BODY_BYTES:
+            # Starlette's own answer to this is plain text: the API's errors are JSON.
+            message = (
+                f"the request body is {int(size)} bytes; the API takes at most "
+                f"{MAX_BODY_BYTES} ({MAX_BODY_BYTES // (1024 * 1024)} MiB)"
+            )
+            too_large = HTTPException(413, message, headers={"connection": "close"})
+            await http_error_response(too_large)(scope, receive, send)
+            return
+        least = _least_action(request.app, scope)
+        if least is not None and not user.can(least[0]):
+            # Refused before its body is read whole: a role that may not make the request
+            # cannot hold a connection by never sending the body it announced.
+            await _refuse_early(ctx, user, least, scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+# How long, and how much, of the body of a request refused for its role is read to
+# name the jobs it names in the audit trail.
+EARLY_BODY_WAIT, EARLY_BODY_MAX = 2.0, 64 * 1024
+
+
+def _least_action(app: Any, scope: Scope) -> tuple[Action, dict[str, Any]] | None:
+    """The least a user must be allowed to make the request ``scope`` (``role_table``),
+    with its path's parameters; None for a request no route takes (answered 404 or 405
+    as usual) or one that asks no more than a token."""
+    for regex, methods, action in app.state.least_actions:
+        if scope["method"] in methods and (match := regex.match(scope["path"])):
+            return action, match.groupdict()
+    return None
+
+
+def role_table(routes: Iterable[Any]) -> list[tuple[Any, set[str], Action]]:
+    """Each route's path, methods and the least action its user must be allowed: its
+    ``require`` or, for a route that checks its role itself, the endpoint's mark
+    (``least_action``). Made once, with the app."""
+    table = []
+    for route in routes:
+        dependant = getattr(route, "dependant", None)
+        action = getattr(getattr(route, "endpoint", None), "least_action", None)
+        action = action or _required(dependant)
+        if action is not None and action is not Action.READ:
+            table.append((route.path_regex, set(route.methods), action))
+    return table
+
+
+def _required(dependant: Any) -> Action | None:
+    for sub in getattr(dependant, "dependencies", ()):
+        action = getattr(sub.call, "required_action", None) or _required(sub)
+        if action is not None:
+            return typing.cast(Action, action)
+    return None
+
+
+def least_action(action: Action) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a route that checks its role itself (by what its body asks) with the least
+    role it can ever be allowed, so a lesser one is refused before its body is read."""
+
+    def mark(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        endpoint.least_action = action  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
+async def _refuse_early(
+    ctx: ApiContext,
+    user: User,
+    least: tuple[Action, dict[str, Any]],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    action, params = least
+    message = f"user {user.name!r} has role {user.role}, which may not {action.says}"
+    jobs: list[Any] = [params["job"]] if "job" in params else []
+    body = await _read_some(receive, EARLY_BODY_WAIT, EARLY_BODY_MAX)
+    if body is not None:
+        named, fields = _named(body)
+        jobs += named
+        if fields:
+            message += f" (fields: {', '.join(sorted(fields))})"
+    if action is not Action.READ:
+        operation = f"{scope['method']} {scope['path']}"
+        try:
+            await run_in_threadpool(ctx.engine.record_refusal, user.name, operation, jobs, message)
+        except JobControlError as exc:
+            log.warning("the refusal of %s for %s was not audited: %s", operation, user.name, exc)
+    headers = {} if body is not None else {"connection": "close"}
+    await http_error_response(HTTPException(403, message, headers=headers))(scope, receive, send)
+
+
+async def _read_some(receive: Receive, wait: float, most: int) -> bytes | None:
+    """The request's body, if all of it (at most ``most`` bytes) arrives within ``wait``
+    seconds; None otherwise."""
+    import asyncio
+
+    chunks: list[bytes] = []
+    size = 0
+
+    async def read() -> bool:
+        nonlocal size
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > most:
+                return False
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return True
+
+    try:
+        whole = await asyncio.wait_for(read(), wait)
+    except TimeoutError:
+        return None
+    return b"".join(chunks) if whole else None
+
+
+def _named(body: bytes) -> tuple[list[Any], set[str]]:
+    """The jobs a JSON body names (``jobs``, ``changes[].job``, a new job's ``name``) and
+    the fields its ``changes`` set."""
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return [], set()
+    if not isinstance(data, dict):
+        return [], set()
+    named: list[Any] = []
+    fields: set[str] = set()
+    if isinstance(data.get("jobs"), list):
+        named += data["jobs"]
+    for change in data.get("changes") or []:
+        if isinstance(change, dict):
+            named.append(change.get("job"))
+            if isinstance(change.get("fields"), dict):
+                fields.update(str(key)[:64] for key in change["fields"])
+    if isinstance(data.get("name"), str):
+        named.append(data["name"])
+    jobs = [j for j in named if isinstance(j, str | int) and not isinstance(j, bool)]
+    return jobs[:100], set(sorted(fields)[:50])
 
 
 def require(action: Action) -> Callable[..., User]:
@@ -180,7 +329,7 @@ def require(action: Action) -> Callable[..., User]:
         if user is None:  # an app without the TokenGate
             user = authenticated_user(ctx, authorization)
         if not user.can(action):
-            message = f"user {user.name!r} has role {user.role}, which may not {action}"
+            message = f"user {user.name!r} has role {user.role}, which may not {action.says}"
             if action is not Action.READ:  # a refused change belongs in the audit trail
                 audit.record(
                     ctx.store,
@@ -193,6 +342,7 @@ def require(action: Action) -> Callable[..., User]:
             raise HTTPException(403, message)
         return user
 
+    dependency.required_action = action  # type: ignore[attr-defined]
     return dependency
 
 

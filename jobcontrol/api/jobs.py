@@ -23,7 +23,7 @@ from jobcontrol.api.bodies import (
     NewJobBody,
     OnErrorBody,
 )
-from jobcontrol.api.deps import ApiContext, Context, NoBody, env_for, require
+from jobcontrol.api.deps import ApiContext, Context, NoBody, env_for, least_action, require
 from jobcontrol.api.runs import run_json
 from jobcontrol.errors import ValidationError, clip
 from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
@@ -103,13 +103,15 @@ def create_job(
 
 
 @router.patch("/jobs", summary="Modify a batch of jobs in one transaction, all or nothing")
+@least_action(Action.ACTIVATE)  # an operator may change ``active``, a viewer nothing
 def modify_jobs(ctx: Context, body: ModifyBody, user: Viewer, request: Request) -> dict[str, Any]:
     fields = {key for change in body.changes for key in change.fields.given()}
     action = Action.for_fields(fields)
     if not user.can(action):
+        refused = fields - {"active"} if user.can(Action.ACTIVATE) else fields
         message = (
-            f"user {user.name!r} has role {user.role}, which may not {action} "
-            f"(fields: {', '.join(sorted(fields))})"
+            f"user {user.name!r} has role {user.role}, which may not {action.says} "
+            f"(fields: {', '.join(sorted(refused))})"
         )
         # Refused like any other change the role may not make, so audited like one.
         operation = f"{request.method} {request.url.path}"

@@ -66,6 +66,7 @@ def _load(
         batch.changes.append(JobChange(d.name, {**fields, "parent_id": parent_name}))
     if replace:
         batch.deletes = _dropped(records, roots, existing)
+        note.jobs += _subtree_names(records, batch.deletes)
     try:
         return engine.apply_batch(batch, user=note.user)
     except JobError as exc:
@@ -100,6 +101,21 @@ def _dropped(
                 dropped.append(child.id)
                 stack.extend(c for c in children.get(child.id, []) if c.name in in_file)
     return dropped
+
+
+def _subtree_names(records: list[JobRecord], ids: list[int | str]) -> list[str]:
+    """The names of the jobs ``ids`` and of all below them: what their delete removes."""
+    children: dict[int | None, list[JobRecord]] = {}
+    for r in records:
+        children.setdefault(r.parent_id, []).append(r)
+    by_id = {r.id: r for r in records}
+    names: list[str] = []
+    stack = [by_id[i] for i in ids if isinstance(i, int) and i in by_id]
+    while stack:
+        node = stack.pop()
+        names.append(node.name)
+        stack.extend(children.get(node.id, []))
+    return names
 
 
 # Heads an export whose env values are masked, so that nobody loads it back unawares.
