@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
+# How often a daemon on PostgreSQL checks that the connection holding its lock lives.
+LEASE_CHECK_EVERY = 2.0
 DEFAULT_PORT = 8640
 MIN_API_CONNECTIONS = 8
 # Where ``daemon start`` waits for its detached child's READY=1. Not $NOTIFY_SOCKET:
@@ -240,6 +242,34 @@ class DatabaseLease:
             )
         self._conn = conn
 
+    def check(self) -> str:
+        """Whether a daemon's PostgreSQL lease still holds: ``held``; ``retaken`` after
+        the connection that held it was lost (a server restart, a failover, a cut link
+        drop a session's advisory lock) and the lock was taken again; ``unreachable``
+        while the database does not answer (asked again at the next check); ``taken``
+        when another daemon took the lock meanwhile. SQLite's lock is a file's: held."""
+        if self.store.is_sqlite or self._shared or self._fd is not None:
+            return "held"
+        if self._conn is not None:
+            try:
+                self._conn.execute(text("SELECT 1"))
+                self._conn.commit()
+                return "held"
+            except Exception as exc:
+                log.warning("the connection holding the daemon's database lock was lost: %s", exc)
+                with contextlib.suppress(Exception):
+                    self._conn.invalidate()
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None
+        try:
+            self._acquire_advisory()
+        except AlreadyRunningError:
+            return "taken"
+        except Exception:
+            return "unreachable"
+        return "retaken"
+
     def available(self) -> bool:
         """True if no daemon holds the database (checked without keeping the lease)."""
         try:
@@ -420,6 +450,28 @@ class Daemon:
         self.eventlog: EventLog | None = None
         self.metrics: RunMetrics | None = None
         self.stop_requested = threading.Event()
+        # Set when another daemon took the database while this one's lock was lost.
+        self.lease_lost = False
+        self._lease_watch: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def _watch_lease(self) -> None:
+        """Take the database's lock again whenever the connection holding it is lost; stop
+        this daemon when another took it meanwhile, so that no tree runs twice."""
+        while not self._stopping.wait(LEASE_CHECK_EVERY):
+            state = self.lease.check()
+            if state == "retaken":
+                log.warning("the daemon's database lock is held again")
+            elif state == "taken":
+                self.lease_lost = True
+                log.error(
+                    "another Job Control daemon took %s while this one's connection to it "
+                    "was lost: this daemon stops (killing what it runs) so that no tree "
+                    "runs twice",
+                    redact(self.store.url),
+                )
+                self.stop_requested.set()
+                return
 
     def start(self) -> Dispatcher:
         refuse_unprepared_file(self.store)  # before anything is created or written
@@ -457,6 +509,11 @@ class Daemon:
         except BaseException:
             self.stop()
             raise
+        if not self.store.is_sqlite:
+            self._lease_watch = threading.Thread(
+                target=self._watch_lease, name="jc-lease", daemon=True
+            )
+            self._lease_watch.start()
         self._warn_slash_names()
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
         log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
@@ -573,6 +630,9 @@ class Daemon:
             )
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._lease_watch is not None and self._lease_watch is not threading.current_thread():
+            self._lease_watch.join(LEASE_CHECK_EVERY + 5)
         try:
             if self.runtime is not None:
                 # Nothing starts while the API closes: a stop that found no job running

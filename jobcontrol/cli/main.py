@@ -774,8 +774,9 @@ def _daemon(args: argparse.Namespace) -> int:
             open_store(args.db, create=False).dispose()
     if cmd == "run":
         configure_logging("DEBUG" if args.verbose else opts.log_level, fmt=args.log_format)
-        Daemon(opts).run_forever()
-        return 0
+        daemon = Daemon(opts)
+        daemon.run_forever()
+        return 1 if daemon.lease_lost else 0  # stopped for another daemon: a failure
     if cmd == "start":
         # No --db: the URL (and its password) goes to the daemon in its environment.
         argv = ["--state-dir", str(opts.state_dir), "daemon", "run"]

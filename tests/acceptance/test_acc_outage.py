@@ -298,3 +298,72 @@ def test_a_worker_stopped_during_an_outage_has_its_kept_end_recorded_at_its_rest
     assert [(r["state"], r["exit_status"]) for r in jc.history("Long")] == [("killed", 255)]
     jc.ok("worker", "stop", "--name", "w-out")
     jc.ok("daemon", "stop")
+
+
+ADVISORY_KEY = 0x4A6F62436F6E  # the daemon's lock (jobcontrol.daemon.ADVISORY_KEY)
+
+
+def _lock_holders(server: PostgresServer, dbname: str) -> int:
+    with server.connect(dbname, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+            " WHERE l.locktype = 'advisory' AND l.granted AND d.datname = %s",
+            (dbname,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_daemon_takes_its_lock_again_when_its_connections_were_dropped(
+    outage_jc: JobControl, own_server: PostgresServer, tmp_path: Path
+) -> None:
+    """A session's advisory lock dies with it: after a server restart a second daemon
+    started on the database, and every tree ran twice. The daemon takes the lock again."""
+    jc = outage_jc
+    dbname = "outage_stop"
+    jc.upgraded().load(write(jc.base / "trees.yaml", LONG))
+    jc.ok("daemon", "start")
+    assert _lock_holders(own_server, dbname) == 1
+    own_server.terminate_connections(dbname)  # what a restart or a failover does
+    assert wait_until(
+        lambda: "the daemon's database lock is held again" in jc.daemon_log(), 20
+    ), jc.daemon_log()
+    assert _lock_holders(own_server, dbname) == 1
+    second = JobControl(jc.url, tmp_path / "second")
+    try:
+        refused = second.run("daemon", "start")
+        assert refused.returncode != 0, describe(refused)
+        assert "another Job Control daemon is running" in refused.stdout + refused.stderr
+    finally:
+        second.cleanup()
+    assert len(jc.live_daemons()) == 1
+    jc.ok("daemon", "stop")
+
+
+def test_a_daemon_whose_lock_another_took_meanwhile_stops(
+    outage_jc: JobControl, own_server: PostgresServer
+) -> None:
+    """When another process took the lock while the daemon's connection was lost, the
+    daemon stops (killing what it runs) rather than run every tree a second time."""
+    jc = outage_jc
+    dbname = "outage_stop"
+    jc.upgraded().load(write(jc.base / "trees.yaml", LONG))
+    jc.ok("daemon", "start")
+    jc.ok("run", "Long")
+    assert wait_until(lambda: [r["state"] for r in jc.history("long")] == ["running"], 10)
+    other = None
+    for _ in range(5):  # the daemon checks every 2 s: it may take the lock back first
+        own_server.terminate_connections(dbname)
+        other = own_server.connect(dbname, autocommit=True)
+        taken = other.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_KEY,)).fetchone()
+        if taken == (True,):
+            break
+        other.close()
+        other = None
+    assert other is not None, "the test never took the lock before the daemon"
+    with other:
+        assert wait_until(lambda: jc.live_daemons() == [], 30), jc.daemon_log()
+        log = jc.daemon_log(200)
+        assert "another Job Control daemon took" in log, log
+        assert "so that no tree runs twice" in log
+        jc.assert_no_task_processes()
