@@ -240,17 +240,27 @@ class Evaluator:
         return self.skip_missed(top, due)
 
     def start_due(self, top: Node, stored: datetime | None) -> datetime | None:
-        """``tree_due`` at a start, given the time ``stored`` that ``top`` was armed for.
-        A stored time still ahead was armed for then (by the daemon before, or an edit's
-        re-arm from now, spec 5.5): nothing was missed, even where the schedule counted
-        from the last run (``every``, a ``daily`` made later) is past. Misfire is for
-        times past."""
+        """When an evaluated top-level tree's timer fires at a daemon's start, given the
+        time ``stored`` that it was armed for (``next_runs``):
+
+        * a time still ahead was armed for then (by the daemon before, or an edit's re-arm
+          from now, spec 5.5) and is kept, whatever the schedule counted from the last
+          run says (a never-run ``every`` counts from now, and would move at each start);
+        * a time past was missed while no daemon ran: the tree's ``misfire`` decides,
+          even where the schedule counted from the last run is ahead (a never-run
+          ``daily`` counts from now, and would lose the day's run);
+        * no time: nothing was armed (a tree never armed, an ABORT tree a failure left
+          unscheduled, an edit made with no daemon): armed from now, as a restart of Job
+          Control re-arms it (spec 7.4); nothing was missed.
+        """
         due = top.timer_due
-        if stored is None or stored <= self.now or due is None or due > self.now:
-            return self.tree_due(top)
+        if due is None:
+            return None
+        if stored is None:
+            return due if due > self.now else self.skip_missed(top, due)
         top.timer_due = stored
         self._set(top, stored)
-        return stored
+        return stored if stored > self.now else self.tree_due(top)
 
     def skip_missed(self, top: Node, due: datetime) -> datetime | None:
         """The next occurrence after now of the schedule that supplies ``top``'s timer."""

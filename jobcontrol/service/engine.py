@@ -32,7 +32,16 @@ from jobcontrol.errors import (
     StoreUnavailable,
     UnknownJobError,
 )
-from jobcontrol.model import JobRecord, JobRef, JobState, Kind, Restarted, RunRecord, find_job
+from jobcontrol.model import (
+    RESCHEDULING_FIELDS,
+    JobRecord,
+    JobRef,
+    JobState,
+    Kind,
+    Restarted,
+    RunRecord,
+    find_job,
+)
 from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
 from jobcontrol.service.lanes import LaneService
@@ -141,8 +150,11 @@ class Engine:
         change = EditChange()
         if not self._live:
             with self.store.write() as conn:
-                yield conn, self._structure(conn), change
+                struct = self._structure(conn)
+                parents = {job_id: e.parent_id for job_id, e in struct.by_id.items()}
+                yield conn, struct, change
                 _drop_aheads(conn, change)
+                _unarm_edited(conn, struct, parents, change)
             return
         assert self.dispatcher is not None
         error = self.dispatcher.unavailable()
@@ -748,6 +760,42 @@ def _note_batch(note: audit.AuditNote, result: BatchResult) -> None:
         f"{len(result.deleted)} deleted"
     )
     note.detail = f"{note.detail}: {summary}" if note.detail else summary
+
+
+def _unarm_edited(
+    conn: Connection, struct: _Structure, parents: dict[int, int | None], change: EditChange
+) -> None:
+    """With no daemon, an edit that changes when a tree runs clears the time the tree
+    was armed for (its top's ``next_runs``, and the edited jobs'): the next daemon arms
+    it from now, as a daemon re-arms a tree an edit touched (spec 5.5). A time it finds
+    stored is one a daemon armed, kept across its restart (``Evaluator.start_due``)."""
+    touched = {j for j, fields in change.modified.items() if fields & RESCHEDULING_FIELDS}
+    touched |= set(change.created) | set(change.deleted)
+    if not touched:
+        return
+
+    def top(job_id: int | None, parent_of: Callable[[int], int | None]) -> int | None:
+        seen = 0
+        while job_id is not None and seen < 10_000:
+            up = parent_of(job_id)
+            if up is None:
+                return job_id
+            job_id, seen = up, seen + 1
+        return job_id
+
+    def now_parent(j: int) -> int | None:
+        entry = struct.by_id.get(j)
+        return entry.parent_id if entry is not None else None
+
+    unarmed: set[int] = set()
+    for job_id in touched:
+        unarmed.add(job_id)
+        for found in (top(job_id, parents.get), top(job_id, now_parent)):
+            if found is not None:
+                unarmed.add(found)
+    alive = unarmed - set(change.deleted)
+    for job_id in sorted(alive):
+        queries.write_next_runs(conn, job_id, None)
 
 
 def _drop_aheads(conn: Connection, change: EditChange) -> None:

@@ -358,6 +358,113 @@ def test_a_daemon_restarted_keeps_a_time_armed_that_has_not_come(
     assert [len(second.runs(n)) for n in ("Tick", "Daily")] == [1, 1]
 
 
+@pytest.mark.parametrize(("misfire", "runs"), [("run-once", 1), ("skip", 0)])
+def test_a_never_run_daily_whose_time_passed_while_no_daemon_ran_is_a_missed_run(
+    db_url: str, make_jc: MakeJC, misfire: str, runs: int
+) -> None:
+    """A ``daily`` that never ran counts from now: at a start after its first time had
+    passed, its next time was tomorrow and the day's run was lost, whatever ``misfire``
+    said. The time it was armed for passed: ``misfire`` decides."""
+    first = make_jc(db_url)
+    first.create(
+        box("Daily", timer="daily 12:30", misfire=misfire, active=True),
+        task("d", "true", "Daily", active=True),
+        box("Cron", timer="cron 30 12 * * *", misfire=misfire, active=True),
+        task("c", "true", "Cron", active=True),
+    )
+    armed = T0 + timedelta(minutes=30)  # T0 is 12:00
+    assert (first.armed_at("Daily"), first.armed_at("Cron")) == (armed, armed)
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(armed + timedelta(seconds=5))  # down while 12:30 came
+    second.start()
+    assert second.advance(0) == 2 * runs
+    tomorrow = armed + timedelta(days=1)
+    if runs:
+        for name in ("Daily", "Cron"):
+            assert len(second.runs(name)) == 1, name
+    else:
+        assert (second.armed_at("Daily"), second.armed_at("Cron")) == (tomorrow, tomorrow)
+
+
+def test_a_never_run_every_keeps_its_time_across_restarts_sooner_than_its_interval(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A never-run ``every 30s`` counts from now: each start 20 s apart moved it 30 s on,
+    and it never ran. The time armed first is kept, and comes."""
+    first = make_jc(db_url)
+    first.create(
+        box("Half", timer="every 30s", active=True), task("h", "true", "Half", active=True)
+    )
+    armed = first.armed_at("Half")
+    assert armed == T0 + timedelta(seconds=30)
+    first.close()
+    for seconds in (10, 20):  # two starts, each sooner than the interval after the last
+        again = make_jc(db_url, start=False)
+        again.clock.set(T0 + timedelta(seconds=seconds))
+        again.start()
+        assert again.armed_at("Half") == armed
+        assert again.advance(0) == 0
+        if seconds == 20:
+            mark = again.rec.mark()
+            assert again.advance(to=armed) == 1
+            again.rec.run_finished("Half", since=mark)
+        again.close()
+
+
+def test_an_abort_tree_a_failure_left_unscheduled_is_armed_from_now_at_a_start(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """Spec 7.9: a failed ABORT tree stays unscheduled until restarted; a restart of Job
+    Control re-arms it (7.4), from now. It ran again at once: counted from its last end,
+    its time was long past and ``misfire: run-once`` took it for a missed run."""
+    first = make_jc(db_url)
+    first.create(
+        box("Deploy", timer="every 5s", on_error="abort", active=True),
+        task("step", "exit 1", "Deploy", active=True),
+    )
+    mark = first.rec.mark()
+    assert first.advance(5) == 1
+    assert first.rec.run_finished("Deploy", since=mark)["exit_status"] == 1
+    first.wait_quiet()
+    assert first.job("Deploy").next_runs is None
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(minutes=10))
+    second.start()
+    assert second.advance(0) == 0, "nothing was missed"
+    assert second.armed_at("Deploy") == T0 + timedelta(minutes=10, seconds=5)
+    assert len(second.runs("Deploy")) == 1
+
+
+def test_an_edit_with_no_daemon_clears_the_time_armed_and_the_next_start_arms_from_now(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A time stored is one a daemon armed: an edit made with no daemon running (the CLI
+    offline) that changes when a tree runs clears it, as a daemon would re-arm it."""
+    from jobcontrol.service.engine import Engine, JobChange
+
+    first = make_jc(db_url)
+    first.create(box("Hourly", timer="every 1h", active=True), task("x", "true", "Hourly"))
+    assert first.armed_at("Hourly") == T0 + timedelta(hours=1)
+    store = first.store
+    first.close()
+    Engine(store).modify_jobs([JobChange("Hourly", {"timer": "every 10s"})], user=USER)
+    with store.read() as conn:
+        from jobcontrol.store import queries
+
+        (hourly,) = [j for j in queries.load_all_jobs(conn) if j.name == "Hourly"]
+    assert hourly.next_runs is None
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(minutes=1))
+    second.start()
+    assert second.armed_at("Hourly") == T0 + timedelta(minutes=1, seconds=10)
+    assert second.advance(0) == 0
+
+
 def test_restart_of_a_tree_with_no_time_left_says_so(jc: JC) -> None:
     jc.create(
         box("Once", timer="at 2026-11-22T13:00", active=True),
