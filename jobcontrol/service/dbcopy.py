@@ -1,7 +1,7 @@
 """A whole database into another (``jobcontrol db copy``), and a SQLite online backup.
 
 The copy takes every table of the schema (``schema.metadata``: jobs, runs, workers,
-users with their token hashes, the audit trail, the instance id), keeping every id, from
+users with their token hashes, the audit trail), keeping every id, from
 one read snapshot of the source into one transaction on the target, so the target ends
 with all of it or nothing. The target must be empty: a new SQLite file, a database with
 no tables (made by ``createdb``), or one that ``jobcontrol db upgrade`` just prepared.
@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Table, func, select, text
+from sqlalchemy import Connection, Table, func, select, text, update
 
 from jobcontrol import filemodes
 from jobcontrol.errors import JobControlError
@@ -135,6 +136,11 @@ def copy_database(source: Store, target: Store) -> dict[str, int]:
                 )
         if dst.dialect.name == "postgresql":
             _reset_sequences(dst)
+        # The copy is a database of its own: its id marks its task processes and names
+        # their cgroup, so a daemon on one must never take the other's tasks for its own
+        # leftovers (and kill them at its start).
+        instance = schema.meta.c.key == "instance"
+        dst.execute(update(schema.meta).where(instance).values(value=uuid.uuid4().hex))
     return copied
 
 

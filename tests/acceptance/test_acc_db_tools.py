@@ -49,6 +49,14 @@ jobs:
 """
 
 # Moved under a box made after it: its parent's id is larger than its own.
+LONG_TASK = """\
+jobs:
+  - name: Long
+    active: true
+    children:
+      - {name: long, active: true, command: "sleep 300"}
+"""
+
 MOVED = """\
 jobs:
   - name: Late
@@ -179,8 +187,33 @@ def test_copy_keeps_a_job_moved_under_a_newer_box(jc_sqlite: JobControl, tmp_pat
     jc.ok("db", "copy", "--to", target)
     exported = jc.bare("--db", target, "export")
     assert exported.stdout == jc.ok("export").stdout, describe(exported)
-    # The source's instance id (its processes' marker, its cgroups' name) came along.
-    assert instance_id(target) == jc.instance()
+    # The copy is a database of its own: its instance id (its processes' marker, its
+    # cgroups' name) is not the source's, so neither daemon takes the other's tasks for
+    # its own leftovers.
+    assert instance_id(target) not in (None, jc.instance())
+
+
+@pytest.mark.timeout(120)
+def test_a_copy_and_its_source_each_run_their_own_tasks(
+    history_db: JobControl, tmp_path: Path, beside: Callable[[str], JobControl]
+) -> None:
+    """A copy that kept its source's instance id shared its cgroup and marker: a daemon
+    starting on the source killed a task running on the copy as its own leftover."""
+    jc = history_db
+    jc.load(write(jc.base / "long.yaml", LONG_TASK))
+    target_url = f"sqlite:///{tmp_path}/copy.db"
+    jc.ok("db", "copy", "--to", target_url)
+    copy = beside(target_url)
+    copy.ok("daemon", "start")
+    try:
+        copy.ok("run", "Long")
+        assert wait_until(lambda: [r["state"] for r in copy.history("long")] == ["running"], WAIT)
+        jc.ok("daemon", "start")  # the source's daemon: its start-up recovery runs
+        jc.ok("daemon", "stop")
+        assert [r["state"] for r in copy.history("long")] == ["running"], copy.history("long")
+        assert copy.marked(), "the copy's task still runs"
+    finally:
+        copy.ok("daemon", "stop", "--kill")
 
 
 def files_of(url: str) -> tuple[str, list[str]]:
