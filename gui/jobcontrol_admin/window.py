@@ -927,7 +927,9 @@ class MainWindow(QMainWindow):
             fields: dict[str, Any] = {}
             if node in moving and node.view.get("parent") != parent_id:
                 fields["parent"] = parent_id
-            if node.view.get("job_order") != position:
+            # The top level is ordered by next run (the dispatcher's): a drop there
+            # renumbers nothing, so a tree running beside it never refuses the move.
+            if parent_id is not None and node.view.get("job_order") != position:
                 fields["job_order"] = position
             if fields:
                 changes.append(

@@ -364,10 +364,12 @@ def test_drag_and_drop_moves_and_reorders_and_running_jobs_stay(
     wait_shown(qtbot, window, "busy")
     src = window.model
 
-    def drop(names: list[str], target: str, row: int) -> None:
+    def drop(names: list[str], target: str | None, row: int) -> None:
         ids = [src.find(n).id for n in names]  # type: ignore[union-attr]
         data = src.mimeData([src.index_of(i) for i in ids])
-        parent = window.view_index(src.find(target).id)  # type: ignore[union-attr]
+        parent = (
+            QModelIndex() if target is None else window.view_index(src.find(target).id)  # type: ignore[union-attr]
+        )
         assert (
             window.view.model().dropMimeData(data, Qt.DropAction.MoveAction, row, 0, parent)
             is False
@@ -387,6 +389,12 @@ def test_drag_and_drop_moves_and_reorders_and_running_jobs_stay(
     qtbot.waitUntil(lambda: bool(error_texts(window)), timeout=WAIT_MS)
     assert "running" in error_texts(window)[0]
     assert client.job("busy")["parent"] == busy["parent"]
+    # The top level is ordered by next run: a drop there renumbers nothing, so the tree
+    # running there (B) does not refuse it.
+    shown = len(error_texts(window))
+    drop(["a2"], None, 0)
+    qtbot.waitUntil(lambda: client.job("a2")["parent"] is None, timeout=WAIT_MS)
+    assert len(error_texts(window)) == shown
     client.kill("busy")
 
 
