@@ -90,7 +90,10 @@ def _work(relay: _Relay, outcomes: _Outcomes, client: Client, key: int, box: lis
         ok = False
     del call  # the GUI thread still has it, until the outcome is delivered
     outcomes.put(key, ok, value)
-    relay.ready.emit()
+    try:
+        relay.ready.emit()
+    except RuntimeError:  # the session closed and its relay is gone: nobody waits for it
+        outcomes.clear()
 
 
 class Session(QObject):
@@ -170,13 +173,23 @@ class Session(QObject):
     # ------------------------------------------------------------ life cycle
 
     def close(self) -> None:
-        """Drop queued calls, wait for those running (each bounded by its timeout)."""
+        """Drop queued calls and forget those running: the window never waits on the
+        network (a daemon that does not answer held a close, a Cancel or a switch to
+        another daemon for a request's whole timeout). The calls still running end on
+        their own thread, which then closes the client; their outcomes are dropped."""
         if self.closed:
             return
         self.closed = True
-        for pool in (self._actions, self._reads):
-            pool.shutdown(wait=True, cancel_futures=True)
-        self.client.close()
-        # No worker is left: what they handed over, and the callbacks, go here, on this thread.
+        pools = (self._actions, self._reads)
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+        client = self.client
+
+        def finish() -> None:
+            for pool in pools:
+                pool.shutdown(wait=True)
+            client.close()
+
+        threading.Thread(target=finish, name="jc-admin-close", daemon=True).start()
         self._outcomes.clear()
         self._pending.clear()

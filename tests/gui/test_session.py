@@ -104,3 +104,31 @@ def test_callbacks_whose_owner_the_gui_dropped_mid_call_die_on_the_gui_thread(
     qtbot.waitUntil(lambda: bool(died), timeout=WAIT_MS)
     assert seen == ["answer"]
     assert died == [threading.main_thread().name]
+
+
+def test_closing_a_session_whose_daemon_does_not_answer_does_not_wait(qtbot: QtBot) -> None:
+    """A daemon that takes connections and never answers (stopped, a hung host) held the
+    window for a request's whole timeout at a close, a Cancel, a switch of daemon."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepted by the kernel, never read nor answered
+    port = listener.getsockname()[1]
+    session = Session(f"http://127.0.0.1:{port}", None)
+    seen: list[object] = []
+    owner = Owner(seen)
+    try:
+        session.read("status", lambda c: c.status(), owner.done, owner.failed)
+        session.act("pause", lambda c: c.pause(), owner.done, owner.failed)
+        listener.settimeout(10)
+        held, _ = listener.accept()  # a call is on the wire: it will never be answered
+        started = time.monotonic()
+        session.close()
+        held.close()
+        assert time.monotonic() - started < 5.0, "the old close waited for the 15 s timeout"
+        qtbot.wait(100)  # events the workers may still post are dropped
+        assert seen == []
+    finally:
+        listener.close()
