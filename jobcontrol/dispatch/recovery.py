@@ -80,13 +80,14 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
             or (r.host != host and r.lease_until is not None and r.lease_until > now)
         )
     }
-    boxes = _boxes_that_go_on(store, active, keep)
+    retried = _retriable(store, [r for r in active if r.id not in keep])
+    boxes = _boxes_that_go_on(store, active, keep | retried)
     stale = [r for r in active if r.id not in keep and r.id not in boxes]
     if not stale:
         return Recovery(kept=keep)
     with store.write() as conn:
         for run in stale:
-            _settle(conn, run, now)
+            _settle(conn, run, now, host, reacted=run.id not in retried)
         # A worker found gone is an unexpected end, as one whose lease ran out.
         gone = [
             r for r in stale if r.worker and r.kind is Kind.TASK and r.state is RunState.RUNNING
@@ -143,12 +144,41 @@ def _boxes_that_go_on(store: Store, active: list[RunRecord], keep: set[int]) -> 
     return going_on
 
 
-def _settle(conn: Any, run: RunRecord, now: datetime) -> None:
+def _retriable(store: Store, runs: list[RunRecord]) -> set[int]:
+    """The task runs about to be lost whose job's ``retries`` allow another attempt, and
+    no kill was asked of: they end lost, their boxes go on, and the dispatcher's reaction
+    to that end runs them again (README "Retries": a lost run is retried, whoever finds
+    it lost: a lease that ran out, or this start after a ``kill -9`` of the daemon)."""
+    tasks = [r for r in runs if r.kind is Kind.TASK and r.job_id and not r.kill_requested]
+    if not tasks:
+        return set()
+    with store.read() as conn:
+        ids = sorted({r.job_id for r in tasks if r.job_id is not None})
+        jobs = {j.id: j for j in queries.load_jobs(conn, ids)}
+    return {
+        r.id
+        for r in tasks
+        if (job := jobs.get(r.job_id or 0)) is not None and r.attempt <= job.retries
+    }
+
+
+def _settle(conn: Any, run: RunRecord, now: datetime, host: str, *, reacted: bool) -> None:
+    """End ``run`` lost (killed, when a kill had been asked of it). ``reacted``: record its
+    job's result now; otherwise the dispatcher's reaction to the end does (a retry)."""
+    state = RunState.LOST
     reason = "lost: the daemon stopped while this run was active"
     if run.worker and run.kind is Kind.TASK and run.state is RunState.RUNNING:
         reason = f"lost: its worker {run.worker} is gone"
-    values = runqueue.lost_end(run, reason, now)
-    if queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values) and run.job_id:
+    if run.kill_requested:
+        if run.host in (None, host):
+            # Its leftovers are killed here before any work is taken (worker recovery).
+            state = RunState.KILLED
+            reason = "killed: the daemon stopped before the kill asked of it was done"
+        else:
+            reason += ", before it carried out the kill requested"
+    values = runqueue.lost_end(run, reason, now, state)
+    changed = queries.transition_run(conn, run.id, ACTIVE_RUN_STATES, values)
+    if changed and run.job_id and reacted:
         started = run.started or run.created or now
         queries.write_job_result(
             conn, run.job_id, started, KILLED_STATUS, values.get("duration_ms", 0)

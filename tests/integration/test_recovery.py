@@ -47,6 +47,14 @@ print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)
 threading.Event().wait()
 """
 
+# The same, running several jobs: one run id a line.
+CRASHING_DAEMON_MANY = CRASHING_DAEMON.replace(
+    "url, log_root, job = sys.argv[1:4]", "url, log_root, *jobs = sys.argv[1:]"
+).replace(
+    'print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)',
+    'for job in jobs:\n    print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)',
+)
+
 ESCAPE = "setsid sh -c 'echo $$ > \"$PIDFILE\"; exec sleep 1000' & sleep 1000"
 
 DEFINITION_COLUMNS = (
@@ -181,6 +189,85 @@ def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
     jc.advance(10)
     assert jc.rec.run_finished("Ticker", since=mark)["exit_status"] == 0
     assert os.path.exists(jc.log_root)
+
+
+RETRIED_ONCE = 'if [ -e "$DONE" ]; then echo retried; else : > "$DONE"; exec sleep 1000; fi'
+
+
+def test_a_crash_lost_run_is_retried_and_a_kill_asked_before_it_is_recorded_killed(
+    db_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    """README "Retries": a lost run is retried, ``kill -9`` of the daemon included; it was
+    retried only when a lease ran out. A run whose kill was asked when the daemon died
+    is recorded killed (its processes are killed at the start), not lost."""
+    jc = make_jc(db_url, start=False)
+    done = tmp_path / "first-attempt"
+    jc.create(
+        box("Crashy", timer="every 1h", active=True),
+        task("long", RETRIED_ONCE, "Crashy", active=True, retries=1, env={"DONE": str(done)}),
+        task("after", "true", "Crashy", active=True),
+        task("Alone", RETRIED_ONCE, active=True, retries=2, env={"DONE": str(done) + "-alone"}),
+        box("Doomed", active=True),
+        task("held", "exec sleep 1000", "Doomed", active=True, retries=3),
+    )
+    root_dir = Path(__file__).resolve().parents[2]
+    jobs = ("Crashy", "Alone", "Doomed")
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_DAEMON_MANY, jc.url, str(tmp_path / "logs"), *jobs],
+        cwd=root_dir,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "daemon.err").open("w"),
+        text=True,
+    )
+    roots: dict[str, int] = {}
+    try:
+        for job in jobs:
+            line = read_line(daemon, 30)
+            assert line.strip().isdigit(), (line, (tmp_path / "daemon.err").read_text())
+            roots[job] = int(line)
+        # Each first attempt has made its mark (not only been claimed) when the daemon dies.
+        for mark in (done, Path(f"{done}-alone")):
+            poll_until(f"{mark.name} to be made", mark.exists)
+        poll_until(
+            "held to run",
+            lambda: jc.runs("held") and jc.runs("held")[0].state is RunState.RUNNING,
+        )
+    finally:
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(WAIT)
+        if daemon.stdout is not None:
+            daemon.stdout.close()
+    # The kill of `held` was asked, then the daemon died before its worker did it.
+    with jc.store.write() as conn:
+        from sqlalchemy import update
+
+        from jobcontrol.store.schema import run
+
+        held = jc.runs("held")[0].id
+        conn.execute(update(run).where(run.c.id == held).values(kill_requested=True))
+
+    jc.start()
+    crashy = jc.rec.run_finished("Crashy", since=0, timeout=30)
+    assert crashy["exit_status"] == 0, jc.runs("long")
+    attempts = sorted(jc.runs("long"), key=lambda r: r.id)
+    assert [(r.attempt, r.state, r.exit_status) for r in attempts] == [
+        (1, RunState.LOST, 255),
+        (2, RunState.SUCCEEDED, 0),
+    ]
+    assert jc.runs("after")[0].state is RunState.SUCCEEDED
+    alone = poll_until(
+        "the lone task's retry",
+        lambda: [r for r in jc.runs("Alone") if r.state is RunState.SUCCEEDED],
+    )
+    assert alone[0].attempt == 2
+    (held_run,) = jc.runs("held")
+    assert (held_run.state, held_run.exit_status) == (RunState.KILLED, 255)
+    assert "kill" in (held_run.reason or "")
+    assert jc.run(roots["Doomed"]).exit_status == 255
+    poll_until(
+        "no process of the lost runs",
+        lambda: not find_marked({"JOBCONTROL_INSTANCE": jc.instance_id, "JOBCONTROL_WORKER": None}),
+    )
 
 
 def test_a_worker_killed_but_not_yet_reaped_cannot_vouch_for_its_runs() -> None:
