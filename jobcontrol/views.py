@@ -82,7 +82,7 @@ def view_of(fields: ViewFields, depth: int, state: str, started: Any) -> dict[st
         "started": started.isoformat() if started else None,
         "last_ran": last_ran.isoformat() if last_ran else None,
         "last_duration_ms": last_duration_ms,
-        "exit_status": exit_status,
+        "exit_status": exit_status if last_ran else None,  # none before its first run
         "next_runs": next_runs.isoformat() if next_runs else None,
         "timer": timer,
         "command": command,

@@ -689,3 +689,17 @@ def test_dot_names_are_refused_as_a_url_path_cannot_carry_them(api: Api) -> None
         assert r.status_code == 422, r.text
         assert "must not be '.' or '..'" in r.json()["message"]
     assert api.client.get(f"{V1}/tree", headers=h).json()["jobs"] == before
+
+
+def test_a_job_that_never_ran_has_no_exit_status_until_it_runs(api: Api) -> None:
+    """``show`` said ``exit_status: 0`` for a job that never ran, as if it had succeeded."""
+    api.jc.create(task("fresh", "exit 4"))
+    before = api.client.get(f"{V1}/jobs/fresh", headers=api.headers("viewer")).json()
+    assert (before["last_ran"], before["exit_status"]) == (None, None)
+    (listed,) = api.client.get(f"{V1}/tree", headers=api.headers("viewer")).json()["jobs"]
+    assert listed["exit_status"] is None
+    mark = api.jc.rec.mark()
+    api.client.post(f"{V1}/jobs/fresh/run", headers=api.headers("operator"))
+    api.jc.rec.run_finished("fresh", since=mark)
+    after = api.client.get(f"{V1}/jobs/fresh", headers=api.headers("viewer")).json()
+    assert after["exit_status"] == 4
