@@ -32,8 +32,15 @@ LABELS = {"timer": "Timer", "command": "Command"}
 
 class ExpressionEditor(QDialog):
     def __init__(
-        self, session: Session, view: dict[str, Any], field: str, parent: QWidget | None = None
+        self,
+        session: Session,
+        view: dict[str, Any],
+        field: str,
+        parent: QWidget | None = None,
+        *,
+        refused: str | None = None,
     ) -> None:
+        """``refused``: why the token's role may not change it; the editor only shows."""
         super().__init__(parent)
         if field not in LABELS:
             raise ValueError(f"no expression editor for field {field!r}")
@@ -63,6 +70,12 @@ class ExpressionEditor(QDialog):
         self.edit_button.clicked.connect(self.start_editing)
         self.ok_button.clicked.connect(self.accept)
         self.cancel_button.clicked.connect(self.reject)
+
+        if refused is not None:  # a viewer reads the expression; nothing to edit nor save
+            self.edit_button.setEnabled(False)
+            self.edit_button.setToolTip(refused)
+            self.ok_button.setEnabled(False)
+            self.status.setText(refused)
 
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("Expression Editor"))

@@ -957,7 +957,7 @@ class MainWindow(QMainWindow):
                 editor.raise_()
                 editor.activateWindow()
                 return
-        editor = ExpressionEditor(self.session, view, field, self)
+        editor = ExpressionEditor(self.session, view, field, self, refused=self.why_not("modify"))
         editor.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.editors.append(editor)
         editor.finished.connect(

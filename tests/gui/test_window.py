@@ -611,6 +611,16 @@ def test_a_viewer_sees_every_change_disabled_with_the_reason(
         # What it may do, it may: reload, expand, find.
         assert window.act_refresh.isEnabled()
         assert window.act_find.isEnabled()
+        # F4 and the magnifier open the expression editor past the disabled action: it
+        # shows the expression, and neither edits nor saves it.
+        nightly = window.model.find("Nightly").id  # type: ignore[union-attr]
+        window.edit_expression(nightly, "timer")
+        (editor,) = window.editors
+        assert editor.text.toPlainText() == "daily 02:00"
+        assert not editor.edit_button.isEnabled()
+        assert not editor.ok_button.isEnabled()
+        assert "Your role (viewer) may not change jobs" in editor.status.text()
+        editor.reject()
     finally:
         window.close()
 
