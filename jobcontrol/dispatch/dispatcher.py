@@ -204,6 +204,14 @@ class Dispatcher:
                 # Recovery left the task runs of live workers active: each is its tree's
                 # run in flight still (run again only after it, its end reacted to). One
                 # that ended while no dispatcher ran is reacted to now.
+                paused_at = queries.get_meta(conn, queries.TIMERS_PAUSED)
+                if paused_at is not None:
+                    self.tree_timers.hold_at_start()
+                    log.warning(
+                        "timers are paused, as since %s: nothing fires until `jobcontrol "
+                        "resume` (a time missed meanwhile follows its tree's misfire)",
+                        paused_at,
+                    )
                 steps = self.runs.resume_tree_runs()
                 steps += self.runs.resume_unreacted()
                 self._arm_idle_trees()

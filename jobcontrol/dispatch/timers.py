@@ -91,6 +91,11 @@ class TreeTimers:
 
         def handler() -> int:
             if not self._timers_paused:
+                # Kept in the database: a daemon restarted meanwhile (a crash, an upgrade)
+                # keeps the trees held, as the operator left them.
+                queries.set_meta(
+                    self.d.tx.conn, queries.TIMERS_PAUSED, self.d.clock.now().isoformat()
+                )
                 self._timers_paused = True
                 for top_id in self.armed:
                     self.d.timers.cancel(("tree", top_id))
@@ -98,6 +103,10 @@ class TreeTimers:
             return len(self.armed)
 
         return int(self.d.ask(handler))
+
+    def hold_at_start(self) -> None:
+        """Timers paused before this daemon started stay paused (``pause_timers``)."""
+        self._timers_paused = True
 
     def resume_timers(self) -> int:
         """Re-evaluate and re-arm every scheduled tree; a time missed follows its misfire policy.
@@ -108,6 +117,7 @@ class TreeTimers:
         def handler() -> int:
             if not self._timers_paused:
                 return len(self.armed)
+            queries.set_meta(self.d.tx.conn, queries.TIMERS_PAUSED, None)
             self._timers_paused = False
             now = self.d.clock.now()
             for top_id, armed in list(self.armed.items()):

@@ -45,7 +45,7 @@ from jobcontrol.model import (
     Trigger,
 )
 from jobcontrol.store.prepared import Prepared
-from jobcontrol.store.schema import UTCDateTime, job, run
+from jobcontrol.store.schema import UTCDateTime, job, meta, run
 
 # ---------------------------------------------------------------- jobs
 
@@ -585,3 +585,21 @@ def count_queued(conn: Connection) -> int:
     """Task runs waiting for a free slot (the queue depth)."""
     stmt = select(func.count()).select_from(run).where(run.c.state == str(RunState.QUEUED))
     return int(conn.execute(stmt).scalar_one())
+
+
+# ------------------------------------------------------------------ settings kept
+
+# The key of ``jc_meta`` that says the timers are paused (a pause outlives its daemon).
+TIMERS_PAUSED = "timers_paused"
+
+
+def get_meta(conn: Connection, key: str) -> str | None:
+    found = conn.execute(select(meta.c.value).where(meta.c.key == key)).scalar_one_or_none()
+    return None if found is None else str(found)
+
+
+def set_meta(conn: Connection, key: str, value: str | None) -> None:
+    """Keep ``value`` under ``key``; None removes it."""
+    conn.execute(delete(meta).where(meta.c.key == key))
+    if value is not None:
+        conn.execute(insert(meta).values(key=key, value=value))

@@ -524,3 +524,31 @@ def test_a_run_is_logged_once_committed_and_a_rolled_back_one_not_at_all(
     said = [r.getMessage() for r in caplog.records]
     assert "a line of a transaction rolled back" not in said
     assert said.count("a line of a transaction committed") == 1
+
+
+def test_timers_paused_stay_paused_across_a_daemon_restart(db_url: str, make_jc: MakeJC) -> None:
+    """A pause is what holds every tree through maintenance: a daemon restarted meanwhile
+    (a crash, an upgrade) came back with its timers running and fired what was held."""
+    first = make_jc(db_url)
+    first.create(
+        box("Tick", timer="every 10s", active=True), task("t", "true", "Tick", active=True)
+    )
+    assert first.dispatcher.pause_timers() == 1
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(minutes=5))  # Tick's time came while no daemon ran
+    second.start()
+    assert second.dispatcher.paused
+    assert second.advance(60) == 0, "held: nothing fires"
+    assert second.runs("Tick") == []
+    mark = second.rec.mark()
+    second.dispatcher.resume_timers()
+    assert second.advance(0) == 1, "resumed: the time missed runs once (run-once)"
+    second.rec.run_finished("Tick", since=mark)
+    second.close()
+
+    third = make_jc(db_url, start=False)
+    third.clock.set(T0 + timedelta(minutes=10))
+    third.start()
+    assert not third.dispatcher.paused, "a resume is kept too"
