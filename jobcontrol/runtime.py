@@ -102,6 +102,17 @@ class Runtime:
             kill_grace=self.config.kill_grace,
             containment=self.containment,
         )
+        # ...and what a `jobcontrol worker` of this host that recovery found gone left of
+        # its lost runs (the host crashed with both: nothing else would ever kill it, and
+        # a new run of the same tree would run beside it). By run id, so a live worker's
+        # new tasks are never touched: as the lease rule's collection does while running.
+        remote = [
+            r.id
+            for r in d.recovery.lost
+            if r.kind is Kind.TASK and r.host == d.host and r.worker and ":embedded" not in r.worker
+        ]
+        if remote:
+            local_recovery.collect(d.instance_id, remote, kill_grace=self.config.kill_grace)
         if self.config.slots > 0:
             self.worker = Worker(
                 RunQueue(self.store),  # each run's lease is its lane's stale_timeout_s

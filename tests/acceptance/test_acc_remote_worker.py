@@ -178,6 +178,31 @@ def test_a_worker_restarted_at_once_settles_what_its_killed_process_held(
     jc.assert_no_task_processes()
 
 
+def test_a_host_crash_that_takes_daemon_and_worker_leaves_no_task_running(
+    jcpg: JobControl,
+) -> None:
+    """The daemon and a worker of its host killed together (an OOM killer, ``systemctl
+    kill``): the daemon's start found the worker gone and its run lost, but left the
+    task running, orphaned, for good; a new run of the tree then ran beside it."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    pid = sleeper_on(jc, "w9")
+    task = jc.marked(JOBCONTROL_JOB="sleeper")[0]
+    (daemon,) = jc.live_daemons()
+    os.kill(daemon, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not jc.live_daemons() and not procs.pid_alive(pid), WAIT)
+    assert procs.pid_alive(task), "the task outlives both"
+    jc.ok("daemon", "start", "--slots", "0")
+    assert wait_until(lambda: ended(jc, "sleeper"), WAIT), "not settled at the start"
+    run = ended(jc, "sleeper")
+    assert run is not None
+    assert (run["state"], run["exit_status"]) == ("lost", 255), run
+    assert "its worker w9 is gone" in run["reason"], run
+    assert wait_until(lambda: not procs.pid_alive(task), WAIT), "the lost run's task still runs"
+    jc.assert_no_task_processes()
+
+
 def outlive_the_dispatcher(
     jc: JobControl, worker: str, held: tuple[str, str], ends: tuple[str, str], gate: Path
 ) -> None:
