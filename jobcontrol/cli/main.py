@@ -818,7 +818,21 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
         else:
             print(f"no daemon is running for {redact(args.db)}")
         return 3  # LSB: program is not running
-    store = open_store(args.db, create=False)
+    url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
+    try:
+        store = open_store(args.db, create=False)
+    except JobControlError as exc:
+        # The daemon runs (its pid file says so) whether or not the database answers:
+        # said with the reason, and the exit status says it runs.
+        if args.json:
+            reply = {"running": True, "pid": live, "database": redact(args.db)}
+            reply |= {"log": str(opts.log_file), "api": f"{url}/api/v1" if url else None}
+            print(json.dumps({**reply, "database_problem": str(exc)}, indent=2))
+        else:
+            print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
+            print(f"admin API: {url}/api/v1" if url else "admin API: off")
+            print(f"database: UNAVAILABLE: {exc} (the daemon retries until it answers)")
+        return 0
     try:
         from jobcontrol.service.engine import Engine
 
@@ -828,7 +842,6 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
         stopped = engine.lanes.stopped()
     finally:
         store.dispose()
-    url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
     if args.json:
         status = {
             "running": True,

@@ -125,6 +125,11 @@ def test_the_daemon_rides_out_a_postgresql_outage(
         human = jc.run("status")
         assert human.returncode == 0, describe(human)
         assert "database: UNAVAILABLE since " in human.stdout, human.stdout
+        # The daemon runs: `daemon status` says so (0), with the database's problem.
+        daemon_status = jc.run("daemon", "status")
+        assert daemon_status.returncode == 0, describe(daemon_status)
+        assert daemon_status.stdout.startswith("daemon running: pid "), describe(daemon_status)
+        assert "database: UNAVAILABLE: " in daemon_status.stdout, describe(daemon_status)
         # A request that needs the database is refused, in one line, audit and all.
         refused = jc.run("run", "Ticker")
         assert refused.returncode != 0, describe(refused)
