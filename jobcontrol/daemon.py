@@ -542,6 +542,7 @@ class Daemon:
         from jobcontrol.service.engine import Engine
         from jobcontrol.service.eventlog import EventLog
         from jobcontrol.service.metrics import RunMetrics
+        from jobcontrol.service.users import known_tokens
 
         dispatcher = runtime.dispatcher
         self.eventlog = EventLog(dispatcher)
@@ -561,6 +562,7 @@ class Daemon:
             gauges=runtime.gauges,
             disk=self.opts.disk_space,
         )
+
         self.api = ApiServer(
             ctx,
             host=self.opts.host,
@@ -580,6 +582,12 @@ class Daemon:
             )
         # Only once it listens: a daemon that cannot serve leaves no token behind.
         self._token_file()
+        try:
+            # Tokens valid at the start read status and health through a later outage,
+            # used before it or not (README "Database outages").
+            ctx.known_users.update(known_tokens(self.store))
+        except StoreUnavailable as exc:
+            log.warning("the users' tokens were not read at the start: %s", exc)
         filemodes.write_private(self.opts.url_file, url + "\n")
 
     def _api_connections(self) -> int:

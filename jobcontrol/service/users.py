@@ -262,6 +262,14 @@ def new_token(
     return token
 
 
+def known_tokens(store: Store) -> dict[str, User]:
+    """Every user by its token's hash: what a daemon remembers from its start, so that a
+    token valid then still reads its status and health through an outage that begins
+    before it was used (a daemon restarted, then the database gone)."""
+    with store.read() as conn:
+        return {str(r.token_hash): _user(r) for r in q.all_users(conn) if r.token_hash}
+
+
 def list_users(store: Store) -> list[User]:
     with store.read() as conn:
         return [_user(r) for r in q.all_users(conn)]

@@ -372,3 +372,25 @@ def test_a_daemon_whose_lock_another_took_meanwhile_stops(
         assert "another Job Control daemon took" in log, log
         assert "so that no tree runs twice" in log
         jc.assert_no_task_processes()
+
+
+def test_an_outage_right_after_a_start_still_lets_known_tokens_read_the_daemon(
+    outage_jc: JobControl, own_server: PostgresServer
+) -> None:
+    """The token check needs the database: an outage that began before anyone used the
+    API after a start showed nothing (503 on /tree and /status, the admin client empty
+    and saying the daemon was lost). Every token valid at the start still reads."""
+    jc = outage_jc
+    jc.upgraded().load(write(jc.base / "trees.yaml", LONG))
+    jc.ok("daemon", "start")
+    own_server.halt()  # before any request used the token
+    try:
+        status = jc.run("status")
+        assert status.returncode == 0, describe(status) + jc.daemon_log()
+        assert "database: UNAVAILABLE since " in status.stdout, status.stdout
+        listing = jc.run("ls")
+        assert listing.returncode == 0, describe(listing)
+        assert "Long" in listing.stdout
+    finally:
+        own_server.resume()
+    jc.ok("daemon", "stop")
