@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
 from jobcontrol.api.deps import ApiContext, Context, env_for, require
+from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import DB_LOG, RunRecord
 from jobcontrol.service.users import Action, User
 
@@ -129,12 +130,23 @@ async def _follow(
 ) -> AsyncIterator[bytes]:
     """The log from ``offset`` as it grows; ends once the run is final and all is sent."""
     delay = FOLLOW_POLL_MIN
+    path: str | None = None
     while True:
         # The state first: a final run's log is complete, so an empty read after it is the end.
-        run = await run_in_threadpool(_get_run, ctx, run_id)
-        final = run is None or run.state.is_final
-        path = run.log_path if run is not None else None
-        chunk = await run_in_threadpool(_read_from, ctx, run_id, path, offset) if path else None
+        # While the database is away the run goes on (its end waits for the database),
+        # and so does the stream: a file log is still read from the path last known, and
+        # the client hears of the outage from the event stream, not from a cut stream.
+        away = False
+        try:
+            run = await run_in_threadpool(_get_run, ctx, run_id)
+            final = run is None or run.state.is_final
+            path = run.log_path if run is not None else None
+        except StoreUnavailable:
+            away, final = True, False
+        try:
+            chunk = await run_in_threadpool(_read_from, ctx, run_id, path, offset) if path else None
+        except StoreUnavailable:  # a log kept in the database
+            away, chunk = True, None
         if chunk:
             offset += len(chunk)
             delay = FOLLOW_POLL_MIN
@@ -142,7 +154,7 @@ async def _follow(
             continue
         if final or await request.is_disconnected():
             return
-        await asyncio.sleep(delay)
+        await asyncio.sleep(FOLLOW_POLL_MAX if away else delay)
         delay = min(delay * 2, FOLLOW_POLL_MAX)
 
 

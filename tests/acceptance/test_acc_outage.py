@@ -394,3 +394,50 @@ def test_an_outage_right_after_a_start_still_lets_known_tokens_read_the_daemon(
     finally:
         own_server.resume()
     jc.ok("daemon", "stop")
+
+
+CHATTY = """\
+jobs:
+  - name: chat
+    active: true
+    command: "for i in $(seq 1 8); do echo line-$i; read x < GATE; done; echo all-done"
+"""
+
+
+def test_a_followed_log_goes_on_through_an_outage(
+    outage_jc: JobControl, own_server: PostgresServer
+) -> None:
+    """``logs -f`` (and the admin client's log pane) stopped for good at an outage with
+    "lost the daemon", though the daemon and the run went on."""
+    jc = outage_jc
+    gate = jc.base / "gate.fifo"
+    os.mkfifo(gate)
+    jc.upgraded().load(write(jc.base / "chat.yaml", CHATTY.replace("GATE", str(gate))))
+    jc.ok("daemon", "start")
+    jc.ok("run", "chat")
+    assert wait_until(lambda: [r["state"] for r in jc.history("chat")] == ["running"], 10)
+    out = jc.base / "follow.out"
+    follower = jc.popen("logs", "chat", "-f", output=out, errors=jc.base / "follow.err")
+
+    def release_until(seen: str) -> None:
+        """One line to the task at a time (two writes before its next read would be
+        one), until the follower has shown ``seen``."""
+        while seen not in out.read_text():
+            shown = out.read_text()
+            with open(gate, "w") as g:
+                g.write("go\n")
+            assert wait_until(lambda shown=shown: out.read_text() != shown, 15), shown
+
+    assert wait_until(lambda: "line-1" in out.read_text(), 15), out.read_text()
+    release_until("line-3")
+    own_server.halt()
+    try:
+        release_until("line-6")  # the task goes on writing while the database is away
+        assert follower.poll() is None, (jc.base / "follow.err").read_text()
+    finally:
+        own_server.resume()
+    release_until("all-done")
+    assert follower.wait(30) == 0, (jc.base / "follow.err").read_text()
+    text = out.read_text()
+    assert [f"line-{i}" for i in range(1, 9)] + ["all-done"] == text.split(), text
+    jc.ok("daemon", "stop")
