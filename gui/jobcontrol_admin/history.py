@@ -47,7 +47,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from jobcontrol.client import ApiError, Client, Event, StreamHandle
+from jobcontrol.client import ApiError, Client, DaemonUnreachableError, Event, StreamHandle
 from jobcontrol_admin.formats import (
     format_bytes,
     format_cpu,
@@ -460,6 +460,11 @@ class HistoryPanel(QWidget):
         self.table.selectRow(row)
         return True
 
+    def retry_unread(self) -> None:
+        """The connection is live again: the runs a lost daemon kept from us are read."""
+        if self._unread is not None and self.job_id is not None and not self._closed:
+            self.show_job(self.job_id, self.job_name)
+
     def on_events(self, events: list[Event]) -> None:
         """Change or insert the rows of the shown job's runs that started or ended."""
         if self.job_id is None or self._closed:
@@ -501,9 +506,12 @@ class HistoryPanel(QWidget):
                 # Deleted while the page was on its way: the tree drops it next.
                 self.count_label.setText(f"{self.job_name or job_id} no longer exists")
                 return
-            if isinstance(exc, ApiError) and exc.status == 503:
-                # The daemon's database does not answer (the status bar says so): said
-                # here, not in a dialog at each job selected, and read again once it does.
+            if (isinstance(exc, ApiError) and exc.status == 503) or isinstance(
+                exc, DaemonUnreachableError
+            ):
+                # The daemon's database, or the daemon, does not answer (the status bar
+                # says so): said here, not in a dialog at each job selected, and read
+                # again once it does (``on_events``, ``retry_unread``).
                 self._unread = f"runs not read: {exc}"
                 self._update_count()
                 return
@@ -549,7 +557,9 @@ class HistoryPanel(QWidget):
             text = f"{n} run{'' if n == 1 else 's'} shown"
         self.count_label.setText(text)
         self.count_label.setToolTip(
-            "Read again when the database answers." if self._unread is not None else ""
+            "Read again when the daemon and its database answer."
+            if self._unread is not None
+            else ""
         )
         self.older_button.setEnabled(self._next is not None and not self._loading)
 

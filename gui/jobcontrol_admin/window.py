@@ -528,6 +528,8 @@ class MainWindow(QMainWindow):
             self.connection_label.setText(f"Live: {url}{caught}")
             if previous != "live" and self.session is not None:
                 self._read_status(failed=lambda _e: None)
+                if self.history is not None:
+                    self.history.retry_unread()
         elif state == "lost":
             self._lost_since_live = True
             detail = f": {message}" if message else ""

@@ -646,3 +646,24 @@ def test_an_operator_runs_and_kills_but_cannot_edit(
         assert not error_texts(window)
     finally:
         window.close()
+
+
+def test_a_job_selected_while_the_daemon_is_down_says_its_runs_were_not_read(
+    qtbot: Any, admin_daemon: AdminDaemon, window: MainWindow, client: Client
+) -> None:
+    """With the daemon stopped, each job clicked opened a "History of ..." dialog and the
+    runs panel said "no runs yet" of a job with runs. It says they were not read, and
+    why, in place (the status bar says the connection is lost)."""
+    client.create_job("ran", "task", command="true")
+    client.run_now("ran")
+    wait_shown(qtbot, window, "ran", exit_status=0)
+    admin_daemon.jc.ok("daemon", "stop")
+    qtbot.waitUntil(lambda: window.connection_state == "lost", timeout=WAIT_MS)
+    select(window, "ran")
+    history = window.history
+    assert history is not None
+    qtbot.waitUntil(
+        lambda: history.count_label.text().startswith("runs not read: "), timeout=WAIT_MS
+    )
+    assert "no runs yet" not in history.count_label.text()
+    assert error_texts(window) == []
