@@ -624,9 +624,21 @@ def _refuse_unprepared(db: str) -> None:
 
 
 def _require_schema(store: Store) -> None:
-    if store.current_revision() is None:
+    from jobcontrol.service.dbcopy import head_revision
+
+    revision = store.current_revision()
+    if revision is None:
         raise JobControlError(
             f"{redact(store.url)} has no Job Control schema yet: run `jobcontrol db upgrade`"
+        )
+    head = head_revision()
+    if revision != head:
+        # Read with this version's columns, an older schema fails on the first one it
+        # lacks ("no such column: job.retries"): said as what it is.
+        raise JobControlError(
+            f"{redact(store.url)} is at schema revision {revision}, and this version of "
+            f"Job Control reads {head}: run `jobcontrol db upgrade` (a daemon's start does "
+            "it too), or use the version that made it"
         )
 
 

@@ -319,6 +319,12 @@ def test_upgrade_waits_for_the_daemon_of_an_older_schema_to_stop(jc_sqlite: JobC
             cfg = alembic_config(jc.url)
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, "0003")  # any revision before the newest
+        # An offline read of the older schema says what it is, not a missing column.
+        for command_line in (("ls",), ("history", "x"), ("export",)):
+            stale = jc.fails(*command_line)
+            assert "is at schema revision 0003" in stale.stderr, describe(stale)
+            assert "run `jobcontrol db upgrade`" in stale.stderr, describe(stale)
+            assert "no such column" not in stale.stderr
         daemon = DatabaseLease(store)  # what an older daemon holds while it runs
         daemon.acquire()
         try:
