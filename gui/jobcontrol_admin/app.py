@@ -8,11 +8,12 @@ connects at once; otherwise, or with ``--ask``, it opens the connection dialog.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 from pathlib import Path
 
-from jobcontrol.client.locate import token_option_warning
+from jobcontrol.client.locate import daemon_url, token_option_warning
 
 # What to say when Qt is not installed (the entry point is installed with or without it).
 NO_QT = (
@@ -65,6 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     window.show()
     found = find(args.url, args.token, args.db, args.state_dir)
     if found.url and found.token and not args.ask:
+        if found.url_source.startswith("the daemon's URL file"):
+            window.rediscover = functools.partial(daemon_url, args.db, args.state_dir)
         window.connect_to(Session(found.url, found.token))
     else:
         window.open_connection_dialog(found)

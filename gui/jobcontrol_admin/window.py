@@ -94,6 +94,9 @@ class MainWindow(QMainWindow):
         self.resize(1200, 700)
         self.settings = settings or QSettings(self.SETTINGS_ORG, self.SETTINGS_APP, self)
         self.session: Session | None = None
+        # Where the daemon's address was found, read again while the connection is lost
+        # (None: it was given, --url or the dialog: it stays as given).
+        self.rediscover: Callable[[], str | None] | None = None
         self.feed: EventFeed | None = None
         self.properties: PropertiesPanel | None = None
         self.history: HistoryPanel | None = None
@@ -534,12 +537,38 @@ class MainWindow(QMainWindow):
             self._lost_since_live = True
             detail = f": {message}" if message else ""
             self.connection_label.setText(f"Connection to {url} lost{detail} — reconnecting…")
+            if self._follow_url_file():
+                return
         elif state == "refused":
             self.connection_label.setText(f"Refused by {url}: {message}")
             self.show_error("Connection refused", message)
         else:
             self.connection_label.setText(f"Connecting to {url}…")
         self.update_actions()
+
+    def _follow_url_file(self) -> bool:
+        """A daemon found through its URL file may come back on another port (one
+        started without --port takes a free one when 8640 is taken): while the
+        connection is lost, the file is read again, and a new address is connected to.
+        True when it switched."""
+        if self.rediscover is None or self.session is None:
+            return False
+        try:
+            found = self.rediscover()
+        except Exception as exc:  # an unreadable file: the reconnection goes on as it was
+            log.warning("the daemon's URL file was not read again: %s", exc)
+            return False
+        if not found or found == self.session.url:
+            return False
+        log.info("the daemon is at %s now (its URL file): connecting there", found)
+        lost, token = self.session, self.session.token
+
+        def switch() -> None:  # after the feed's signal: it goes with the old session
+            if self.session is lost and self.connection_state == "lost":
+                self.connect_to(Session(found, token))
+
+        QTimer.singleShot(0, switch)
+        return True
 
     def _read_status(self, *, failed: Callable[[Exception], None] | None) -> None:
         """Ask the daemon's status; show it when it answers."""

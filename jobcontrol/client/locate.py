@@ -90,6 +90,13 @@ def _db_url(db: str | None) -> str:
     return places.normalise_url(db or os.environ.get("JOBCONTROL_DB") or places.default_db_path())
 
 
+def daemon_url(db: str | None, state_dir: Path | None) -> str | None:
+    """The address of the live local daemon of ``db`` as its URL file says now (None when
+    none runs): a client that found it there reads it again to follow a restart."""
+    target = find_daemon(None, _db_url(db), state_dir)
+    return target.url if target is not None else None
+
+
 def locate(
     url: str | None = None,
     token: str | None = None,

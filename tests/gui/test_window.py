@@ -667,3 +667,29 @@ def test_a_job_selected_while_the_daemon_is_down_says_its_runs_were_not_read(
     )
     assert "no runs yet" not in history.count_label.text()
     assert error_texts(window) == []
+
+
+def test_a_daemon_found_by_its_url_file_is_followed_to_its_new_port(
+    qtbot: Any, admin_daemon: AdminDaemon, window: MainWindow
+) -> None:
+    """A daemon started without --port takes a free port when 8640 is taken: the client
+    that found it through its URL file showed "reconnecting…" for good, with stale data,
+    after a restart on another port. It reads the file again and follows it."""
+    from jobcontrol.client.locate import daemon_url
+
+    jc = admin_daemon.jc
+    window.rediscover = lambda: daemon_url(jc.url, jc.state_dir)
+    assert window.rediscover() == admin_daemon.url
+    jc.ok("daemon", "stop")
+    qtbot.waitUntil(lambda: window.connection_state == "lost", timeout=WAIT_MS)
+    jc.ok("daemon", "start", "--port", "0")  # any free port: not the one it had
+    moved = window.rediscover()
+    assert moved is not None
+    assert moved != admin_daemon.url
+    qtbot.waitUntil(
+        lambda: window.session is not None
+        and window.session.url == moved
+        and window.connection_state == "live",
+        timeout=WAIT_MS * 2,
+    )
+    assert window.connection_label.text().startswith(f"Live: {moved}")
