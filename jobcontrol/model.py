@@ -11,6 +11,14 @@ from typing import Any, TypeVar
 from jobcontrol.errors import UnknownJobError
 
 DISPATCHER_USER = "jobdispatcher"
+# The daemon's own worker is named after its host and pid, with this at the end.
+EMBEDDED_WORKER_SUFFIX = ":embedded"
+
+
+def embedded_worker_name(host: str, pid: int) -> str:
+    return f"{host}:{pid}{EMBEDDED_WORKER_SUFFIX}"
+
+
 # Who a run its timer started was requested by (the runs' ``requested_by``, shown as
 # Who/BY); a restart-armed run is the restarting user's, a manual one its user's.
 TIMER_USER = "timer"

@@ -31,5 +31,5 @@ async def audit_trail(
     entries = await run_in_threadpool(
         audit.list_entries, ctx.store, limit=limit, before_id=before, user=user, job=job
     )
-    more = len(entries) == limit and entries
-    return {"entries": [e.as_dict() for e in entries], "next": entries[-1].id if more else None}
+    following = entries[-1].id if len(entries) == limit else None  # limit >= 1
+    return {"entries": [e.as_dict() for e in entries], "next": following}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import math
 import typing
@@ -246,20 +248,18 @@ async def _refuse_early(
     send: Send,
 ) -> None:
     action, params = least
-    message = f"user {user.name!r} has role {user.role}, which may not {action.says}"
     jobs: list[Any] = [params["job"]] if "job" in params else []
+    fields: set[str] = set()
     body = await _read_some(receive, EARLY_BODY_WAIT, EARLY_BODY_MAX)
     if body is not None:
         named, fields = _named(body)
         jobs += named
-        if fields:
-            message += f" (fields: {', '.join(sorted(fields))})"
-    if action is not Action.READ:
-        operation = f"{scope['method']} {scope['path']}"
-        try:
-            await run_in_threadpool(ctx.engine.record_refusal, user.name, operation, jobs, message)
-        except JobControlError as exc:
-            log.warning("the refusal of %s for %s was not audited: %s", operation, user.name, exc)
+    message = may_not(user, action, fields)
+    operation = f"{scope['method']} {scope['path']}"  # never READ: every role may read
+    try:
+        await run_in_threadpool(ctx.engine.record_refusal, user.name, operation, jobs, message)
+    except JobControlError as exc:
+        log.warning("the refusal of %s for %s was not audited: %s", operation, user.name, exc)
     headers = {} if body is not None else {"connection": "close"}
     await http_error_response(HTTPException(403, message, headers=headers))(scope, receive, send)
 
@@ -267,8 +267,6 @@ async def _refuse_early(
 async def _read_some(receive: Receive, wait: float, most: int) -> bytes | None:
     """The request's body, if all of it (at most ``most`` bytes) arrives within ``wait``
     seconds; None otherwise."""
-    import asyncio
-
     chunks: list[bytes] = []
     size = 0
 
@@ -296,8 +294,6 @@ async def _read_some(receive: Receive, wait: float, most: int) -> bytes | None:
 def _named(body: bytes) -> tuple[list[Any], set[str]]:
     """The jobs a JSON body names (``jobs``, ``changes[].job``, a new job's ``name``) and
     the fields its ``changes`` set."""
-    import json
-
     try:
         data = json.loads(body)
     except ValueError:
@@ -319,6 +315,12 @@ def _named(body: bytes) -> tuple[list[Any], set[str]]:
     return jobs[:100], set(sorted(fields)[:50])
 
 
+def may_not(user: User, action: Action, fields: Iterable[str] = ()) -> str:
+    """What a 403 says: who, with which role, may not do what (and which fields)."""
+    message = f"user {user.name!r} has role {user.role}, which may not {action.says}"
+    return f"{message} (fields: {', '.join(sorted(fields))})" if fields else message
+
+
 def require(action: Action) -> Callable[..., User]:
     """A dependency: the authenticated user, who must be allowed ``action`` (401 / 403 otherwise)."""
 
@@ -329,7 +331,7 @@ def require(action: Action) -> Callable[..., User]:
         if user is None:  # an app without the TokenGate
             user = authenticated_user(ctx, authorization)
         if not user.can(action):
-            message = f"user {user.name!r} has role {user.role}, which may not {action.says}"
+            message = may_not(user, action)
             if action is not Action.READ:  # a refused change belongs in the audit trail
                 audit.record(
                     ctx.store,

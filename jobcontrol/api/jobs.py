@@ -23,7 +23,15 @@ from jobcontrol.api.bodies import (
     NewJobBody,
     OnErrorBody,
 )
-from jobcontrol.api.deps import ApiContext, Context, NoBody, env_for, least_action, require
+from jobcontrol.api.deps import (
+    ApiContext,
+    Context,
+    NoBody,
+    env_for,
+    least_action,
+    may_not,
+    require,
+)
 from jobcontrol.api.runs import run_json
 from jobcontrol.errors import ValidationError, clip
 from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
@@ -109,10 +117,7 @@ def modify_jobs(ctx: Context, body: ModifyBody, user: Viewer, request: Request) 
     action = Action.for_fields(fields)
     if not user.can(action):
         refused = fields - {"active"} if user.can(Action.ACTIVATE) else fields
-        message = (
-            f"user {user.name!r} has role {user.role}, which may not {action.says} "
-            f"(fields: {', '.join(sorted(refused))})"
-        )
+        message = may_not(user, action, refused)
         # Refused like any other change the role may not make, so audited like one.
         operation = f"{request.method} {request.url.path}"
         ctx.engine.record_refusal(user.name, operation, [c.job for c in body.changes], message)

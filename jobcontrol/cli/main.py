@@ -24,7 +24,7 @@ from jobcontrol.cli import worker as cli_worker
 from jobcontrol.client.locate import find_daemon, token_option_warning
 from jobcontrol.errors import AlreadyRunningError, JobControlError, OptionError
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.model import LOG_STORES, TASK_LOGS_ENV
+from jobcontrol.model import LOG_STORES, TASK_LOGS_ENV, embedded_worker_name
 from jobcontrol.places import (
     default_config_dir,
     default_db_path,
@@ -722,7 +722,7 @@ def _containment(workers: list[dict[str, Any]], pid: int) -> str:
     """How the running daemon (``pid``) contains task runs, as its embedded worker said."""
     import socket
 
-    mine = [w for w in workers if w["name"] == f"{socket.gethostname()}:{pid}:embedded"]
+    mine = [w for w in workers if w["name"] == embedded_worker_name(socket.gethostname(), pid)]
     live = [w for w in mine if w["stopped"] is None]
     if not live:
         return "none: this daemon runs no tasks (--slots 0)" if not mine else "unknown"

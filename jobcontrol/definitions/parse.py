@@ -460,7 +460,8 @@ def _parse_env(p: _Parser, node: Node, job: str) -> dict[str, str]:
 
 _FieldParser = Callable[[_Parser, Node, str], Any]
 # The fields whose limits an edit's check adds to the file's own (lengths, sizes).
-_EDIT_CHECKED = frozenset({"description", "timer", "queue", "timeout_s", "cwd", "env"})
+# (A queue's parser checks the same rule as an edit, ``queue_name_problem``.)
+_EDIT_CHECKED = frozenset({"description", "timer", "timeout_s", "cwd", "env"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _FIELD_PARSERS: dict[str, tuple[str, _FieldParser]] = {
     "description": ("description", _parse_description),

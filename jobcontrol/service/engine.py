@@ -771,31 +771,20 @@ def _unarm_edited(
     stored is one a daemon armed, kept across its restart (``Evaluator.start_due``)."""
     touched = {j for j, fields in change.modified.items() if fields & RESCHEDULING_FIELDS}
     touched |= set(change.created) | set(change.deleted)
-    if not touched:
-        return
-
-    def top(job_id: int | None, parent_of: Callable[[int], int | None]) -> int | None:
-        seen = 0
-        while job_id is not None and seen < 10_000:
-            up = parent_of(job_id)
-            if up is None:
-                return job_id
-            job_id, seen = up, seen + 1
-        return job_id
-
-    def now_parent(j: int) -> int | None:
-        entry = struct.by_id.get(j)
-        return entry.parent_id if entry is not None else None
-
-    unarmed: set[int] = set()
+    unarmed = set(touched)
     for job_id in touched:
-        unarmed.add(job_id)
-        for found in (top(job_id, parents.get), top(job_id, now_parent)):
-            if found is not None:
-                unarmed.add(found)
-    alive = unarmed - set(change.deleted)
-    for job_id in sorted(alive):
+        if job_id in parents:  # the tree it was in (a move or a delete took it out)
+            unarmed.add(_top(job_id, parents.__getitem__))
+        if job_id in struct.by_id:  # the tree it is in
+            unarmed.add(_top(job_id, lambda j: struct.by_id[j].parent_id))
+    for job_id in sorted(unarmed - set(change.deleted)):
         queries.write_next_runs(conn, job_id, None)
+
+
+def _top(job_id: int, parent_of: Callable[[int], int | None]) -> int:
+    while (up := parent_of(job_id)) is not None:
+        job_id = up
+    return job_id
 
 
 def _drop_aheads(conn: Connection, change: EditChange) -> None:

@@ -63,6 +63,7 @@ from jobcontrol.model import (
     TIMEOUT_STATUS,
     RunRecord,
     RunState,
+    embedded_worker_name,
 )
 from jobcontrol.outage import Backoff, Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
@@ -286,7 +287,7 @@ class Worker:
         self.instance_id = instance_id
         self._marker_extra = dict(marker or {})
         self.host = socket.gethostname()
-        self.name = name or f"{self.host}:{os.getpid()}:embedded"
+        self.name = name or embedded_worker_name(self.host, os.getpid())
         if groups is None:
             groups = [SlotGroup(tuple(queues), slots)] if queues else every_queue(slots)
         # One lock guards the worker's state. Its workloops, its heartbeat when stopping

@@ -18,7 +18,7 @@ from jobcontrol.errors import BadUserNameError
 from jobcontrol.service.audit import list_entries
 from jobcontrol.service.users import add_user
 from tests.api.conftest import Api
-from tests.integration.helpers import box, task
+from tests.integration.helpers import box, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -220,21 +220,23 @@ def test_exports_wait_their_turn_two_at_a_time(api: Api, monkeypatch: pytest.Mon
     api.jc.create(box("Top"), *(task(f"t{i}", "true", "Top") for i in range(20)))
     real = api_definitions.export_definitions
     lock = threading.Lock()
+    release = threading.Event()
     running, most = 0, 0
 
-    def counted(*args: Any, **kwargs: Any) -> str:
+    def held(*args: Any, **kwargs: Any) -> str:
+        """An export that waits for the test's word, so that all twelve are asked at once."""
         nonlocal running, most
         with lock:
             running += 1
             most = max(most, running)
         try:
-            time.sleep(0.05)  # long enough that twelve requests overlap
+            release.wait(30)
             return real(*args, **kwargs)
         finally:
             with lock:
                 running -= 1
 
-    monkeypatch.setattr(api_definitions, "export_definitions", counted)
+    monkeypatch.setattr(api_definitions, "export_definitions", held)
     server = ApiServer(api.ctx, port=0)
     url = server.start()
     try:
@@ -247,9 +249,18 @@ def test_exports_wait_their_turn_two_at_a_time(api: Api, monkeypatch: pytest.Mon
         threads = [threading.Thread(target=one) for _ in range(12)]
         for t in threads:
             t.start()
+
+        def all_asked() -> bool:
+            limiter = api.ctx.export_limiter
+            return limiter is not None and limiter.statistics().tasks_waiting == 10
+
+        poll_until("ten exports waiting for the two running", all_asked)
+        assert (running, most) == (api_definitions.EXPORTS_AT_ONCE,) * 2
+        release.set()
         for t in threads:
             t.join(30)
     finally:
+        release.set()
         server.stop()
     assert answers == [200] * 12
     assert most == api_definitions.EXPORTS_AT_ONCE
