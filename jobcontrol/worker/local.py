@@ -754,8 +754,11 @@ class Worker:
             with self._cond:
                 announced, self._lanes_told = self._lanes_told and not stopping, False
                 hurried, self._busy_news = self._busy_news, False
-            if hurried:
-                # Runs claimed since an idle beat: their leases want the busy beat.
+                busy = not self._beating_idle
+            if hurried or busy:
+                # Runs claimed since an idle beat, or runs held: their leases want the
+                # busy beat, as the lanes say now (a lease shortened since the last beat,
+                # a run claimed under it: the next beat comes sooner than was planned).
                 next_beat = min(next_beat, beaten + self.heartbeat_interval)
             if time.monotonic() >= next_beat:
                 if self._watch is not None:
@@ -785,10 +788,12 @@ class Worker:
             if not stopping and (announced or time.monotonic() >= next_lanes):
                 # The lanes when told, and as a back-up whatever the groups' back-off: a
                 # change lets every group look again at once (``_follow_groups``).
-                self._reread_lanes(unless_unwritten=not announced)
+                changed = self._reread_lanes(unless_unwritten=not announced)
                 self._report_groups()
                 looked = time.monotonic()
                 next_lanes = looked + self._lanes_every()
+                if changed:
+                    continue  # its beat may be due sooner now: planned again at the top
             if self._stop.is_set():
                 # Stopping: keep the leases of the runs still in hand until they are recorded.
                 with self._cond:

@@ -27,6 +27,7 @@ from jobcontrol.store.runqueue import RunQueue, get_worker
 from jobcontrol.worker import Worker
 from tests.acceptance.harness import wait_until
 from tests.integration.helpers import Gate
+from tests.integration.test_lanes_runqueue import set_lane
 from tests.integration.test_slot_groups import queue_run, state_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -215,6 +216,46 @@ def test_an_idle_worker_that_met_an_outage_tries_again_at_the_busy_beat(
         blocker.close()
     worker.wait_for("the database again", lambda: not worker.outage.down, WAIT)
     assert worker.beats >= 2
+
+
+def test_a_lease_shortened_while_a_run_is_held_brings_the_next_beat_forward(
+    db_url: str, tmp_path: Path, stores: list[Store], workers: list[Worker]
+) -> None:
+    """The beat follows the lane's lease as it is now: a worker that planned its next
+    beat a third of a 60-s lease on must not keep that plan once the lease is 1.5 s,
+    or the runs it holds are settled lost while they run."""
+    store = a_store(db_url, stores)
+    set_lane(store, "default", stale_timeout_s=60.0)
+    worker = Worker(  # its beat from the lanes, as the daemon's embedded worker's is
+        RunQueue(store),
+        clock=SystemClock(),
+        log_root=tmp_path / "follower",
+        instance_id="idle-test",
+        name="follower",
+        slots=1,
+        idle_heartbeat=IDLE,
+    )
+    worker.start()
+    workers.append(worker)
+    worker.wait_for("a first beat", lambda: worker.beats >= 1, WAIT)
+    gate = Gate(tmp_path / "gate.fifo")
+    try:
+        run_id = queue_run(store, "held", gate.command, queue="default")
+        worker.wake()
+        worker.wait_for("the run claimed", lambda: run_id in worker.groups()[0].runs, WAIT)
+        first = lease_until(store, run_id)  # 60 s on: the next beat was planned 20 s on
+        beats = worker.beats
+        set_lane(store, "default", stale_timeout_s=1.5)
+        worker.wait_for(
+            "the lease renewed at the new length",
+            lambda: lease_until(store, run_id) != first,
+            WAIT / 2,  # well short of the 20 s planned under the old lease
+        )
+        assert worker.heartbeat_interval == 0.5
+        assert worker.beats > beats
+    finally:
+        worker.kill_all("test over")
+        gate.close()
 
 
 @pytest.mark.postgres
