@@ -171,10 +171,17 @@ def _timeout_value(text: str) -> float | str | None:
 
 
 def _env_value(text: str) -> dict[str, str]:
+    """``NAME=value`` lines as a mapping; a line without ``=`` is refused (ValueError),
+    not taken as a variable set to nothing."""
     env: dict[str, str] = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            name, _, value = line.partition("=")
+            name, equals, value = line.partition("=")
+            if not equals:
+                raise ValueError(
+                    f"line {number} ({line.strip()[:40]!r}) has no '=': write NAME=value, "
+                    "one a line"
+                )
             env[name.strip()] = value
     return env
 
@@ -285,6 +292,9 @@ class PropertiesPanel(QWidget):
         self.job_id: int | None = None
         self.detail: dict[str, Any] | None = None  # the stored fields the form shows
         self.conflicts: set[int] = set()  # jobs whose pending changes the daemon refused as stale
+        # Fields of the shown job whose text cannot be read (a line of env without "="),
+        # with why: nothing is applied while there are any.
+        self.invalid: dict[str, str] = {}
         self.applying = False
         self.fetching = False
         self._request = 0  # the number of the latest fetch; older answers are stale
@@ -451,6 +461,7 @@ class PropertiesPanel(QWidget):
     def _fill(self, detail: dict[str, Any] | None) -> None:
         """Show the stored fields of ``detail`` with the job's pending values over them."""
         self.detail = detail
+        self.invalid.clear()  # the text that could not be read goes with the form's
         self._loading = True
         try:
             stored = detail or {}
@@ -500,12 +511,17 @@ class PropertiesPanel(QWidget):
                 self._loading = False
             self.zone.setEnabled(bool(timer))
         detail = self.detail
+        try:
+            value = self.editors[key].read()
+        except ValueError as exc:
+            self.invalid[key] = f"{self.labels[key].text()}: {exc}"
+            self._say(self.invalid[key])
+            self._show_pending()
+            return
+        if self.invalid.pop(key, None) is not None:
+            self._say(next(iter(self.invalid.values()), ""))
         self.pending.set(
-            int(detail["id"]),
-            int(detail["version"]),
-            key,
-            self.editors[key].read(),
-            original=detail.get(key),
+            int(detail["id"]), int(detail["version"]), key, value, original=detail.get(key)
         )
 
     def _zone_edited(self, zone: str) -> None:
@@ -538,7 +554,7 @@ class PropertiesPanel(QWidget):
             self.title.setText(f"{self.detail.get('name', '')}{conflict}")
         count, jobs = self.pending.count(), len(self.pending.jobs())
         self.pending_label.setText(pending_text(count, jobs))
-        self.apply_button.setEnabled(bool(count) and not self.applying)
+        self.apply_button.setEnabled(bool(count) and not self.applying and not self.invalid)
         self.revert_button.setEnabled(bool(count) and not self.applying)
         self.reload_button.setEnabled(bool(fields) and not self.applying)
 
@@ -569,6 +585,9 @@ class PropertiesPanel(QWidget):
         """Send every pending change as one batch; on success drop them and re-fetch."""
         batch = self.pending.batch()
         if self._closed or not batch or self.applying:
+            return
+        if self.invalid:
+            self._say(next(iter(self.invalid.values())))
             return
         self.applying = True
         self.form.setEnabled(False)  # nothing changes under the batch in flight

@@ -372,6 +372,31 @@ def test_a_refused_value_shows_the_daemons_reason_and_stays_pending(ui: Ui) -> N
     assert ui.client.job(t1)["timer"] == "every 10m"
 
 
+def test_an_env_line_without_equals_is_refused_in_the_form_and_nothing_is_sent(ui: Ui) -> None:
+    t1 = ui.create("t1", command="true")
+    panel = ui.panel
+    ui.show(t1)
+    edit(ui.qtbot, panel, "env", "A=1")
+    assert panel.pending.fields(t1) == {"env": {"A": "1"}}
+    assert panel.apply_button.isEnabled()
+    # A line without "=" is not a variable set to nothing: it is refused, with its line.
+    edit(ui.qtbot, panel, "env", "A=1\nFOO")
+    assert panel.message.isVisible()
+    assert "Environment: line 2 ('FOO') has no '='" in panel.message.text()
+    assert not panel.apply_button.isEnabled()
+    panel.apply()  # as a shortcut would: still nothing goes
+    assert not panel.applying
+    stored = ui.client.job(t1)
+    assert (stored["env"], stored["version"]) == ({}, 1)
+    # Corrected, it is applied and the message goes.
+    edit(ui.qtbot, panel, "env", "A=1\nFOO=")
+    assert panel.message.isHidden()
+    assert panel.apply_button.isEnabled()
+    ui.apply()
+    ui.wait_shown(t1, version=2)
+    assert ui.client.job(t1)["env"] == {"A": "1", "FOO": ""}
+
+
 def test_the_time_zone_combo_rewrites_the_timers_tz_suffix(ui: Ui) -> None:
     t1 = ui.create("t1", timer="daily 22:56")
     t2 = ui.create("t2")
