@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 LOGGER = "jobcontrol"  # the logger whose level setLogLevel (spec 11) changes
+# /healthz: a dispatcher on one event this long (the database answering) schedules
+# nothing meanwhile: 503. A handler takes milliseconds; a SQLite lock held by another
+# process holds one up for the busy timeout at most (30 s), then it is an outage.
+STUCK_S = 60.0
+# /healthz: a timer fired this late within the last minute or two says the dispatcher
+# is behind (a flood of work, a starved host): said in the body, still 200.
+LATE_S = 5.0
 
 
 class LogLevel(enum.StrEnum):
@@ -51,7 +58,10 @@ def healthz(ctx: Context) -> JSONResponse:
 
     Low disk space is said in the body (``status: low disk space``) but keeps 200: the
     daemon still records every run, and a restart would not free a byte. So are lines of
-    the daemon's own log that could not be written (``status: log not written``).
+    the daemon's own log that could not be written (``status: log not written``), and
+    timers that fired ``LATE_S`` or more after their time lately (``status: timers
+    late``: the dispatcher is behind). A dispatcher on one event for ``STUCK_S`` is
+    503 (``status: dispatcher stuck``): it schedules nothing meanwhile.
     """
     if not ctx.engine.running:
         return JSONResponse({"status": "stopped"}, status_code=503)
@@ -59,6 +69,22 @@ def healthz(ctx: Context) -> JSONResponse:
     if not db["ok"]:
         body = {"status": "database unavailable", "reason": db["error"], "since": _iso(db["since"])}
         return JSONResponse(body, status_code=503)
+    alive = ctx.engine.dispatcher_liveness()
+    if alive["handler_s"] >= STUCK_S:
+        reason = (
+            f"the dispatcher has been on one event for {alive['handler_s']:.0f}s: no timer "
+            "fires and no run's end is reacted to meanwhile (a database that holds it up, "
+            "or a fault: see the daemon's log)"
+        )
+        return JSONResponse({"status": "dispatcher stuck", "reason": reason}, status_code=503)
+    late = (
+        [
+            f"timers late: one fired {alive['timer_late_s']:.1f}s after its time within the "
+            "last minute (the dispatcher is behind: too much work at once, or a starved host)"
+        ]
+        if alive["timer_late_s"] >= LATE_S
+        else []
+    )
     stopped = _stopped_lanes(ctx)
     troubled = _workers_with_log_problems(ctx)
     unserved = _unserved(ctx, "/healthz")
@@ -71,7 +97,7 @@ def healthz(ctx: Context) -> JSONResponse:
         if lost is not None and lost.pending
         else []
     )
-    if ctx.disk is None and not stopped and not troubled and not unserved and not unlogged:
+    if not (ctx.disk or stopped or troubled or unserved or unlogged or late):
         return JSONResponse({"status": "ok"})
     spaces = ctx.disk() if ctx.disk is not None else {}
     low = [space.describe() for space in spaces.values() if space.low]
@@ -80,6 +106,7 @@ def healthz(ctx: Context) -> JSONResponse:
     # its runs go on, and the output it could not keep is said in the run's reason.
     problems = [
         *low,
+        *late,
         *unlogged,
         *(f"lane {s['name']} STOPPED: {s['reason']}" for s in stopped),
         *(
@@ -92,6 +119,8 @@ def healthz(ctx: Context) -> JSONResponse:
     status = "ok"
     if low:
         status = "low disk space"
+    elif late:
+        status = "timers late"
     elif unlogged:
         status = "log not written"
     elif stopped:
@@ -366,6 +395,7 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
         d = dict.fromkeys(DISPATCHER_GAUGES, -1)
     lost = logbatch.lost()
     conns = ctx.connections
+    alive = ctx.engine.dispatcher_liveness()
     return {
         "jobcontrol_workers": ("Workers registered and not stopped.", live),
         "jobcontrol_worker_log_problems": (
@@ -382,6 +412,14 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             "Top-level trees whose timer came due and whose run has not started yet "
             "(waiting for the database, or held while timers are paused).",
             d["timers_due"],
+        ),
+        "jobcontrol_timer_late_seconds": (
+            "The most a timer fired after its time within the last minute or two.",
+            alive["timer_late_s"],
+        ),
+        "jobcontrol_dispatcher_event_seconds": (
+            "How long the dispatcher has been on the event in hand (0 between events).",
+            alive["handler_s"],
         ),
         "jobcontrol_timers_paused": (
             "1 while timers are paused.",

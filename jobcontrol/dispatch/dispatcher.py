@@ -301,6 +301,16 @@ class Dispatcher:
         since = self._handling_since
         return 0.0 if since is None else now - since
 
+    def liveness(self) -> dict[str, float]:
+        """Whether the dispatcher keeps up, for any thread without a turn of its own:
+        ``handler_s``, how long it has been on the event in hand (0 between events);
+        ``timer_late_s``, the most a timer fired after its time within the last minute
+        or two (its fire waited in the queue behind other work)."""
+        return {
+            "handler_s": round(self._held_up(time.monotonic()), 3),
+            "timer_late_s": round(self.tree_timers.lateness.worst(), 3),
+        }
+
     def _late(self) -> str:
         state = self.outage.state()
         if state.down:

@@ -7,6 +7,8 @@ One part of ``Dispatcher`` (composed, not mixed in): it calls the run part
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,38 @@ class Armed:
     by: str = TIMER_USER  # who the run is recorded as requested by (the restarting user)
 
 
+class Lateness:
+    """How late timers fired: the most a fire was handled after its time, within the last
+    ``window`` to twice that (two buckets), for health and metrics. Written by the
+    dispatcher thread at each fire, read by any thread."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._began = time.monotonic()
+        self._now = 0.0  # the worst of the bucket that began at ``_began``
+        self._before = 0.0  # the worst of the bucket before it
+
+    def record(self, late: float) -> None:
+        with self._lock:
+            self._roll(time.monotonic())
+            self._now = max(self._now, late)
+
+    def worst(self) -> float:
+        """Seconds: the most a timer fired after its time in the last minute or two."""
+        with self._lock:
+            self._roll(time.monotonic())
+            return max(self._now, self._before)
+
+    def _roll(self, now: float) -> None:
+        age = now - self._began
+        if age < self.window:
+            return
+        self._before = self._now if age < 2 * self.window else 0.0
+        self._now = 0.0
+        self._began = now
+
+
 class TreeTimers:
     """The timer part of the dispatcher: the armed timers of top-level trees, pause and resume.
 
@@ -53,6 +87,7 @@ class TreeTimers:
         self.armed: dict[int, Armed] = {}
         # While paused, ``armed`` still records every tree's due time but no timer is set.
         self._timers_paused = False
+        self.lateness = Lateness()
 
     def evaluator(self, *, from_now: bool = False) -> Evaluator:
         return Evaluator(now=self.d.clock.now(), default_tz=self.d.default_tz, from_now=from_now)
@@ -245,6 +280,8 @@ class TreeTimers:
         if armed is None or armed.when != when or top is None or self._timers_paused:
             return  # cancelled or re-armed since, or fired just before a pause
         del self.armed[top_id]
+        # Late by the dispatcher's turn: a fire waits in its queue behind other work.
+        self.lateness.record(max(0.0, (self.d.clock.now() - when).total_seconds()))
         # Not committed, the timer came due and its run waits for the database (the
         # rebuild after the outage applies the tree's misfire rule to it).
         self.d.tx.on_rollback(lambda: self.armed.setdefault(top_id, armed))

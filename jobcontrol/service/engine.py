@@ -601,6 +601,11 @@ class Engine:
         the tree, handler failures."""
         return self._attached().gauges()
 
+    def dispatcher_liveness(self) -> dict[str, float]:
+        """How long the dispatcher has been on one event, and how late timers fired
+        lately (``Dispatcher.liveness``): read without a turn of the dispatcher's."""
+        return self._attached().liveness()
+
     def outage(self) -> OutageState:
         """Whether the database answers, as the dispatcher sees it."""
         return self._attached().outage.state()

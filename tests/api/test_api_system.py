@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
+from jobcontrol.api import system
 from jobcontrol.service.audit import list_entries
 from jobcontrol.store import lanes as store_lanes
 from tests.api.conftest import Api
-from tests.integration.helpers import T0, task
+from tests.integration.helpers import T0, poll_until, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -255,6 +257,44 @@ def test_routes_need_a_valid_token(api: Api, method: str, path: str) -> None:
     assert api.client.request(method, path).status_code == 401
     bad = {"Authorization": "Bearer jc_nobody"}
     assert api.client.request(method, path, headers=bad).status_code == 401
+
+
+def test_healthz_says_when_timers_fire_late_and_when_the_dispatcher_is_stuck(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher held on one event schedules nothing: past ``STUCK_S`` health is 503.
+    A timer whose fire waited behind it is handled late: said in the body, still 200."""
+    jc = api.jc
+    jc.create(task("ticker", "true", timer="every 10s", active=True))
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(30)
+
+    held = jc.dispatcher.call(hold)
+    try:
+        assert entered.wait(30)
+        monkeypatch.setattr(system, "STUCK_S", 0.05)
+        poll_until("a stuck dispatcher", lambda: api.client.get("/healthz").status_code == 503)
+        stuck = api.client.get("/healthz").json()
+        assert stuck["status"] == "dispatcher stuck", stuck
+        assert "the dispatcher has been on one event for" in stuck["reason"]
+        monkeypatch.setattr(system, "STUCK_S", 3600.0)
+        # Its timer comes due while it is held, and is handled 6 s after its time.
+        assert jc.timers.advance(timedelta(seconds=10)) == 1
+        jc.clock.set(jc.clock.now() + timedelta(seconds=6))
+    finally:
+        release.set()
+    held.result(30)
+    jc.sync()
+    health = api.client.get("/healthz")
+    assert health.status_code == 200
+    assert health.json()["status"] == "timers late"
+    assert "timers late: one fired 6.0s after its time" in health.json()["reason"]
+    gauges = parse_metrics(api.client.get("/metrics", headers=api.headers("viewer")).text)
+    assert gauges["jobcontrol_timer_late_seconds"] == 6.0
+    assert gauges["jobcontrol_dispatcher_event_seconds"] == 0.0
 
 
 def test_a_stopped_lane_shows_in_health_and_status_until_resumed(api: Api) -> None:
