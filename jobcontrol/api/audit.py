@@ -9,11 +9,13 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
-from jobcontrol.api.deps import Context, require
+from jobcontrol.api.deps import Context, JsonRoute, require
 from jobcontrol.service import audit
 from jobcontrol.service.users import Action, User
 
-router = APIRouter(prefix="/api/v1", tags=["audit"], max_body_size=MAX_BODY_BYTES)
+router = APIRouter(
+    prefix="/api/v1", tags=["audit"], max_body_size=MAX_BODY_BYTES, route_class=JsonRoute
+)
 
 AUDIT_PAGE_MAX = 500
 

@@ -18,11 +18,13 @@ from fastapi.responses import Response
 from pydantic import Field, StringConstraints
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES, JobName, NoNul, Printable, Strict
-from jobcontrol.api.deps import ApiContext, Context, require, sees_env
+from jobcontrol.api.deps import ApiContext, Context, JsonRoute, require, sees_env
 from jobcontrol.service.loader import export_definitions, load_definitions
 from jobcontrol.service.users import Action, User
 
-router = APIRouter(prefix="/api/v1", tags=["definitions"], max_body_size=MAX_BODY_BYTES)
+router = APIRouter(
+    prefix="/api/v1", tags=["definitions"], max_body_size=MAX_BODY_BYTES, route_class=JsonRoute
+)
 
 YAML = "text/yaml; charset=utf-8"
 

@@ -17,9 +17,11 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES
@@ -446,6 +448,10 @@ def install_error_handlers(app: FastAPI) -> None:
         problems: list[str] = []
         allowed: list[str] = []  # each model's fields, once, for the unknown ones named
         for err in errors[:MAX_PROBLEMS]:
+            if err.get("type") == "json_invalid":
+                why = clip(str(err.get("ctx", {}).get("error", err["msg"])))
+                problems.append(f"body: not valid JSON at character {err['loc'][-1]}: {why}")
+                continue
             where = clip(".".join(str(p) for p in err["loc"] if p != "body") or "body")
             fields = _fields_beside(request, err)
             if fields is None:
@@ -517,6 +523,68 @@ def _audit_invalid(request: Request, message: str) -> None:
     if user is not None:
         operation = f"{request.method} {request.url.path}"
         audit.record(ctx.store, user.name, operation, [], "refused", message)
+
+
+class DuplicateKeyError(json.JSONDecodeError):
+    """A key given twice in one JSON object (``json`` would keep the last, silently)."""
+
+
+def _once_each(doc: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        made: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in made:
+                quoted = json.dumps(key)
+                first = doc.find(quoted)
+                at = doc.find(quoted, first + 1) if first >= 0 else -1
+                raise DuplicateKeyError(
+                    f"key {clip(key)!r} is given twice in one object", doc, max(at, 0)
+                )
+            made[key] = value
+        return made
+
+    return pairs_hook
+
+
+class _StrictJsonRequest(Request):
+    """A request whose JSON body refuses a key given twice in one object."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            text = (await self.body()).decode("utf-8")
+            self._json = json.loads(text, object_pairs_hook=_once_each(text))
+        return self._json
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON (``application/json``, ``application/*+json``)."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    main, _, sub = kind.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
+
+
+class JsonRoute(APIRoute):
+    """A route whose body is JSON, read strictly: a body sent as anything else (a form,
+    text, no Content-Type) is refused with 415 rather than a 422 about its shape, and a
+    key given twice in one object is refused (422) rather than the last one kept."""
+
+    def get_route_handler(self) -> Callable[[Request], typing.Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def strictly(request: Request) -> Response:
+            kind = request.headers.get("content-type")
+            length = request.headers.get("content-length", "")
+            sent = length.strip() not in ("", "0") or "transfer-encoding" in request.headers
+            if sent and not is_json_type(kind):
+                said = f"is sent as {clip(kind)!r}" if kind else "has no Content-Type"
+                raise HTTPException(
+                    415, f"the request body {said}: send it as JSON (application/json)"
+                )
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strictly
 
 
 async def _no_body(request: Request) -> None:

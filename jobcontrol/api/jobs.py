@@ -26,6 +26,7 @@ from jobcontrol.api.bodies import (
 from jobcontrol.api.deps import (
     ApiContext,
     Context,
+    JsonRoute,
     NoBody,
     env_for,
     least_action,
@@ -38,7 +39,9 @@ from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
 from jobcontrol.service.engine import JobChange
 from jobcontrol.service.users import Action, User
 
-router = APIRouter(prefix="/api/v1", tags=["jobs"], max_body_size=MAX_BODY_BYTES)
+router = APIRouter(
+    prefix="/api/v1", tags=["jobs"], max_body_size=MAX_BODY_BYTES, route_class=JsonRoute
+)
 
 T = TypeVar("T")
 

@@ -13,10 +13,12 @@ from fastapi import APIRouter, Body, Depends, Path, Query
 
 from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID, LaneSettings, PriorityBody
-from jobcontrol.api.deps import Context, NoBody, require
+from jobcontrol.api.deps import Context, JsonRoute, NoBody, require
 from jobcontrol.service.users import Action, User
 
-router = APIRouter(prefix="/api/v1", tags=["lanes"], max_body_size=MAX_BODY_BYTES)
+router = APIRouter(
+    prefix="/api/v1", tags=["lanes"], max_body_size=MAX_BODY_BYTES, route_class=JsonRoute
+)
 
 Viewer = Annotated[User, Depends(require(Action.VIEW_WORKERS))]
 Manager = Annotated[User, Depends(require(Action.MANAGE_WORKERS))]

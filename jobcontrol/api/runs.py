@@ -20,12 +20,14 @@ from starlette.concurrency import run_in_threadpool
 
 from jobcontrol import views
 from jobcontrol.api.bodies import MAX_BODY_BYTES, MAX_ID
-from jobcontrol.api.deps import ApiContext, Context, env_for, require
+from jobcontrol.api.deps import ApiContext, Context, JsonRoute, env_for, require
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import DB_LOG, RunRecord
 from jobcontrol.service.users import Action, User
 
-router = APIRouter(prefix="/api/v1", tags=["runs"], max_body_size=MAX_BODY_BYTES)
+router = APIRouter(
+    prefix="/api/v1", tags=["runs"], max_body_size=MAX_BODY_BYTES, route_class=JsonRoute
+)
 
 Viewer = Annotated[User, Depends(require(Action.READ))]
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]

@@ -20,14 +20,14 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from jobcontrol.api.deps import Context, authenticated_user, require
+from jobcontrol.api.deps import Context, JsonRoute, authenticated_user, require
 from jobcontrol.errors import JobControlError
 from jobcontrol.service.eventlog import Event, EventGap, EventLog
 from jobcontrol.service.users import Action, User
 
 log = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 KEEPALIVE = ": keepalive\n\n"
 # How often an open stream asks again whether its token still reads: a removed user's or

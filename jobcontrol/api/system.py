@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from jobcontrol import logbatch
-from jobcontrol.api.deps import ApiContext, Context, NoBody, require
+from jobcontrol.api.deps import ApiContext, Context, JsonRoute, NoBody, require
 from jobcontrol.errors import BusyError, StoreUnavailable
 from jobcontrol.service import audit
 from jobcontrol.service.metrics import CONTENT_TYPE
@@ -20,7 +20,7 @@ from jobcontrol.service.users import Action, User
 
 log = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 LOGGER = "jobcontrol"  # the logger whose level setLogLevel (spec 11) changes
 # /healthz: a dispatcher on one event this long (the database answering) schedules

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from jobcontrol import views
-from jobcontrol.api.deps import Context, require
+from jobcontrol.api.deps import Context, JsonRoute, require
 from jobcontrol.service.users import Action, User
 
-router = APIRouter(prefix="/api/v1", tags=["workers"])
+router = APIRouter(prefix="/api/v1", tags=["workers"], route_class=JsonRoute)
 
 Viewer = Annotated[User, Depends(require(Action.VIEW_WORKERS))]
 

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -337,11 +341,38 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
                 f"{args.job} is a box: follow one of its tasks (jobcontrol logs TASK -f)"
             )
         return _box_logs(client, run)
-    chunks = client.follow_log(run["id"]) if args.follow else client.whole_log(run["id"])
-    for chunk in chunks:
-        sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
+    if not args.follow:
+        for chunk in client.whole_log(run["id"]):
+            sys.stdout.buffer.write(chunk)
+        return 0
+    with _interrupt_ends_the_stream():
+        for chunk in client.follow_log(run["id"]):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
     return 0
+
+
+@contextmanager
+def _interrupt_ends_the_stream() -> Iterator[None]:
+    """Ctrl-C (SIGINT) ends a followed stream at once, with exit status 130.
+
+    Not by KeyboardInterrupt: raised wherever the main thread happens to be, inside
+    the HTTP library's locked sections among them, it can leave a lock held that the
+    connection's close then waits on for good, and Ctrl-C seems not to work. What was
+    printed is out already: each line or chunk is flushed as it is printed."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        try:
+            sys.stdout.flush()
+        except (OSError, RuntimeError, ValueError):
+            pass  # interrupted mid-write, or the reader went: nothing more to save
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _box_logs(client: Client, run: dict[str, Any]) -> int:
@@ -430,6 +461,11 @@ def _status(client: Client, args: argparse.Namespace) -> int:
 
 
 def _events(client: Client, args: argparse.Namespace) -> int:
+    with _interrupt_ends_the_stream():
+        return _print_events(client, args)
+
+
+def _print_events(client: Client, args: argparse.Namespace) -> int:
     for event in client.events(args.after):
         data = json.dumps(event.data, separators=(",", ":"), default=str)
         print(f"{'-' if event.seq is None else event.seq} {event.type} {data}", flush=True)

@@ -5,6 +5,7 @@ real ``jobcontrol logs`` / ``logs -f``."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -33,6 +34,15 @@ jobs:
     try:
         assert wait_until(lambda: output.read_bytes() == b"first\n", WAIT), output.read_bytes()
         assert child.poll() is None  # still following: the task waits on the gate
+        # Ctrl-C ends a follower at once, with the shell's 130, what it printed kept.
+        quitter_out = jc.base / "quitter.out"
+        quitter = jc.popen(
+            "logs", "talker", "-f", output=quitter_out, errors=output.with_suffix(".q")
+        )
+        assert wait_until(lambda: quitter_out.read_bytes() == b"first\n", WAIT)
+        quitter.send_signal(signal.SIGINT)
+        assert quitter.wait(timeout=WAIT) == 130, output.with_suffix(".q").read_text()
+        assert quitter_out.read_bytes() == b"first\n"
         fd = os.open(gate, os.O_RDWR | os.O_NONBLOCK)
         try:
             os.write(fd, b"go\n")

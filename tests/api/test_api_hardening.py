@@ -54,7 +54,43 @@ def test_an_unauthenticated_request_is_401_whatever_its_body(
 def test_with_a_token_a_malformed_body_is_still_422_and_healthz_needs_none(api: Api) -> None:
     r = api.client.post(f"{V1}/jobs", content=b'{"name": ', headers={**JSON, **api.headers()})
     assert r.status_code == 422
+    assert r.json()["message"].startswith("body: not valid JSON at character 9: "), r.json()
     assert api.client.get("/healthz").status_code == 200
+
+
+def test_a_key_given_twice_is_refused_not_the_last_one_kept(api: Api) -> None:
+    before = api.jc.dump()
+    body = b'{"name": "dk1", "kind": "task", "command": "true", "name": "dk2"}'
+    r = api.client.post(f"{V1}/jobs", content=body, headers={**JSON, **api.headers()})
+    assert r.status_code == 422, r.text
+    assert "key 'name' is given twice in one object" in r.json()["message"], r.json()
+    # Nested objects too: a change's fields.
+    api.jc.create(task("t1", "true"))
+    mid = api.jc.dump()
+    change = b'{"changes": [{"job": "t1", "fields": {"command": "a", "command": "b"}}]}'
+    r = api.client.patch(f"{V1}/jobs", content=change, headers={**JSON, **api.headers()})
+    assert r.status_code == 422, r.text
+    assert "key 'command' is given twice" in r.json()["message"]
+    assert api.jc.dump() == mid != before
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", None],
+    ids=["text", "form", "none"],
+)
+def test_a_body_that_is_not_sent_as_json_is_415(api: Api, content_type: str | None) -> None:
+    before = api.jc.dump()
+    headers = api.headers() | ({"Content-Type": content_type} if content_type else {})
+    body = b'{"name": "t9", "kind": "task", "command": "true"}'
+    r = api.client.post(f"{V1}/jobs", content=body, headers=headers)
+    assert r.status_code == 415, r.text
+    said = f"is sent as {content_type!r}" if content_type else "has no Content-Type"
+    assert r.json()["message"] == f"the request body {said}: send it as JSON (application/json)"
+    assert api.jc.dump() == before
+    # JSON by another name is JSON.
+    headers["Content-Type"] = "application/json; charset=utf-8"
+    assert api.client.post(f"{V1}/jobs", content=body, headers=headers).status_code == 201
 
 
 # ---------------------------------------------------------------- nothing huge echoed
