@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -269,6 +270,8 @@ def find_job(
         found = by_id(ref)
     else:
         found = by_name(ref)
+        if found is None and (composed := unicodedata.normalize("NFC", ref)) != ref:
+            found = by_name(composed)  # names are stored composed (NFC): one spelling each
         if found is None and ref.isascii() and ref.isdigit() and int(ref) <= MAX_ID:
             found = by_id(int(ref))
     if found is None:

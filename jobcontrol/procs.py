@@ -41,8 +41,10 @@ _PF_KTHREAD = 0x00200000
 # The longest single poll(2) wait: its timeout is a C int of milliseconds.
 _POLL_MAX_MS = 2**31 - 1
 
-# How long find_marked waits for a process in the middle of execve to get its environment back.
-_EXEC_WAIT = 0.05
+# How long find_marked waits for a process in the middle of execve to get its environment
+# back. Microseconds on a quiet host; a loaded one (two cores, a test suite's worth of
+# processes) preempted one past 50 ms, and a task missed so escapes kill_tree's scan.
+_EXEC_WAIT = 0.5
 
 
 @dataclass(frozen=True)

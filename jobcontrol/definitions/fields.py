@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,8 +96,11 @@ def queue_name_problem(name: str) -> str | None:
 
 
 def check_name(job: str, value: Any) -> str:
+    """The name, in Unicode's composed form (NFC): one spelling per name, so that "é"
+    typed as "e" and a combining accent names the same job as "é" typed as one."""
     if not isinstance(value, str) or not value.strip():
         raise JobError(job or "?", "the name must not be empty")
+    value = unicodedata.normalize("NFC", value)
     if value != value.strip() or len(value) > NAME_MAX:
         raise JobError(
             job or value,

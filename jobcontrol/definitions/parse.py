@@ -275,7 +275,8 @@ class _Parser:
     def job_name(self, node: MappingNode) -> str:
         for key_node, value_node in node.value:
             if isinstance(key_node, ScalarNode) and key_node.value == "name":
-                name = self.string(value_node, None, "name")
+                # One spelling per name: "é" typed as e and a combining accent is "é".
+                name = unicodedata.normalize("NFC", self.string(value_node, None, "name"))
                 break
         else:
             self.fail(node, None, "a job needs a 'name'")

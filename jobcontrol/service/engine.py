@@ -267,7 +267,7 @@ class Engine:
         user: str,
         now: Any,
     ) -> int:
-        name = new.name
+        name = check_name(new.name, new.name)  # composed (NFC): one spelling per name
         if name in struct.by_name:
             raise JobError(name, "a job with this name already exists")
         parent_id = None

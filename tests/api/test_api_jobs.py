@@ -127,6 +127,29 @@ def test_a_path_of_digits_is_a_name_first_then_an_id(api: Api) -> None:
     assert by_id["name"] == "Top"
 
 
+def test_a_name_has_one_spelling_whichever_way_its_accents_were_typed(api: Api) -> None:
+    composed, decomposed = "caf\u00e9", "cafe\u0301"  # "café": é as one character, or two
+    h = api.headers()
+    r = api.client.post(f"{V1}/jobs", json={"name": decomposed, "kind": "box"}, headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["name"] == composed  # stored composed (NFC)
+    for spelling in (composed, decomposed):
+        found = api.client.get(f"{V1}/jobs/{quote(spelling)}", headers=h)
+        assert found.status_code == 200, spelling
+        assert found.json()["name"] == composed
+    # The other spelling is the same name: taken, not a second job.
+    again = api.client.post(f"{V1}/jobs", json={"name": composed, "kind": "box"}, headers=h)
+    assert again.status_code == 422, again.text
+    assert "a job with this name already exists" in again.json()["message"]
+    assert [j["name"] for j in api.client.get(f"{V1}/tree", headers=h).json()["jobs"]] == [composed]
+    # A definition file's names (and parents) too.
+    tree = "jobs:\n  - name: th\u00e9\n    parent: " + decomposed + "\n    command: 'true'\n"
+    loaded = api.client.post(f"{V1}/definitions", json={"text": tree, "source": "t.yaml"}, headers=h)
+    assert loaded.status_code == 200, loaded.text
+    names = [j["name"] for j in api.client.get(f"{V1}/tree", headers=h).json()["jobs"]]
+    assert names == [composed, "th\u00e9"]
+
+
 def test_unknown_jobs_and_runs_are_404(api: Api) -> None:
     h = api.headers("viewer")
     for path in ("/jobs/nope", "/jobs/999", "/jobs/nope/runs"):

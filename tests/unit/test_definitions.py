@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import unicodedata
 from typing import Any
 
 import pytest
@@ -707,8 +708,10 @@ job_names = st.text(
     min_size=1,
     max_size=40,
 ).filter(
-    # ...and so are '.' and '..' (README "Job names")
-    lambda name: name == name.strip() and name not in (".", "..")
+    # ...and so are '.' and '..' (README "Job names"); a name is kept composed (NFC)
+    lambda name: name == name.strip()
+    and name not in (".", "..")
+    and unicodedata.is_normalized("NFC", name)
 )
 command_lines = st.sampled_from(
     [
