@@ -414,7 +414,8 @@ def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
             d["timers_due"],
         ),
         "jobcontrol_timer_late_seconds": (
-            "The most a timer fired after its time within the last minute or two.",
+            "The most a timer fired after its time within the last minute (a time missed "
+            "while paused, stopped or in an outage counts from when it was armed again).",
             alive["timer_late_s"],
         ),
         "jobcontrol_dispatcher_event_seconds": (

@@ -39,14 +39,18 @@ class Armed:
     when: datetime
     trigger: Trigger
     by: str = TIMER_USER  # who the run is recorded as requested by (the restarting user)
+    # When it was armed: a time already past then (a misfire's catch-up after a pause,
+    # a stop or an outage) is due at once, not late (``Lateness``).
+    armed_at: datetime | None = None
 
 
 class Lateness:
-    """How late timers fired: the most a fire was handled after its time, within the last
-    ``window`` to twice that (two buckets), for health and metrics. Written by the
-    dispatcher thread at each fire, read by any thread."""
+    """How late timers fired: the most a fire was handled after its time (or after it was
+    armed, for a time already past then), within the last ``window`` to twice that (two
+    buckets: the last minute), for health and metrics. Written by the dispatcher thread
+    at each fire, read by any thread."""
 
-    def __init__(self, window: float = 60.0) -> None:
+    def __init__(self, window: float = 30.0) -> None:
         self.window = window
         self._lock = threading.Lock()
         self._began = time.monotonic()
@@ -59,7 +63,7 @@ class Lateness:
             self._now = max(self._now, late)
 
     def worst(self) -> float:
-        """Seconds: the most a timer fired after its time in the last minute or two."""
+        """Seconds: the most a timer fired after its time in the last minute."""
         with self._lock:
             self._roll(time.monotonic())
             return max(self._now, self._before)
@@ -101,7 +105,7 @@ class TreeTimers:
         self.d.tx.after(lambda: events.jobs_evaluated.send(self.d, jobs=jobs))
 
     def arm(self, top: Node, due: datetime, trigger: Trigger, by: str = TIMER_USER) -> None:
-        self.armed[top.id] = Armed(due, trigger, by)
+        self.armed[top.id] = Armed(due, trigger, by, self.d.clock.now())
         self._schedule_event(top, due)
         if self._timers_paused:
             self.d.tx.log(log, "Timers paused: job %s recorded to run at %s", top.job.name, due)
@@ -280,8 +284,10 @@ class TreeTimers:
         if armed is None or armed.when != when or top is None or self._timers_paused:
             return  # cancelled or re-armed since, or fired just before a pause
         del self.armed[top_id]
-        # Late by the dispatcher's turn: a fire waits in its queue behind other work.
-        self.lateness.record(max(0.0, (self.d.clock.now() - when).total_seconds()))
+        # Late by the dispatcher's turn: a fire waits in its queue behind other work. A
+        # time already past when it was armed (a misfire's catch-up) was due from then.
+        since = max(when, armed.armed_at or when)
+        self.lateness.record(max(0.0, (self.d.clock.now() - since).total_seconds()))
         # Not committed, the timer came due and its run waits for the database (the
         # rebuild after the outage applies the tree's misfire rule to it).
         self.d.tx.on_rollback(lambda: self.armed.setdefault(top_id, armed))

@@ -144,7 +144,9 @@ def test_a_name_has_one_spelling_whichever_way_its_accents_were_typed(api: Api) 
     assert [j["name"] for j in api.client.get(f"{V1}/tree", headers=h).json()["jobs"]] == [composed]
     # A definition file's names (and parents) too.
     tree = "jobs:\n  - name: th\u00e9\n    parent: " + decomposed + "\n    command: 'true'\n"
-    loaded = api.client.post(f"{V1}/definitions", json={"text": tree, "source": "t.yaml"}, headers=h)
+    loaded = api.client.post(
+        f"{V1}/definitions", json={"text": tree, "source": "t.yaml"}, headers=h
+    )
     assert loaded.status_code == 200, loaded.text
     names = [j["name"] for j in api.client.get(f"{V1}/tree", headers=h).json()["jobs"]]
     assert names == [composed, "th\u00e9"]

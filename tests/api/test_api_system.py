@@ -297,6 +297,22 @@ def test_healthz_says_when_timers_fire_late_and_when_the_dispatcher_is_stuck(
     assert gauges["jobcontrol_dispatcher_event_seconds"] == 0.0
 
 
+def test_a_time_missed_while_paused_and_run_on_resume_is_not_late(api: Api) -> None:
+    """A misfire's catch-up is due from when its timer is armed again, not late: health
+    must not page anyone for the run an operator's resume (or a daemon's start) makes."""
+    jc = api.jc
+    jc.create(task("ticker", "true", timer="every 10s", active=True))
+    jc.engine.pause_timers(user="tester")
+    mark = jc.rec.mark()
+    jc.advance(15)  # its time passes while paused: nothing runs
+    jc.engine.resume_timers(user="tester")
+    jc.advance(0)  # the missed time runs at once (misfire: run-once)
+    jc.rec.run_finished("ticker", since=mark)
+    assert api.client.get("/healthz").json() == {"status": "ok"}
+    gauges = parse_metrics(api.client.get("/metrics", headers=api.headers("viewer")).text)
+    assert gauges["jobcontrol_timer_late_seconds"] == 0.0
+
+
 def test_a_stopped_lane_shows_in_health_and_status_until_resumed(api: Api) -> None:
     jc = api.jc
     jc.engine.lanes.add_lane("fast", {}, user="tester")
