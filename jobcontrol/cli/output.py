@@ -235,10 +235,15 @@ def _held(runs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def fields(values: Mapping[str, Any], order: Sequence[str] = ()) -> str:
-    """``key: value`` lines, aligned; ``order`` first, then the rest as given."""
+    """``key: value`` lines, aligned; ``order`` first, then the rest as given. A control
+    character in a value (a line break of a multi-line command, a terminal escape) is
+    written as its escape (``shown``): no value can forge a line nor drive the terminal;
+    ``--json`` and ``export`` give values as they are."""
     keys = [k for k in order if k in values] + [k for k in values if k not in order]
     width = max((len(k) for k in keys), default=0)
-    return "\n".join(f"{k + ':':<{width + 1}} {_show(k, values[k])}".rstrip() for k in keys)
+    return "\n".join(
+        f"{k + ':':<{width + 1}} {shown(_show(k, values[k]))}".rstrip() for k in keys
+    )
 
 
 def _show(key: str, value: Any) -> str:

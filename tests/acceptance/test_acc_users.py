@@ -150,5 +150,15 @@ def test_audit_reads_through_the_daemon_and_prints_what_could_forge_a_line_escap
         assert "ln\\x1b[2J" in table[1]
         assert "row\\n999 forged" in table[1]
         assert "\x1b" not in "\n".join(table)
+        # So does `show`: a description's line break cannot forge a field's line.
+        forged = "line1\nexit_status:      0 \x1b[31mRED\x1b[0m"
+        jc.ok("set", "Periodic", f"description={forged}")
+        shown = jc.ok("show", "Periodic").stdout
+        [line] = [x for x in shown.splitlines() if x.startswith("description:")]
+        assert line.endswith("line1\\nexit_status:      0 \\x1b[31mRED\\x1b[0m"), line
+        assert "\x1b" not in shown
+        # Its own exit_status line only (empty: it never ran), none forged.
+        assert [x for x in shown.splitlines() if x.startswith("exit_status:")] == ["exit_status:"]
+        assert jc.json("show", "Periodic")["description"] == forged  # as it is, in JSON
     finally:
         jc.ok("daemon", "stop")
