@@ -470,11 +470,17 @@ def _print_events(client: Client, args: argparse.Namespace) -> int:
         data = json.dumps(event.data, separators=(",", ":"), default=str)
         print(f"{'-' if event.seq is None else event.seq} {event.type} {data}", flush=True)
         if event.type == "resync":
+            # The daemon's reason, which says a snapshot is wanted in its own words.
+            why = str(event.data.get("reason") or "the events asked for are not kept")
             raise JobControlError(
-                "the events asked for are no longer kept: take a fresh `jobcontrol ls` "
-                "and follow `jobcontrol events` from now"
+                f"{why.split('; take a fresh', 1)[0]}: take a fresh `jobcontrol ls` and "
+                "follow `jobcontrol events` from now"
             )
-    return 0
+    # The stream has no end of its own: the daemon ended it, stopping.
+    raise JobControlError(
+        f"the daemon at {client.url} ended the event stream: it stopped (follow it again "
+        "once it runs, with --after the last number above)"
+    )
 
 
 def _timers(client: Client, args: argparse.Namespace) -> int:

@@ -195,7 +195,17 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     assert "jc_not_a_token" not in unknown.stderr
     assert api.newest_run("hello")["id"] == hello_newest  # type: ignore[index]
 
+    # A number from another run of the daemon: the daemon's reason, and a fresh start.
+    ahead = fails_with(jc, "events", "--after", "999999")
+    assert "event 999999 has not happened yet" in ahead, ahead
+    assert "take a fresh `jobcontrol ls`" in ahead, ahead
+    # A follower is told when the daemon stops: the stream has no end of its own.
+    follower_out = jc.base / "follower.out"
+    follower = jc.popen("events", "--after", "0", output=follower_out, errors=jc.base / "f.err")
+    assert wait_until(lambda: follower_out.read_text().strip() != "", WAIT)
     jc.ok("daemon", "stop")
+    assert follower.wait(timeout=WAIT) == 1
+    assert "ended the event stream: it stopped" in (jc.base / "f.err").read_text()
     # Without a daemon: reading falls back to the database, the rest says what is missing.
     assert [j["name"] for j in jc.json("ls")] == ["Nightly", "hello", "sleeper"]
     missing = fails_with(jc, "run", "hello")
