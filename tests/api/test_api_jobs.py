@@ -439,6 +439,7 @@ def test_an_operator_may_activate_through_patch_but_not_change_a_timer(api: Api)
         ("operator", {"env": {"PATH": "/tmp/evil"}}),
         ("operator", {"cwd": "/tmp"}),
         ("viewer", {"active": False}),
+        ("viewer", {"timer": "every 1s"}),
     ],
 )
 def test_a_refused_patch_is_audited_naming_user_jobs_and_fields(
@@ -457,6 +458,9 @@ def test_a_refused_patch_is_audited_naming_user_jobs_and_fields(
     assert r.json()["message"] == entries[0].detail
     for field in fields:
         assert field in entries[0].detail
+    # What it may not do, as the fields ask it: activating, or modifying beyond it.
+    says = "activate or deactivate jobs" if set(fields) == {"active"} else "modify jobs or settings"
+    assert f"which may not {says} (fields: " in entries[0].detail, entries[0].detail
     assert api.jc.dump() == before
 
 
