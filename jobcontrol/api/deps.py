@@ -458,6 +458,9 @@ def install_error_handlers(app: FastAPI) -> None:
                 continue
             where = clip(".".join(str(p) for p in err["loc"] if p != "body") or "body")
             fields = _fields_beside(request, err)
+            if err.get("type") == "extra_forbidden" and err["msg"] == NO_BODY:
+                problems.append(f"body: {NO_BODY} (send none, or an empty one: {{}} or null)")
+                continue
             if fields is None:
                 problems.append(f"{where}: {clip(err['msg'])}")
                 continue
@@ -550,13 +553,23 @@ def _once_each(doc: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     return pairs_hook
 
 
+def _not_json(doc: str) -> Callable[[str], Any]:
+    def constant(name: str) -> Any:
+        raise json.JSONDecodeError(f"{name} is not JSON (RFC 8259 has no such number)", doc, 0)
+
+    return constant
+
+
 class _StrictJsonRequest(Request):
-    """A request whose JSON body refuses a key given twice in one object."""
+    """A request whose JSON body refuses a key given twice in one object, and the
+    ``NaN`` and ``Infinity`` that Python's ``json`` takes and JSON has not."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             text = (await self.body()).decode("utf-8")
-            self._json = json.loads(text, object_pairs_hook=_once_each(text))
+            self._json = json.loads(
+                text, object_pairs_hook=_once_each(text), parse_constant=_not_json(text)
+            )
         return self._json
 
 
@@ -591,6 +604,9 @@ class JsonRoute(APIRoute):
         return strictly
 
 
+NO_BODY = "this request takes no body"
+
+
 async def _no_body(request: Request) -> None:
     """A request that takes no body refuses one (422), as a body with an unknown field is:
     ``{"force": true}`` sent to pause must not pass for something it does not do. An empty
@@ -603,7 +619,7 @@ async def _no_body(request: Request) -> None:
             {
                 "type": "extra_forbidden",
                 "loc": ("body",),
-                "msg": "this request takes no body",
+                "msg": NO_BODY,
                 "input": body[:200].decode("utf-8", "replace"),
             }
         ]

@@ -55,6 +55,14 @@ def test_with_a_token_a_malformed_body_is_still_422_and_healthz_needs_none(api: 
     r = api.client.post(f"{V1}/jobs", content=b'{"name": ', headers={**JSON, **api.headers()})
     assert r.status_code == 422
     assert r.json()["message"].startswith("body: not valid JSON at character 9: "), r.json()
+    # NaN and Infinity are Python's, not JSON's.
+    body = b'{"name": "nan1", "kind": "task", "command": "true", "priority": NaN}'
+    r = api.client.post(f"{V1}/jobs", content=body, headers={**JSON, **api.headers()})
+    assert r.status_code == 422, r.text
+    assert "NaN is not JSON" in r.json()["message"], r.json()
+    assert "nan1" not in [
+        j["name"] for j in api.client.get(f"{V1}/tree", headers=api.headers()).json()["jobs"]
+    ]
     assert api.client.get("/healthz").status_code == 200
 
 
