@@ -450,6 +450,7 @@ class Daemon:
         self.eventlog: EventLog | None = None
         self.metrics: RunMetrics | None = None
         self.stop_requested = threading.Event()
+        self._forced = False  # stopped by `daemon stop --kill`: every run in flight killed
         # Set when another daemon took the database while this one's lock was lost.
         self.lease_lost = False
         self._lease_watch: threading.Thread | None = None
@@ -555,7 +556,7 @@ class Daemon:
             eventlog=self.eventlog,
             version=__version__,
             started=dispatcher.clock.now(),
-            request_shutdown=lambda force: self.stop_requested.set(),
+            request_shutdown=self._shutdown_requested,
             metrics=self.metrics,
             database=runtime.database,
             containment=runtime.containment_view,
@@ -654,15 +655,28 @@ class Daemon:
             if self.metrics is not None:
                 self.metrics.stop()
             if self.runtime is not None:
-                self.runtime.stop(kill_running=True)
+                # `daemon stop --kill` kills every run in flight, on any worker. A service
+                # manager's stop or restart (SIGTERM), or a stop that found nothing
+                # running, kills what runs in this process only: the runs of workers of
+                # their own go on, and the next start reacts to their ends.
+                self.runtime.stop(kill_running=True, remote_too=self._forced)
         finally:
             self.pid_file.release()
             self.lease.release()
             self.store.dispose()
 
+    def _shutdown_requested(self, force: bool) -> None:
+        """The API's shutdown (`daemon stop`): ``force`` (``--kill``) kills every run."""
+        self._forced = force
+        self.stop_requested.set()
+
     def run_forever(self) -> None:
         """Foreground: start, tell systemd, serve until SIGTERM/SIGINT, stop cleanly."""
-        StopSignals(lambda _signum: self.stop_requested.set()).install()
+        # SIGUSR1 is `daemon stop --kill`'s: every run in flight killed, on any worker.
+        StopSignals(
+            lambda signum: self._shutdown_requested(signum == KILL_ALL_SIGNAL),
+            also=(KILL_ALL_SIGNAL,),
+        ).install()
         serve(
             self.start,
             self.stop,
@@ -677,6 +691,11 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:  # a real-time signal between SIGRTMIN and SIGRTMAX
         return f"signal {signum}"
+
+
+# The signal of `daemon stop --kill`: stop, killing every run in flight wherever it runs
+# (SIGTERM and SIGINT kill only what runs in the daemon's own process).
+KILL_ALL_SIGNAL = signal.SIGUSR1
 
 
 def _acted_on_elsewhere(_signum: int, _frame: object) -> None:
@@ -700,10 +719,11 @@ class StopSignals:
     signal lands while the first one's ``set`` holds the event's lock).
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, act: Callable[[int], None]) -> None:
+    def __init__(self, act: Callable[[int], None], also: tuple[int, ...] = ()) -> None:
         self._act = act
+        self.SIGNALS = (*self.SIGNALS, *also)
 
     def install(self) -> None:
         """From the main thread (``set_wakeup_fd`` is refused elsewhere), before any
@@ -871,7 +891,9 @@ def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) 
     except ProcessLookupError:
         return pid
     try:
-        os.kill(pid, signal.SIGTERM)
+        # SIGTERM stops it as a service manager does: the runs of workers of their own
+        # go on. --kill asks for every run in flight to be killed, wherever it runs.
+        os.kill(pid, KILL_ALL_SIGNAL if kill_jobs else signal.SIGTERM)
         # The pidfd becomes readable when the process exits: no polling.
         if select.select([pidfd], [], [], timeout)[0]:
             return pid

@@ -194,9 +194,14 @@ class Runtime:
     def _relay_listening(self) -> bool:
         return self.relay is not None and self.relay.listening
 
-    def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
+    def stop(
+        self, *, kill_running: bool = False, timeout: float = 60.0, remote_too: bool = True
+    ) -> None:
+        """Stop the dispatcher and the embedded worker; ``kill_running``: kill what runs
+        (``remote_too`` False: what runs on workers of their own goes on there,
+        ``Dispatcher.stop``)."""
         try:
-            self.dispatcher.stop(kill_running=kill_running, timeout=timeout)
+            self.dispatcher.stop(kill_running=kill_running, timeout=timeout, remote_too=remote_too)
         finally:
             events.runs_lost.disconnect(self._collect, sender=self.store)
             if self.worker is not None:

@@ -241,9 +241,7 @@ def fields(values: Mapping[str, Any], order: Sequence[str] = ()) -> str:
     ``--json`` and ``export`` give values as they are."""
     keys = [k for k in order if k in values] + [k for k in values if k not in order]
     width = max((len(k) for k in keys), default=0)
-    return "\n".join(
-        f"{k + ':':<{width + 1}} {shown(_show(k, values[k]))}".rstrip() for k in keys
-    )
+    return "\n".join(f"{k + ':':<{width + 1}} {shown(_show(k, values[k]))}".rstrip() for k in keys)
 
 
 def _show(key: str, value: Any) -> str:

@@ -37,7 +37,7 @@ from sqlalchemy import Connection
 from jobcontrol import events, gcpause, logbatch
 from jobcontrol.clock import APSchedulerTimers, Clock, SystemClock, TimerService
 from jobcontrol.dispatch.recovery import Recovery, recover_lost_runs
-from jobcontrol.dispatch.runs import Held, TreeRuns, Tx
+from jobcontrol.dispatch.runs import Held, TreeRun, TreeRuns, Tx
 from jobcontrol.dispatch.timers import TreeTimers
 from jobcontrol.dispatch.tree import JobTree, Node
 from jobcontrol.dispatch.treestate import TreeStateProtocol
@@ -51,11 +51,13 @@ from jobcontrol.errors import (
 )
 from jobcontrol.model import (
     DISPATCHER_USER,
+    EMBEDDED_WORKER_SUFFIX,
     RESCHEDULING_FIELDS,
     RESTARTING_FIELDS,
     JobRef,
     JobState,
     Restarted,
+    RunState,
     Trigger,
 )
 from jobcontrol.outage import Backoff, Outage
@@ -114,6 +116,8 @@ MAX_BATCH = 200
 # (the kills of ``--kill``, tree runs ending): what it could not record, the next start
 # settles (and the worker keeps its runs' ends on disk, ``worker/keptends.py``).
 STOP_PATIENCE_S = 10.0
+# What a run killed by the daemon's stop records (``stop``).
+STOP_KILL_REASON = "killed: the daemon stopped"
 # A back-up poll this much later than due (and twice the poll interval) means the
 # dispatcher itself did not run: leases are not judged on that gap (``_was_paused``).
 PAUSE_S = 5.0
@@ -243,16 +247,29 @@ class Dispatcher:
             if top.job.active and due is not None and top.id not in timer_runs:
                 self.tree_timers.arm(top, due, Trigger.TIMER)
 
-    def stop(self, *, kill_running: bool = False, timeout: float = 60.0) -> None:
-        """Stop timers, optionally kill what runs, wait for runs to end, stop the thread."""
+    def stop(
+        self,
+        *,
+        kill_running: bool = False,
+        timeout: float = 60.0,
+        remote_too: bool = True,
+        reason: str = STOP_KILL_REASON,
+    ) -> None:
+        """Stop timers, optionally kill what runs, wait for runs to end, stop the thread.
+
+        ``remote_too`` False (a service manager's stop or restart): a tree run whose task
+        runs on a worker of its own (another process, another host) is left running
+        there, and not waited for: its worker records its end, which the next start
+        reacts to. ``reason``: what a killed run records."""
         if not self.running:
             return
         log.info("JobControl is shutting down...")
         self.timers.shutdown()
         deadline = time.monotonic() + timeout
+        left: set[int] = set()  # tree runs (by root run id) left running on their workers
         if kill_running:
             try:
-                killing = self.call(self._kill_all)
+                killing = self.call(lambda: left.update(self._kill_all(remote_too, reason)))
                 if self._until(killing.done, deadline):
                     killing.result()
                 else:
@@ -261,9 +278,18 @@ class Dispatcher:
                     )
             except StoreUnavailable as exc:  # their worker kills them all the same
                 log.warning("the kills of the runs in flight are not recorded: %s", exc)
+        if left:
+            log.info(
+                "leaving %d tree run(s) running on other workers (%s): their workers record "
+                "their ends, and the next start reacts to them",
+                len(left),
+                ", ".join(sorted(tr.root.job.name for tr in self._in_flight(left))),
+            )
         # While the database does not answer no tree run can end here: not waited for
         # (their worker kills them with ``--kill``, and keeps what it could not record).
-        if not self._until(lambda: not self.runs.tree_runs or self.outage.down, deadline):
+        if not self._until(
+            lambda: not self._in_flight(left, besides=True) or self.outage.down, deadline
+        ):
             log.warning(
                 "stopping with %d tree run(s) in flight (%s): the next start settles them",
                 len(self.runs.tree_runs),
@@ -868,9 +894,36 @@ class Dispatcher:
         result: Restarted = self.ask(handler)
         return result
 
-    def _kill_all(self) -> None:
+    def _kill_all(self, remote_too: bool = True, reason: str = STOP_KILL_REASON) -> set[int]:
+        """Kill every tree run in flight; unless ``remote_too``, but those whose task runs
+        on a worker of its own (not this daemon's embedded one), whose root run ids are
+        returned."""
+        left: set[int] = set()
         for tr in list(self.runs.tree_runs.values()):
-            self.runs.kill_tree_run(tr, DISPATCHER_USER)
+            if not remote_too and tr.root_run_id is not None and self._runs_elsewhere(tr):
+                left.add(tr.root_run_id)
+                continue
+            self.runs.kill_tree_run(tr, DISPATCHER_USER, reason)
+        return left
+
+    def _runs_elsewhere(self, tr: TreeRun) -> bool:
+        """Whether the tree run's task runs on a worker other than the embedded one."""
+        task = tr.current_task
+        if task is None:
+            return False
+        run = queries.get_run(self.tx.conn, task.run_id)
+        return (
+            run is not None
+            and run.state is RunState.RUNNING
+            and run.worker is not None
+            and not run.worker.endswith(EMBEDDED_WORKER_SUFFIX)
+        )
+
+    def _in_flight(self, roots: set[int], *, besides: bool = False) -> list[TreeRun]:
+        """The tree runs in flight whose root run is one of ``roots`` (``besides``: not)."""
+        return [
+            tr for tr in list(self.runs.tree_runs.values()) if (tr.root_run_id in roots) != besides
+        ]
 
     def set_job_state(
         self, node: Node, state: JobState, started: datetime | None, run_id: int | None

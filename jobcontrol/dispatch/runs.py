@@ -624,7 +624,9 @@ class TreeRuns:
                 log.debug("task run %s ended without a wake-up; reacting now", run_id)
                 self._task_ended(frame, end)
 
-    def kill_tree_run(self, tr: TreeRun, user: str) -> None:
+    def kill_tree_run(self, tr: TreeRun, user: str, reason: str | None = None) -> None:
+        """Kill the tree run: its task asked of its worker, or its wait cut short.
+        ``reason``: what its run records (default: killed by ``user``)."""
         if tr.killed:
             return
         tr.killed = True
@@ -632,7 +634,7 @@ class TreeRuns:
         self.drop_aheads(tr)  # before the kill: the killed task's end must release nothing
         task = tr.current_task
         if task is not None:
-            self._kill_task(task, f"killed by {user}")
+            self._kill_task(task, reason or f"killed by {user}")
             return
         frame = tr.waiting_frame
         if frame is not None:

@@ -137,6 +137,57 @@ def test_kill_reaches_a_task_on_a_remote_worker(jcpg: JobControl) -> None:
     assert "log_root" not in body.get("disk", {}), body
 
 
+def test_a_daemon_stopped_by_sigterm_leaves_a_remote_workers_task_running(
+    jcpg: JobControl,
+) -> None:
+    """A service manager's stop or restart (SIGTERM: an upgrade) stops the dispatcher,
+    not the work of the workers of their own: their task goes on, and the next start
+    reacts to its end. `daemon stop --kill` kills it, as the operator asked."""
+    jc = jcpg
+    gate = jc.base / "far.gate"
+    jc.load(
+        write(
+            jc.base / "far.yaml",
+            f"""\
+jobs:
+  - name: far
+    command: "while [ ! -f {gate} ]; do sleep 0.05; done; exit 0"
+""",
+        )
+    )
+    jc.ok("daemon", "start", "--slots", "0")
+    jc.ok("worker", "start", "--name", "w6", "--slots", "1")
+    jc.ok("run", "far")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="far"), WAIT), "far never started"
+    (daemon,) = jc.live_daemons()
+    os.kill(daemon, signal.SIGTERM)
+    assert wait_until(lambda: not jc.live_daemons(), WAIT), "the daemon did not stop"
+    assert jc.marked(JOBCONTROL_JOB="far"), "the remote worker's task was killed by the stop"
+    assert (last_run(jc, "far") or {}).get("state") == "running", last_run(jc, "far")
+    assert "leaving 1 tree run(s) running on other workers (far)" in jc.daemon_log(200)
+    gate.touch()
+    assert wait_until(lambda: ended(jc, "far"), WAIT), "its worker never recorded its end"
+
+    jc.ok("daemon", "start", "--slots", "0")
+    assert wait_until(
+        lambda: {j["name"]: j for j in jc.json("ls")}["far"]["exit_status"] == 0, WAIT
+    ), "the next start did not take its end up"
+    (run_,) = runs_of(jc, "far")
+    assert (run_["state"], run_["exit_status"]) == ("succeeded", 0), run_
+
+    # Asked to kill, the stop kills it wherever it runs, and says why.
+    gate.unlink()
+    jc.ok("run", "far")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="far"), WAIT), "far never started again"
+    jc.ok("daemon", "stop", "--kill")
+    assert wait_until(lambda: ended(jc, "far"), WAIT), (runs_of(jc, "far"), jc.daemon_log(40))
+    killed = last_run(jc, "far")
+    assert killed is not None
+    assert (killed["state"], killed["exit_status"]) == ("killed", 255), killed
+    assert killed["reason"] == "killed: the daemon stopped", killed
+    jc.assert_no_task_processes()
+
+
 def test_a_worker_killed_with_sigkill_loses_its_runs_when_the_lease_expires(
     jcpg: JobControl,
 ) -> None:
