@@ -156,6 +156,12 @@ class DaemonOptions:
         asked = self.asked_port()
         if asked is not None:
             if asked and _port_taken(self.host, asked):
+                running = places.live_pid(self.pid_file)
+                if running is not None:  # most likely this database's own daemon
+                    raise JobControlError(
+                        f"a daemon is already running for {redact(self.db_url)} (pid "
+                        f"{running}); `jobcontrol daemon status` says where it listens"
+                    )
                 raise JobControlError(
                     f"the admin API cannot listen on {self.host} port {asked}: it is in use "
                     "(by the daemon of another database?); give another --port, or --port 0 "

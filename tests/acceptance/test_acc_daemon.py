@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jobcontrol import procs
+from jobcontrol import places, procs
 from tests.acceptance.harness import JobControl, describe, pid_from, wait_until, write
 
 # Generous bounds: on a loaded 2-core machine a CLI command alone takes ~0.5 s.
@@ -146,6 +146,13 @@ def test_daemon_life_cycle(jc: JobControl) -> None:
     assert "0 created, 0 changed, 0 deleted" in load.stdout, describe(load)
     assert stop.returncode != 0, describe(stop)
     assert "jobs are running (Long" in stop.stderr, describe(stop)
+    # Asked for the port its own daemon listens on: told that daemon runs, not to pick
+    # another port (which would only lead to the same refusal).
+    port = int(places.url_file(jc.state_dir, jc.url).read_text().rsplit(":", 1)[1].strip("/ \n"))
+    same_port = jc.run("daemon", "start", "--port", str(port))
+    assert same_port.returncode != 0, describe(same_port)
+    assert "a daemon is already running for" in same_port.stderr, describe(same_port)
+    assert "another database" not in same_port.stderr, describe(same_port)
     assert jc.live_daemons() == [pid], "refused commands must leave the daemon alone"
     assert jc.marked(JOBCONTROL_JOB="sleeper"), "a refused stop must not kill the job"
 
