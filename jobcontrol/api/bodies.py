@@ -141,9 +141,10 @@ class BoxTypeBody(Strict):
 
 # A lane's settings as given: the lane service checks each key and value (so a refusal
 # names the lane and the setting, and is audited). Numbers, booleans, null, or text as
-# the CLI writes it ("3", "none", "2s", "30m", "false").
+# the CLI writes it ("3", "none", "2s", "30m", "false"). Text up to 1 KiB passes here,
+# so that an over-long name or value is refused by the service, naming what it is.
 SettingValue = (
-    Annotated[str, StringConstraints(max_length=64), NoNul]
+    Annotated[str, StringConstraints(max_length=1024), NoNul]
     | Annotated[float, Field(allow_inf_nan=False)]
     | int
     | bool

@@ -64,6 +64,8 @@ BAD = [
     ("PATCH", f"{LANES}/default", {"poll": "2s", "colour": "red"}, 422, "unknown setting 'colour'"),
     ("DELETE", f"{LANES}/default", None, 409, "the default lane cannot be removed"),
     ("POST", LANES, {"name": "bad name"}, 422, "a queue name has no spaces"),
+    ("POST", LANES, {"name": "x" * 65}, 422, "a queue name has at most 64 characters"),
+    ("PATCH", f"{LANES}/default", {"poll_interval_s": "9" * 100}, 422, "poll_interval_s"),
 ]
 
 
