@@ -899,13 +899,28 @@ def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) 
     try:
         # SIGTERM stops it as a service manager does: the runs of workers of their own
         # go on. --kill asks for every run in flight to be killed, wherever it runs.
-        os.kill(pid, KILL_ALL_SIGNAL if kill_jobs else signal.SIGTERM)
+        # (A daemon of an earlier version, which does not catch it, gets SIGTERM: it
+        # kills every run on it anyway.)
+        kill_all = kill_jobs and _catches(pid, KILL_ALL_SIGNAL)
+        os.kill(pid, KILL_ALL_SIGNAL if kill_all else signal.SIGTERM)
         # The pidfd becomes readable when the process exits: no polling.
         if select.select([pidfd], [], [], timeout)[0]:
             return pid
     finally:
         os.close(pidfd)
     raise JobControlError(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in its status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+    return False
 
 
 def _start_failed(what: str, status: int, log_file: Path, offset: int) -> JobControlError:
