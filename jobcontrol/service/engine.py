@@ -243,6 +243,10 @@ class Engine:
                 raise JobError(
                     twice, "named twice in one batch: give all of its fields in one change"
                 )
+            # A running job the batch deletes is its refusal, said first: not the move or
+            # reorder of a sibling that its deletion brings (`load --replace`).
+            for job_ref in batch.deletes:
+                self._check_deletable(struct, struct.resolve(job_ref))
             prefetched = self._prefetch(conn, struct, [edit for edit, _ in changes])
             for edit, fields in changes:
                 changed = self._modify_one(conn, struct, edit, fields, user, now, prefetched)
@@ -406,13 +410,18 @@ class Engine:
         if busy is not None:
             raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be reordered")
 
+    @staticmethod
+    def _check_deletable(struct: _Structure, entry: _Entry) -> None:
+        busy = struct.running_in(entry.id)
+        if busy is None:
+            return
+        raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be deleted")
+
     def _delete_one(
         self, conn: Connection, struct: _Structure, ref: JobRef, change: EditChange
     ) -> None:
         entry = struct.resolve(ref)
-        busy = struct.running_in(entry.id)
-        if busy is not None:
-            raise JobRunningError(entry.name, f"job is running ({busy!r}); it cannot be deleted")
+        self._check_deletable(struct, entry)
         gone = list(struct.subtree(entry.id))
         queries.delete_job(conn, entry.id)
         change.deleted.append(entry.id)

@@ -685,3 +685,24 @@ def test_a_new_job_never_takes_a_deleted_jobs_id_nor_its_history(jc: JC) -> None
 
     assert beta > alpha
     assert jc.runs("Beta") == []
+
+
+def test_a_batch_deleting_a_running_job_is_refused_naming_it_not_a_sibling(jc: JC) -> None:
+    """`load --replace` of a file without a running task: the batch reorders the task's
+    siblings and deletes it. The refusal names the running job it would delete, not the
+    sibling whose reorder its deletion brings."""
+    build_tree(jc)
+    jc.create(task("o2", "true", "Other", active=True))
+    mark = jc.rec.mark()
+    jc.run_now("Other")  # a sequence: o1 runs, o2 waits
+    sig = jc.rec.wait_for(
+        lambda s: s.name == "run_started" and s.run["job_name"] == "o1", since=mark
+    )
+    jc.wait_task_process(sig.run["id"])
+    before = jc.dump()
+    batch = Batch(changes=[JobChange("o2", {"job_order": 0})], deletes=["o1"])
+    with pytest.raises(JobRunningError) as refused:
+        jc.engine.apply_batch(batch, user=USER)
+    assert refused.value.job == "o1", str(refused.value)
+    assert "cannot be deleted" in str(refused.value)
+    assert jc.dump() == before
