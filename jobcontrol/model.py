@@ -20,6 +20,12 @@ def embedded_worker_name(host: str, pid: int) -> str:
     return f"{host}:{pid}{EMBEDDED_WORKER_SUFFIX}"
 
 
+def is_remote_worker(name: str | None) -> bool:
+    """Whether a run's ``worker`` is a worker of its own (a ``jobcontrol worker``
+    process), not a daemon's embedded one; False for no worker."""
+    return name is not None and name != "" and not name.endswith(EMBEDDED_WORKER_SUFFIX)
+
+
 # Who a run its timer started was requested by (the runs' ``requested_by``, shown as
 # Who/BY); a restart-armed run is the restarting user's, a manual one its user's.
 TIMER_USER = "timer"

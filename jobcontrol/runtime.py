@@ -17,7 +17,7 @@ from jobcontrol.cgroups import Containment, JoinWarmer
 from jobcontrol.clock import Clock, TimerService
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.filemodes import LogAccess
-from jobcontrol.model import EMBEDDED_WORKER_SUFFIX, Kind
+from jobcontrol.model import Kind, is_remote_worker
 from jobcontrol.outage import OutageState
 from jobcontrol.store import Store
 from jobcontrol.store.relay import Relay
@@ -109,10 +109,7 @@ class Runtime:
         remote = [
             r.id
             for r in d.recovery.lost
-            if r.kind is Kind.TASK
-            and r.host == d.host
-            and r.worker
-            and not r.worker.endswith(EMBEDDED_WORKER_SUFFIX)
+            if r.kind is Kind.TASK and r.host == d.host and is_remote_worker(r.worker)
         ]
         if remote:
             local_recovery.collect(d.instance_id, remote, kill_grace=self.config.kill_grace)

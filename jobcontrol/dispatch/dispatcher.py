@@ -51,7 +51,6 @@ from jobcontrol.errors import (
 )
 from jobcontrol.model import (
     DISPATCHER_USER,
-    EMBEDDED_WORKER_SUFFIX,
     RESCHEDULING_FIELDS,
     RESTARTING_FIELDS,
     JobRef,
@@ -59,6 +58,7 @@ from jobcontrol.model import (
     Restarted,
     RunState,
     Trigger,
+    is_remote_worker,
 )
 from jobcontrol.outage import Backoff, Outage
 from jobcontrol.slotgroups import SlotGroup
@@ -253,14 +253,13 @@ class Dispatcher:
         kill_running: bool = False,
         timeout: float = 60.0,
         remote_too: bool = True,
-        reason: str = STOP_KILL_REASON,
     ) -> None:
         """Stop timers, optionally kill what runs, wait for runs to end, stop the thread.
 
         ``remote_too`` False (a service manager's stop or restart): a tree run whose task
         runs on a worker of its own (another process, another host) is left running
         there, and not waited for: its worker records its end, which the next start
-        reacts to. ``reason``: what a killed run records."""
+        reacts to. A run killed records ``STOP_KILL_REASON``."""
         if not self.running:
             return
         log.info("JobControl is shutting down...")
@@ -269,7 +268,7 @@ class Dispatcher:
         left: set[int] = set()  # tree runs (by root run id) left running on their workers
         if kill_running:
             try:
-                killing = self.call(lambda: left.update(self._kill_all(remote_too, reason)))
+                killing = self.call(lambda: left.update(self._kill_all(remote_too)))
                 if self._until(killing.done, deadline):
                     killing.result()
                 else:
@@ -331,7 +330,7 @@ class Dispatcher:
         """Whether the dispatcher keeps up, for any thread without a turn of its own:
         ``handler_s``, how long it has been on the event in hand (0 between events);
         ``timer_late_s``, the most a timer fired after its time within the last minute
-        or two (its fire waited in the queue behind other work)."""
+        (its fire waited in the queue behind other work)."""
         return {
             "handler_s": round(self._held_up(time.monotonic()), 3),
             "timer_late_s": round(self.tree_timers.lateness.worst(), 3),
@@ -912,12 +911,7 @@ class Dispatcher:
         if task is None:
             return False
         run = queries.get_run(self.tx.conn, task.run_id)
-        return (
-            run is not None
-            and run.state is RunState.RUNNING
-            and run.worker is not None
-            and not run.worker.endswith(EMBEDDED_WORKER_SUFFIX)
-        )
+        return run is not None and run.state is RunState.RUNNING and is_remote_worker(run.worker)
 
     def _in_flight(self, roots: set[int], *, besides: bool = False) -> list[TreeRun]:
         """The tree runs in flight whose root run is one of ``roots`` (``besides``: not)."""
