@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -104,6 +104,23 @@ class Finished:
     recorded: bool
     stale_logs: list[str] = field(default_factory=list)
     next: RunRecord | None = None
+    # ``then_claim`` was tried (the lanes known and uncapped): ``next`` is what it found,
+    # and None means no run of those queues was claimable at the time.
+    looked: bool = False
+
+
+@dataclass(frozen=True)
+class ThenClaim:
+    """With ``finish``: the slot that recorded an end claims one more queued run, of
+    ``queues`` (a slot group's, as ``claim`` takes them), in the same transaction on
+    SQLite and on the same connection on PostgreSQL, when no run queued ahead was
+    taken. A busy worker's next run then needs no claim of its own, and no hand-off
+    from the thread that claims to the slot's thread (bench/README.md, forty-fourth
+    round)."""
+
+    host: str
+    clock: Callable[[], datetime]
+    queues: Sequence[str] | None
 
 
 # What a claim writes: the run is this worker's, from now, under a lease: the lease its
@@ -726,6 +743,7 @@ class RunQueue:
         default_max_log_files: int,
         *,
         take_next: tuple[str, Callable[[], datetime]] | None = None,
+        then_claim: ThenClaim | None = None,
     ) -> Finished:
         """Record a task run's outcome, compare-and-set from running under this worker.
 
@@ -739,10 +757,17 @@ class RunQueue:
         started at the clock's time once the write lock is had (on SQLite a write may
         wait up to the busy timeout for another process's lock: a time read before
         would start the next task that much before its process did).
+
+        ``then_claim``: see ``ThenClaim``; ``looked`` says it was tried. It was not on
+        PostgreSQL while a lane has a cap: the count that needs is the group's claim's.
         """
         ok = values.get("exit_status") == 0
         if not self.store.is_sqlite:
-            return self._finish_pg(run_id, name, values, default_max_log_files, ok, take_next)
+            done = self._finish_pg(run_id, name, values, default_max_log_files, ok, take_next)
+            if not done.recorded or done.next is not None or then_claim is None:
+                return done
+            with self.store.single() as conn:
+                return self._then_claim(conn, name, then_claim, done)
         with self.store.write() as conn:
             params = _finish_params(run_id, name, values)
             m = _finish_stmt(tuple(sorted(values)), returning=True).first(conn, params)
@@ -751,14 +776,32 @@ class RunQueue:
             stale: list[str] = []
             if values.get("log_path") is not None and m["job_id"] is not None:
                 stale = _prune(conn, m["job_id"], m["max_log_files"] or default_max_log_files)
-            if not m["ahead"]:
-                return Finished(True, stale)
-            if take_next is None:
-                _RELEASE_NEXT[ok].execute(conn, {"w_id": run_id})
-                return Finished(True, stale)
-            host, clock = take_next
-            taken = self._take_next(conn, run_id, name, ok, host, clock())
-            return Finished(True, stale, taken)
+            done = Finished(True, stale)
+            if m["ahead"]:
+                if take_next is None:
+                    _RELEASE_NEXT[ok].execute(conn, {"w_id": run_id})
+                else:
+                    host, clock = take_next
+                    taken = self._take_next(conn, run_id, name, ok, host, clock())
+                    done = Finished(True, stale, taken)
+            if done.next is not None or then_claim is None:
+                return done
+            return self._then_claim(conn, name, then_claim, done)
+
+    def _then_claim(self, conn: Connection, name: str, then: ThenClaim, done: Finished) -> Finished:
+        """``finish``'s claim of one more run (``ThenClaim``), on its connection."""
+        now = then.clock()
+        known = self._lanes_read_since(now) or self._read_lanes(conn, now)
+        params = {"v_started": now, "v_worker": name, "v_host": then.host, **self._times(now)}
+        if not known.capped():
+            got = self._claim_uncounted(conn, params, known, then.queues, 1)
+        elif self.store.is_sqlite:  # its write transaction is the only one: counted in it
+            got = self._claim_in_lanes(conn, params, then.queues, 1, known=known, clock=then.clock)
+        else:
+            # A capped lane's count locks its row for a transaction of its own: the
+            # group's claim does it.
+            return done
+        return replace(done, next=got[0] if got else None, looked=True)
 
     def _take_next(
         self, conn: Connection, run_id: int, name: str, ok: bool, host: str, now: datetime

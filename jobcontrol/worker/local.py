@@ -36,6 +36,7 @@ idle groups, too, look for work only at news (``_quiet``), not at every back-off
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -69,7 +70,14 @@ from jobcontrol.outage import Backoff, Outage
 from jobcontrol.slotgroups import WILDCARD, SlotGroup, every_queue
 from jobcontrol.store.changewatch import ChangeWatch
 from jobcontrol.store.lanes import DEFAULT_POLL_S, Lanes
-from jobcontrol.store.runqueue import DEFAULT_LEASE, Finished, RunQueue, WorkerInfo, groups_json
+from jobcontrol.store.runqueue import (
+    DEFAULT_LEASE,
+    Finished,
+    RunQueue,
+    ThenClaim,
+    WorkerInfo,
+    groups_json,
+)
 from jobcontrol.taskenv import PassEnv
 from jobcontrol.worker import dblog, keptends
 from jobcontrol.worker.dblog import DatabaseLog, StoredLog
@@ -123,6 +131,7 @@ class _Group:
     reserved: int = 0  # slots a claim in flight may fill
     ready: deque[RunRecord] = field(default_factory=deque)  # claimed, for its slot threads
     offers: deque[int] | None = None  # announced run ids: only a group of every queue
+    offered: int = 0  # ids put in ``offers`` so far (which of them came after a look)
     kicked: bool = False  # work may be available: claim now, whatever the back-off
     low: float = BACKOFF_MIN
     high: float = BACKOFF_MAX
@@ -609,6 +618,7 @@ class Worker:
             for g in self._groups:
                 if g.offers is not None and not offered:
                     g.offers.extend(run_ids)  # claimed by id: the one-statement path
+                    g.offered += len(run_ids)
                     offered = True
                 elif g.free > 0:
                     g.kicked = True
@@ -1102,9 +1112,11 @@ class Worker:
                 run: RunRecord | None = g.ready.popleft()
             announce: int | None = None
             spent: RunCgroup | None = None
-            while run is not None:  # the next task of a sequence comes with this one's end
+            # The next run comes with this one's end: a sequence's next task, or, while the
+            # group has work waiting, the next run of its queues (``ThenClaim``).
+            while run is not None:
                 ended = run.id
-                run, spent = self._execute(run, g, announce, spent)
+                run, spent, looked = self._execute(run, g, announce, spent)
                 announce = None
                 # A sequence's end is announced once its next task started (``_announce``):
                 # the dispatcher's reaction then runs while the child does, not against
@@ -1121,10 +1133,12 @@ class Worker:
                     full = g.free <= 0
                     g.runs.discard(ended)
                     if run is not None:
-                        g.runs.add(run.id)  # the sequence's next task: the same group's
-                    elif full or self._capped:
+                        g.runs.add(run.id)  # taken with the end: the same group's
+                    elif (full and not looked) or self._capped:
                         # Resumed: it stopped claiming at capacity (or a capped lane of
                         # it may have room again): it claims now, the others do not.
+                        # Not when the end's own claim just found its queues empty:
+                        # what is queued since was announced, and kicked it then.
                         g.kicked = True
                     # Woken only for what they wait on: the workloop when resumed, the
                     # threads of a worker that stops, ``wait_for``. Waking every thread
@@ -1135,9 +1149,10 @@ class Worker:
 
     def _execute(
         self, run: RunRecord, g: _Group, announce: int | None, spent: RunCgroup | None
-    ) -> tuple[RunRecord | None, RunCgroup | None]:
+    ) -> tuple[RunRecord | None, RunCgroup | None, bool]:
         """Run one task run to its recorded end; the run claimed with that end, if any,
-        and this run's cgroup for that run to remove once it started.
+        this run's cgroup for that run to remove once it started, and whether the end
+        looked for the group's next run (found or not: ``Finished.looked``).
 
         ``announce``, ``spent``: the run before this one in its sequence, whose end is
         announced and whose cgroup is removed once this one started (``_announce``).
@@ -1179,7 +1194,7 @@ class Worker:
                     stored = sink.close()
             finally:
                 try:
-                    following = self._finish(active, outcome, started, log_path, g, stored)
+                    following, looked = self._finish(active, outcome, started, log_path, g, stored)
                 except BaseException:
                     if active.cgroup is not None:  # the end was not recorded: no next task
                         self.containment.release(active.cgroup)
@@ -1188,7 +1203,7 @@ class Worker:
         if cg is not None and following is None:
             self.containment.release(cg)
             cg = None
-        return following, cg
+        return following, cg, looked
 
     def _open_spool(self, run: RunRecord) -> DatabaseLog | None:
         """The run's output on its way to the database; None (and the problem noted)
@@ -1347,10 +1362,12 @@ class Worker:
         log_path: str | None,
         g: _Group,
         stored: StoredLog | None = None,
-    ) -> RunRecord | None:
+    ) -> tuple[RunRecord | None, bool]:
         """Record the outcome in the worker's own transaction, retried through outages.
 
-        Returns the next task of the sequence, claimed in the same transaction.
+        Returns the run claimed with it (the next task of the sequence, or the group's
+        next run while it has work waiting) and whether that claim of the group's next
+        was made (``Finished.looked``).
         """
         active.finishing = True
         kept: str | None = None
@@ -1389,6 +1406,13 @@ class Worker:
         # Take the next task along unless stopping, or it may be for a queue the group
         # does not serve (a group in filter mode).
         take = g.spec.preference and not self._stopping
+        with self._cond:
+            # Work waits for the group: runs announced and not yet claimed, or, with every
+            # slot held, whatever its queues have (its workloop stopped claiming at
+            # capacity). The slot that frees takes the next itself, with this end.
+            waiting = not self._stopping and (bool(g.offers) or g.free <= 0)
+            offered = g.offered
+        then = ThenClaim(self.host, self.clock.now, g.claim_queues) if waiting else None
 
         def finish() -> Finished:
             return self.runqueue.finish(
@@ -1397,6 +1421,7 @@ class Worker:
                 values,
                 self.default_max_log_files,
                 take_next=(self.host, self.clock.now) if take else None,
+                then_claim=then,
             )
 
         try:
@@ -1408,7 +1433,9 @@ class Worker:
                     self._cond.notify_all()
         if result is None:  # stopped while the database did not answer: on disk instead
             self._keep_end(run_id, values)
-            return None
+            return None, False
+        if result.looked:
+            self._taken_with_end(g, result.next, offered)
         if not result.recorded and self._recorded_already(run_id, values):
             log.info(
                 "task run %s: its end was recorded by an earlier try whose answer was lost",
@@ -1422,7 +1449,24 @@ class Worker:
                 outcome.exit_status,
             )
         _delete_logs(result.stale_logs)
-        return result.next
+        return result.next, result.looked
+
+    def _taken_with_end(self, g: _Group, run: RunRecord | None, offered: int) -> None:
+        """The group after an end's claim of its next run. That claim counts as one of
+        the group's, for its back-off as for its workloop's. The run it took is no
+        longer one to claim; when it found none, neither is any announced before it
+        (taken by another worker), so the group's workloop does not claim for them."""
+        with self._cond:
+            g.looks += 1
+            self._backed_off(g, empty=run is None)
+            if g.offers:
+                if run is not None:
+                    with contextlib.suppress(ValueError):
+                        g.offers.remove(run.id)
+                elif g.offered == offered:
+                    g.offers.clear()
+            if run is not None:
+                self._hurry_beat()
 
     def _keep_end(self, run_id: int, values: dict[str, Any]) -> None:
         """The end the database did not take before the stop: kept in the spool directory,

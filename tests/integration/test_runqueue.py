@@ -18,8 +18,14 @@ import pytest
 
 from jobcontrol.errors import StoreUnavailable
 from jobcontrol.model import Kind, RunState, Trigger
-from jobcontrol.store import Store, queries
-from jobcontrol.store.runqueue import RunQueue, WorkerInfo, expired_leases, request_kill
+from jobcontrol.store import Store, lanes, queries
+from jobcontrol.store.runqueue import (
+    RunQueue,
+    ThenClaim,
+    WorkerInfo,
+    expired_leases,
+    request_kill,
+)
 from tests.integration.helpers import poll_until
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -110,6 +116,54 @@ def test_claim_takes_priority_first_then_oldest_and_respects_queues(rq: RunQueue
     assert [r.id for r in got] == other
     assert [r.id for r in rq.claim("w", "h", NOW, run_id=low[1])] == [low[1]]
     assert rq.claim("w2", "h", NOW, run_id=low[1]) == [], "a claimed run is nobody else's"
+
+
+def test_an_end_claims_its_slots_next_run_with_it_most_urgent_first(rq: RunQueue) -> None:
+    (first,) = queue_runs(rq.store, 1)
+    assert [r.id for r in rq.claim("w", "h", NOW, limit=1)] == [first]  # lanes read
+    low = queue_runs(rq.store, 1)
+    high = queue_runs(rq.store, 1, priority=5)
+    gpu = queue_runs(rq.store, 1, queue="gpu")
+    end = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": NOW, "lease_until": None}
+    later = NOW + timedelta(seconds=1)
+
+    def then(*queues: str) -> ThenClaim:
+        return ThenClaim("h2", lambda: later, list(queues))
+
+    done = rq.finish(first, "w", end, 5, then_claim=then("default"))
+    assert (done.recorded, done.looked) == (True, True)
+    assert done.next is not None
+    assert done.next.id == high[0], "priority first, its queues only"
+    row = run_row(rq.store, high[0])
+    assert (row.state, row.worker, row.host) == (RunState.RUNNING, "w", "h2")
+    assert (row.started, row.lease_until) == (later, later + LEASE)
+    assert run_row(rq.store, first).state is RunState.SUCCEEDED
+
+    # An end not recorded (not this worker's run) claims nothing.
+    refused = rq.finish(high[0], "intruder", end, 5, then_claim=then("default"))
+    assert (refused.recorded, refused.next, refused.looked) == (False, None, False)
+    assert run_row(rq.store, low[0]).state is RunState.QUEUED
+
+    done = rq.finish(high[0], "w", end, 5, then_claim=then("gpu"))
+    assert done.next is not None
+    assert done.next.id == gpu[0]
+    done = rq.finish(gpu[0], "w", end, 5, then_claim=then("gpu"))
+    assert (done.recorded, done.next, done.looked) == (True, None, True), "none left: looked"
+    assert run_row(rq.store, low[0]).state is RunState.QUEUED
+
+    # A lane with a cap: on SQLite the end's claim counts its runs in the same write
+    # transaction (the end just made room); on PostgreSQL the count locks the lane's row
+    # in a transaction of its own, the group's claim: not looked.
+    with rq.store.write() as conn:
+        lanes.change(conn, "default", {"max_slots": 1}, NOW, "tester")
+    (mine,) = [r.id for r in rq.claim("w", "h", NOW, run_id=low[0])]
+    (other,) = queue_runs(rq.store, 1)
+    capped = RunQueue(rq.store, LEASE).finish(mine, "w", end, 5, then_claim=then("default"))
+    if rq.store.is_sqlite:
+        assert (capped.looked, capped.next and capped.next.id) == (True, other)
+    else:
+        assert (capped.recorded, capped.next, capped.looked) == (True, None, False)
+        assert run_row(rq.store, other).state is RunState.QUEUED
 
 
 def test_finish_is_compare_and_set_under_the_worker_that_holds_the_run(rq: RunQueue) -> None:

@@ -27,7 +27,7 @@ from jobcontrol.clock import SystemClock
 from jobcontrol.model import Kind, RunRecord, RunState, Trigger
 from jobcontrol.slotgroups import parse
 from jobcontrol.store import Store, lanes, queries
-from jobcontrol.store.runqueue import RunQueue, WorkerInfo, list_workers
+from jobcontrol.store.runqueue import Finished, RunQueue, ThenClaim, WorkerInfo, list_workers
 from jobcontrol.worker import Worker
 from tests.integration.helpers import Gate, poll_until
 
@@ -45,6 +45,8 @@ class SpyQueue(RunQueue):
     def _record(self, what: str, queues: Sequence[str] | None, limit: int) -> None:
         when = self.mono() if self.mono is not None else 0.0
         group = threading.current_thread().name
+        if group.startswith("jc-slot-"):  # a slot thread of the group: its end's claim
+            group = "jc-group-" + group.split("-")[2]
         self.calls.append((group, what, None if queues is None else list(queues), limit, when))
 
     def claim(
@@ -61,6 +63,27 @@ class SpyQueue(RunQueue):
         self._record("claim" if run_id is None else "offer", queues, limit)
         return super().claim(
             name, host, now, run_id=run_id, queues=queues, limit=limit, clock=clock
+        )
+
+    def finish(
+        self,
+        run_id: int,
+        name: str,
+        values: dict[str, Any],
+        default_max_log_files: int,
+        *,
+        take_next: tuple[str, Callable[[], datetime]] | None = None,
+        then_claim: ThenClaim | None = None,
+    ) -> Finished:
+        if then_claim is not None:
+            self._record("end+claim", then_claim.queues, 1)
+        return super().finish(
+            run_id,
+            name,
+            values,
+            default_max_log_files,
+            take_next=take_next,
+            then_claim=then_claim,
         )
 
     def any_queued(self, queues: Sequence[str] | None = None) -> bool:
@@ -232,10 +255,11 @@ def test_each_group_claims_on_its_own_stops_at_capacity_and_only_its_end_resumes
 
     # Work nobody announced, for the manual group (which has room, and waits).
     m1 = queue_run(store, "m1", gated(gates, tmp_path, "m1"), queue="manual")
-    # The fast run's end resumes the fast group, and it alone: it claims the next one.
+    # The fast run's end resumes the fast group, and it alone: the slot that ends claims
+    # the next one itself, with the end.
     gates["fast0"].open()
     w.wait_for("the fast group's next run", lambda: fast[1] in w.groups()[0].runs)
-    assert rq.of(0)[2:] == [("claim", ["fast"], 1, 0.0)]
+    assert rq.of(0)[2:] == [("end+claim", ["fast"], 1, 0.0)]
     assert len(rq.of(1)) == 2, "the manual group did not claim"
     assert state_of(store, m1) is RunState.QUEUED
 
@@ -280,10 +304,15 @@ def test_work_available_makes_every_group_with_room_claim_at_once(
     assert state_of(store, slow[2]) is RunState.QUEUED
     assert state_of(store, any_) is RunState.QUEUED
 
-    # Its run's end resumes the * group: it claims the announced run by its id.
+    # Its run's end resumes the * group: the slot claims with that end the most urgent
+    # run of its queues, the slow run queued before the announced one, then that one.
     gates["hold"].open()
+    w.wait_for("the * group's next run", lambda: slow[2] in w.groups()[2].runs)
+    assert rq.of(2)[before[2] :] == [("end+claim", None, 1, 0.0)]
+    assert state_of(store, any_) is RunState.QUEUED
+    gates["s2"].open()
     w.wait_for("the announced run", lambda: any_ in w.groups()[2].runs)
-    assert rq.of(2)[before[2] :] == [("offer", None, 1, 0.0)]
+    assert rq.of(2)[before[2] :] == [("end+claim", None, 1, 0.0)] * 2
     for g in gates.values():
         g.open()
     every = [hold, fast, *slow, any_]
@@ -385,13 +414,13 @@ def test_an_idle_pinned_lane_backs_off_alone_while_the_default_group_stays_busy(
         # Done looking (its next wait set) before the clock moves on.
         w.wait_for(f"the fast group's look at {when}", lambda n=empty: w.groups()[0].empty > n)
         assert rq.of(0)[looked:] == [("look", ["fast"], 0, when)], rq.of(0)
-    # A claim that finds work sets it back to the least wait: its run's end resumes it,
-    # that claim finds nothing, and the next look is 1 s later.
+    # A claim that finds work sets it back to the least wait: its run's end claims the
+    # group's next with it, that claim finds nothing, and the next look is 1 s later.
     fast = queue_run(store, "f", "true", queue="fast")
     w.wake()
     poll_until("the fast run", lambda: state_of(store, fast) is RunState.SUCCEEDED)
-    w.wait_for("the resumed claim", lambda: used(w)[0] == 0 and w.groups()[0].empty == 8)
-    assert rq.of(0)[-2:] == [("claim", ["fast"], 1, when)] * 2
+    w.wait_for("the end's claim", lambda: used(w)[0] == 0 and w.groups()[0].empty == 8)
+    assert rq.of(0)[-2:] == [("claim", ["fast"], 1, when), ("end+claim", ["fast"], 1, when)]
     assert w.groups()[0].next_poll == when + 1
     mono.t = when + 1
     w.poke()
