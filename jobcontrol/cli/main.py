@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -74,12 +74,22 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     return found
 
 
+class _Parser(argparse.ArgumentParser):
+    """Its subcommands' parsers are of this class too (``add_subparsers``). A mistake in
+    the command line is said in one line, not after the whole usage of the command
+    (``--help`` shows that); exit status 2, as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):
+            # ``--drain-timeout -5s``: argparse takes the value for an option.
+            message += " (a value that starts with '-' is given as --OPTION=VALUE)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from jobcontrol import __version__
 
-    p = argparse.ArgumentParser(
-        prog="jobcontrol", description="Job Control: job trees on a schedule."
-    )
+    p = _Parser(prog="jobcontrol", description="Job Control: job trees on a schedule.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _global_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -332,6 +332,34 @@ def test_a_bad_log_level_starts_nothing(jc_sqlite: JobControl) -> None:
     assert not jc.state_dir.exists(), "nothing is created for a refused start"
 
 
+def test_a_mistake_in_the_command_line_is_one_line_that_names_it(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    db = tmp_path / "none.db"
+    cases = [
+        (("daemon", "start", "--slots", "abc"), "argument --slots: invalid int value: 'abc'"),
+        # A value that starts with '-' is taken for an option: the line says how to give it.
+        (
+            ("worker", "start", "--drain-timeout", "-5s"),
+            "argument --drain-timeout: expected one argument (a value that starts with '-' "
+            "is given as --OPTION=VALUE)",
+        ),
+        (("bogus",), "argument COMMAND: invalid choice: 'bogus'"),
+    ]
+    for args, said in cases:
+        refused = jc_sqlite.bare(*args, "--db", db)
+        assert refused.returncode == 2, describe(refused)
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1, f"one line, not the whole usage: {refused.stderr}"
+        assert lines[0].startswith(f"jobcontrol {args[0]}" if args[0] != "bogus" else "jobcontrol:")
+        assert said in lines[0], lines[0]
+    # Given as the line says, the value reaches the option's own check.
+    refused = jc_sqlite.bare("worker", "start", "--drain-timeout=-5s", "--db", db)
+    assert "cannot read '-5s' as a duration" in refused.stderr, describe(refused)
+    assert not db.exists()
+    assert jc_sqlite.live_daemons() == []
+
+
 def test_a_limit_under_one_is_refused_before_anything_is_read(
     jc_sqlite: JobControl, tmp_path: Path
 ) -> None:
