@@ -27,6 +27,7 @@ from jobcontrol.errors import (
     UnknownLaneError,
     UnknownRunError,
 )
+from jobcontrol.model import RunState
 from jobcontrol.service import audit
 from jobcontrol.store import Store, lanes, queries
 from jobcontrol.store.lanes import DEFAULT_LANE
@@ -273,7 +274,8 @@ class LaneService:
                     "the default lane cannot be removed: every queue without a lane runs in it",
                 )
             with self.store.write() as conn:
-                if lanes.get(conn, name) is None:
+                found = lanes.get(conn, name)
+                if found is None:
                     raise UnknownLaneError(name)
                 busy = {
                     state: int(count)
@@ -282,11 +284,18 @@ class LaneService:
                 }
                 if busy:
                     counts = " and ".join(f"{n} {state}" for state, n in sorted(busy.items()))
-                    raise LaneConflictError(
-                        name,
-                        f"it has {counts} task runs: drain it (`jobcontrol lane drain {name}`) "
-                        "and remove it once they have ended",
-                    )
+                    if found.claimable:
+                        how = f"drain it (`jobcontrol lane drain {name}`) and remove it once they have ended"
+                    elif busy.get(str(RunState.QUEUED)):
+                        # Drained or stopped: its queued runs never start, so never end.
+                        how = (
+                            "it is drained, so its queued runs never start: kill their jobs "
+                            f"(`jobcontrol queue --lane {name}` lists them), or resume the lane "
+                            f"(`jobcontrol lane resume {name}`) and let them run, then remove it"
+                        )
+                    else:
+                        how = "remove it once they have ended"
+                    raise LaneConflictError(name, f"it has {counts} task runs: {how}")
                 lanes.remove(conn, name)
                 note.detail = f"removed lane {name!r}: queue {name!r} now runs in {DEFAULT_LANE!r}"
                 audit.record_note(conn, note)

@@ -137,3 +137,34 @@ def test_drain_holds_a_run_queued_reprioritize_reorders_and_resume_runs_them(
     assert (entry.operation, entry.result, entry.jobs) == ("run.reprioritize", "refused", ["first"])
     assert jc.run(first).priority == 0, "nothing changed"
     poll_until("the worker to hold nothing", lambda: not jc.engine.workers()[0]["runs"])
+
+
+def test_removing_a_drained_lane_with_queued_runs_says_how_to_get_there(api_any: Api) -> None:
+    """A drained lane's queued runs never start, so "remove it once they have ended"
+    would never come: the refusal says what does end them."""
+    api = api_any
+    jc = api.jc
+    added = api.client.post(LANES, json={"name": "gpu"}, headers=api.headers())
+    assert added.status_code == 201, added.text
+    jc.create(task("render", "true", queue="gpu"))
+    assert api.client.post(f"{LANES}/gpu/drain", headers=api.headers()).status_code == 200
+    mark = jc.rec.mark()
+    queued = jc.run_now("render")
+    before = lanes(api)
+
+    refused = api.client.delete(f"{LANES}/gpu", headers=api.headers())
+    assert refused.status_code == 409, refused.text
+    said = refused.json()["message"]
+    assert "it has 1 queued task runs: it is drained, so its queued runs never start" in said
+    assert "`jobcontrol queue --lane gpu`" in said, said
+    assert "`jobcontrol lane resume gpu`" in said, said
+    assert lanes(api) == before, "nothing changed"
+    assert jc.run(queued).state is RunState.QUEUED
+
+    # As it says: resumed, the run ends, and the lane goes.
+    assert api.client.post(f"{LANES}/gpu/resume", headers=api.headers()).status_code == 200
+    jc.rec.run_finished("render", since=mark)
+    poll_until("the worker to hold nothing", lambda: not jc.engine.workers()[0]["runs"])
+    removed = api.client.delete(f"{LANES}/gpu", headers=api.headers())
+    assert removed.status_code in (200, 204), removed.text
+    assert "gpu" not in lanes(api)
