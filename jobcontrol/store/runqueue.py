@@ -46,7 +46,7 @@ from jobcontrol.slotgroups import WILDCARD, SlotGroup
 from jobcontrol.store import Store, lanes, queries, runlogs
 from jobcontrol.store.lanes import Lanes
 from jobcontrol.store.prepared import Prepared
-from jobcontrol.store.schema import UTCDateTime, run, run_log, worker
+from jobcontrol.store.schema import UTCDateTime, job, run, run_log, worker
 
 DEFAULT_LEASE = timedelta(seconds=30)
 
@@ -713,6 +713,21 @@ class RunQueue:
                 running = lanes.running_per_lane(conn, known)
                 excluded |= {n for n in capped if running[n] >= (known.of(n).max_slots or 0)}
             return bool(self._pick(conn, known, queues, excluded, [], 1, None, skip_locked=False))
+
+    def unknown_queues(self, queues: Sequence[str]) -> list[str]:
+        """Those of ``queues`` that no lane is named after and no job runs in: a worker
+        that serves only them takes nothing (a mistyped name, most likely)."""
+        names = sorted({q for q in queues if q != WILDCARD})
+        if not names:
+            return []
+        with self.store.read() as conn:
+            known = {x.name for x in lanes.load(conn).by_name.values()}
+            used: set[str] = set(
+                conn.execute(select(job.c.queue).where(job.c.queue.in_(names)).distinct())
+                .scalars()
+                .all()
+            )
+        return [q for q in names if q not in known and q not in used]
 
     # ---------------------------------------------------------- a run's life
 

@@ -504,6 +504,7 @@ class Worker:
             return  # stopped while it waited for the database: nothing claimed, nothing to run
         if self.log_store == "database":
             self._store_leftovers()
+        self._warn_of_unknown_queues()
         for signal, receiver in (
             (events.runs_queued, self._on_queued),
             (events.kill_requested, self._on_kill_requested),
@@ -518,6 +519,24 @@ class Worker:
             for i in range(g.spec.slots):
                 self._spawn_thread(lambda g=g: self._slot_loop(g), f"jc-slot-{g.index}-{i}")
         self._spawn_thread(self._heartbeat_loop, "jc-heartbeat")
+
+    def _warn_of_unknown_queues(self) -> None:
+        """Said once, at the start: a queue of its slot groups that no lane is named after
+        and no job runs in. Not refused: its jobs may be loaded later."""
+        named = [q for g in self._groups for q in g.spec.queues]
+        try:
+            unknown = self.runqueue.unknown_queues(named)
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            return
+        for queue in unknown:
+            log.warning(
+                "worker %s: no lane is named %r and no job runs in that queue (mistyped?): "
+                "its slots take nothing until a job of queue %r runs",
+                self.name,
+                queue,
+                queue,
+            )
 
     def record_kept_ends(self) -> list[int]:
         """Record the ends kept in the spool directory (``keptends``), and announce them

@@ -14,6 +14,7 @@ clock is injected, so nothing here sleeps.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -553,3 +554,22 @@ def test_the_registry_shows_the_groups_and_their_use_and_reads_old_rows(
     assert listed()["older"]["groups"] == [{"queues": ["*"], "slots": 2, "used": 0, "runs": []}]
     gates["fast"].open()
     w.wait_for("the end", lambda: used(w) == [0, 0])
+
+
+def test_a_queue_that_no_lane_and_no_job_names_is_warned_of_at_the_start(
+    store: Store, workers: list[Worker], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mistyped queue (``gpux`` for ``gpu``) is a slot group that never takes anything:
+    said once as the worker starts. A queue with a lane, or with a job, is not."""
+    with store.write() as conn:
+        lanes.insert(conn, "fast", {}, NOW, "tester")
+        queries.insert_job(
+            conn, {"name": "render", "kind": "task", "command": "true", "queue": "render"}
+        )
+    with caplog.at_level(logging.WARNING, logger="jobcontrol.worker.local"):
+        start_worker(workers, RunQueue(store), tmp_path, spec="fast:1 render:1 gpux:1 *:1")
+    said = [r.getMessage() for r in caplog.records if "mistyped" in r.getMessage()]
+    assert said == [
+        "worker w1: no lane is named 'gpux' and no job runs in that queue (mistyped?): its "
+        "slots take nothing until a job of queue 'gpux' runs"
+    ]
