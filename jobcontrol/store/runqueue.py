@@ -806,17 +806,29 @@ class RunQueue:
     def _then_claim(self, conn: Connection, name: str, then: ThenClaim, done: Finished) -> Finished:
         """``finish``'s claim of one more run (``ThenClaim``), on its connection."""
         now = then.clock()
-        known = self._lanes_read_since(now) or self._read_lanes(conn, now)
         params = {"v_started": now, "v_worker": name, "v_host": then.host, **self._times(now)}
-        if not known.capped():
-            got = self._claim_uncounted(conn, params, known, then.queues, 1)
-        elif self.store.is_sqlite:  # its write transaction is the only one: counted in it
-            got = self._claim_in_lanes(conn, params, then.queues, 1, known=known, clock=then.clock)
-        else:
-            # A capped lane's count locks its row for a transaction of its own: the
-            # group's claim does it.
+        cached = self._lanes_read_since(now)
+        got = self._one_by(conn, params, cached or self._read_lanes(conn, now), then)
+        if not got and cached is not None:
+            # The read kept may be a second old: a lane drained since leaves its run picked
+            # and refused. As ``claim`` does when it comes back short: the lanes as they
+            # are now, and the claim again by them.
+            got = self._one_by(conn, params, self._read_lanes(conn, now), then)
+        if got is None:
             return done
         return replace(done, next=got[0] if got else None, looked=True)
+
+    def _one_by(
+        self, conn: Connection, params: dict[str, Any], known: Lanes, then: ThenClaim
+    ) -> list[RunRecord] | None:
+        """``_then_claim``'s claim by the lanes ``known``; None when it is not for it: on
+        PostgreSQL a capped lane's count locks its row for a transaction of its own,
+        which the group's claim makes."""
+        if not known.capped():
+            return self._claim_uncounted(conn, params, known, then.queues, 1)
+        if self.store.is_sqlite:  # its write transaction is the only one: counted in it
+            return self._claim_in_lanes(conn, params, then.queues, 1, known=known, clock=then.clock)
+        return None
 
     def _take_next(
         self, conn: Connection, run_id: int, name: str, ok: bool, host: str, now: datetime

@@ -166,6 +166,30 @@ def test_an_end_claims_its_slots_next_run_with_it_most_urgent_first(rq: RunQueue
         assert run_row(rq.store, other).state is RunState.QUEUED
 
 
+def test_an_ends_claim_reads_the_lanes_again_when_a_lane_drained_since_held_it_back(
+    rq: RunQueue,
+) -> None:
+    """The lanes the run queue read last can be a second old. A lane drained since then
+    has its run picked first and refused by the claim: the end's claim must read the
+    lanes again and take the next run, as ``claim`` does, not come back empty (its group
+    would then wait out a poll interval with work queued)."""
+    with rq.store.write() as conn:
+        lanes.insert(conn, "x", {}, NOW, "tester")
+    (first,) = queue_runs(rq.store, 1)
+    assert [r.id for r in rq.claim("w", "h", NOW, limit=1)] == [first]  # lanes read: x open
+    (urgent,) = queue_runs(rq.store, 1, priority=10, queue="x")
+    (other,) = queue_runs(rq.store, 1, queue="y")
+    with rq.store.write() as conn:
+        lanes.change(conn, "x", {"enabled": False}, NOW, "tester")  # drained meanwhile
+    end = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": NOW, "lease_until": None}
+    then = ThenClaim("h", lambda: NOW, None)
+    done = rq.finish(first, "w", end, 5, then_claim=then)
+    assert (done.recorded, done.looked) == (True, True)
+    assert done.next is not None, "the drained lane's run refused, the next one taken"
+    assert done.next.id == other
+    assert run_row(rq.store, urgent).state is RunState.QUEUED
+
+
 def test_finish_is_compare_and_set_under_the_worker_that_holds_the_run(rq: RunQueue) -> None:
     (run_id,) = queue_runs(rq.store, 1)
     end = {"state": RunState.SUCCEEDED, "exit_status": 0, "ended": NOW, "lease_until": None}
