@@ -75,11 +75,14 @@ def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Its subcommands' parsers are of this class too (``add_subparsers``). A mistake in
-    the command line is said in one line, not after the whole usage of the command
-    (``--help`` shows that); exit status 2, as argparse's."""
+    """Its subcommands' parsers are of this class too (``add_subparsers``). A wrong
+    argument is said in one line, not after the whole usage of the command (``--help``
+    shows that); a command left out still shows the usage, which lists them. Exit
+    status 2, as argparse's."""
 
     def error(self, message: str) -> NoReturn:
+        if not message.startswith(("argument ", "unrecognized arguments")):
+            super().error(message)  # a command missing: its usage lists them
         if message.endswith("expected one argument"):
             # ``--drain-timeout -5s``: argparse takes the value for an option.
             message += " (a value that starts with '-' is given as --OPTION=VALUE)"

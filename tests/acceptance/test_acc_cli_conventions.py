@@ -353,6 +353,11 @@ def test_a_mistake_in_the_command_line_is_one_line_that_names_it(
         assert len(lines) == 1, f"one line, not the whole usage: {refused.stderr}"
         assert lines[0].startswith(f"jobcontrol {args[0]}" if args[0] != "bogus" else "jobcontrol:")
         assert said in lines[0], lines[0]
+    # A command left out: the usage, which lists them, comes with the error.
+    bare = jc_sqlite.bare("daemon", "--db", db)
+    assert bare.returncode == 2, describe(bare)
+    assert bare.stderr.startswith("usage: jobcontrol daemon"), bare.stderr
+    assert "{run,start,unit,stop,status}" in bare.stderr, bare.stderr
     # Given as the line says, the value reaches the option's own check.
     refused = jc_sqlite.bare("worker", "start", "--drain-timeout=-5s", "--db", db)
     assert "cannot read '-5s' as a duration" in refused.stderr, describe(refused)
