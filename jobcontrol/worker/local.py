@@ -335,6 +335,7 @@ class Worker:
         self._lanes_seen: tuple[Any, ...] | None = None
         self._lanes_mark: Hashable | None = None  # the database when the lanes were read
         self._capped = False  # whether a lane it serves has max_slots (a count may free up)
+        self._announced = 0  # news of work so far: runs queued, wakes (``_taken_with_end``)
         self._follow_lanes(None)
         self._stated_beat = self.heartbeat_interval  # what its last beat said (``beat_s``)
         self._beating_idle = False  # its last beat was an idle one: a claim hurries the next
@@ -633,6 +634,7 @@ class Worker:
             self.wake()
             return
         with self._cond:
+            self._announced += 1  # an end's claim under way may have missed them
             offered = False
             for g in self._groups:
                 if g.offers is not None and not offered:
@@ -668,6 +670,7 @@ class Worker:
         """Work may be available (runs not known, a lane changed, a NOTIFY): every group
         with free slots claims at once, whatever its back-off."""
         with self._cond:
+            self._announced += 1  # an end's claim under way may have missed it
             for g in self._groups:
                 if g.free > 0:
                     g.kicked = True
@@ -1156,14 +1159,15 @@ class Worker:
                     elif (full and not looked) or self._capped:
                         # Resumed: it stopped claiming at capacity (or a capped lane of
                         # it may have room again): it claims now, the others do not.
-                        # Not when the end's own claim just found its queues empty:
-                        # what is queued since was announced, and kicked it then.
+                        # Not when the end's own claim just found its queues empty
+                        # (``_taken_with_end`` kicks it for runs announced since).
                         g.kicked = True
-                    # Woken only for what they wait on: the workloop when resumed, the
-                    # threads of a worker that stops, ``wait_for``. Waking every thread
-                    # at each task's end (each slot thread, to find nothing ready) cost
-                    # about a tenth of the worker's CPU per task of a sequence.
-                    if g.kicked or self._stopping or self._watching:
+                    # Woken only for what they wait on: the workloop when resumed (or
+                    # at capacity no more: its wait becomes its back-off's), the threads
+                    # of a worker that stops, ``wait_for``. Waking every thread at each
+                    # task's end (each slot thread, to find nothing ready) cost about a
+                    # tenth of the worker's CPU per task of a sequence.
+                    if g.kicked or full or self._stopping or self._watching:
                         self._cond.notify_all()
 
     def _execute(
@@ -1430,7 +1434,7 @@ class Worker:
             # slot held, whatever its queues have (its workloop stopped claiming at
             # capacity). The slot that frees takes the next itself, with this end.
             waiting = not self._stopping and (bool(g.offers) or g.free <= 0)
-            offered = g.offered
+            offered, announced = g.offered, self._announced
         then = ThenClaim(self.host, self.clock.now, g.claim_queues) if waiting else None
 
         def finish() -> Finished:
@@ -1454,7 +1458,7 @@ class Worker:
             self._keep_end(run_id, values)
             return None, False
         if result.looked:
-            self._taken_with_end(g, result.next, offered)
+            self._taken_with_end(g, result.next, offered, announced)
         if not result.recorded and self._recorded_already(run_id, values):
             log.info(
                 "task run %s: its end was recorded by an earlier try whose answer was lost",
@@ -1470,11 +1474,15 @@ class Worker:
         _delete_logs(result.stale_logs)
         return result.next, result.looked
 
-    def _taken_with_end(self, g: _Group, run: RunRecord | None, offered: int) -> None:
+    def _taken_with_end(
+        self, g: _Group, run: RunRecord | None, offered: int, announced: int
+    ) -> None:
         """The group after an end's claim of its next run. That claim counts as one of
         the group's, for its back-off as for its workloop's. The run it took is no
         longer one to claim; when it found none, neither is any announced before it
-        (taken by another worker), so the group's workloop does not claim for them."""
+        (taken by another worker), so the group's workloop does not claim for them.
+        Runs announced since that claim began are claimed by the workloop at once: the
+        group was at capacity when they were, so they did not kick it."""
         with self._cond:
             g.looks += 1
             self._backed_off(g, empty=run is None)
@@ -1484,6 +1492,8 @@ class Worker:
                         g.offers.remove(run.id)
                 elif g.offered == offered:
                     g.offers.clear()
+            if run is None and self._announced != announced:
+                g.kicked = True
             if run is not None:
                 self._hurry_beat()
 

@@ -573,3 +573,51 @@ def test_a_queue_that_no_lane_and_no_job_names_is_warned_of_at_the_start(
         "worker w1: no lane is named 'gpux' and no job runs in that queue (mistyped?): its "
         "slots take nothing until a job of queue 'gpux' runs"
     ]
+
+
+class AnnouncingQueue(SpyQueue):
+    """Queues and announces a run just after an end's claim found nothing: news that
+    came while the group was still at capacity, so it did not kick the group."""
+
+    def __init__(self, store: Store, mono: ManualMonotonic, queue: str) -> None:
+        super().__init__(store, mono)
+        self.queue = queue
+        self.late: list[int] = []
+
+    def finish(
+        self,
+        run_id: int,
+        name: str,
+        values: dict[str, Any],
+        default_max_log_files: int,
+        *,
+        take_next: tuple[str, Callable[[], datetime]] | None = None,
+        then_claim: ThenClaim | None = None,
+    ) -> Finished:
+        done = super().finish(
+            run_id,
+            name,
+            values,
+            default_max_log_files,
+            take_next=take_next,
+            then_claim=then_claim,
+        )
+        if done.looked and done.next is None and not self.late:
+            self.late.append(queue_run(self.store, "late", "true", queue=self.queue))
+            events.runs_queued.send(self.store, run_ids=self.late)
+        return done
+
+
+@pytest.mark.parametrize("spec", ["fast:1", "*:1"])
+def test_a_run_announced_while_an_ends_claim_found_nothing_is_claimed_at_once(
+    store: Store, workers: list[Worker], gates: dict[str, Gate], tmp_path: Path, spec: str
+) -> None:
+    mono = ManualMonotonic()  # never moves: no back-off runs out, only news counts
+    rq = AnnouncingQueue(store, mono, "fast")
+    first = queue_run(store, "f0", gated(gates, tmp_path, "f0"), queue="fast")
+    w = start_worker(workers, rq, tmp_path, spec=spec, mono=mono)
+    w.wait_for("the first run", lambda: first in w.groups()[0].runs)
+    gates["f0"].open()  # its end claims with it (the group is full), finds nothing...
+    poll_until("the run announced meanwhile", lambda: bool(rq.late))
+    # ... and the run announced meanwhile is claimed by the group's workloop at once.
+    poll_until("the late run to succeed", lambda: state_of(store, rq.late[0]) is RunState.SUCCEEDED)
