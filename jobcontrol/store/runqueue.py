@@ -104,8 +104,8 @@ class Finished:
     recorded: bool
     stale_logs: list[str] = field(default_factory=list)
     next: RunRecord | None = None
-    # ``then_claim`` was tried (the lanes known and uncapped): ``next`` is what it found,
-    # and None means no run of those queues was claimable at the time.
+    # ``then_claim`` was tried (not on PostgreSQL while a lane has a cap): ``next`` is
+    # what it found, and None means no run of those queues was claimable at the time.
     looked: bool = False
 
 
@@ -367,6 +367,10 @@ class RunQueue:
     def _times(self, now: datetime) -> dict[str, Any]:
         return {"v_now": now, "v_lease": now + (self.lease or DEFAULT_LEASE)}
 
+    def _stamp(self, name: str, host: str, at: datetime) -> dict[str, Any]:
+        """What a claim writes of its worker and time: started, worker, host, lease."""
+        return {"v_started": at, "v_worker": name, "v_host": host, **self._times(at)}
+
     def lanes(self) -> Lanes:
         """The lane table as it is now (a worker re-reads it when told and as a back-up)."""
         with self.store.read_one() as conn:
@@ -516,15 +520,16 @@ class RunQueue:
         if limit < 1:
             return []
 
-        def stamped(at: datetime) -> dict[str, Any]:
-            return {"v_started": at, "v_worker": name, "v_host": host, **self._times(at)}
-
         def stamped_in_lock() -> dict[str, Any]:
             # SQLite: the write lock is had only now, maybe a busy timeout after ``now``
             # (another process held it): the runs start now, not before.
-            return stamped(clock()) if clock is not None and self.store.is_sqlite else params
+            return (
+                self._stamp(name, host, clock())
+                if clock is not None and self.store.is_sqlite
+                else params
+            )
 
-        params = stamped(now)
+        params = self._stamp(name, host, now)
         fixed = self.lease is not None
         claimed: list[RunRecord] = []
         read = self._lanes_read_since(now) if run_id is None else None
@@ -806,10 +811,10 @@ class RunQueue:
     def _then_claim(self, conn: Connection, name: str, then: ThenClaim, done: Finished) -> Finished:
         """``finish``'s claim of one more run (``ThenClaim``), on its connection."""
         now = then.clock()
-        params = {"v_started": now, "v_worker": name, "v_host": then.host, **self._times(now)}
+        params = self._stamp(name, then.host, now)
         cached = self._lanes_read_since(now)
         got = self._one_by(conn, params, cached or self._read_lanes(conn, now), then)
-        if not got and cached is not None:
+        if got == [] and cached is not None:
             # The read kept may be a second old: a lane drained since leaves its run picked
             # and refused. As ``claim`` does when it comes back short: the lanes as they
             # are now, and the claim again by them.
@@ -835,8 +840,7 @@ class RunQueue:
     ) -> RunRecord | None:
         """SQLite: the run queued after ``run_id`` claimed by ``name`` if its lane needs no
         count, else released to the queue; the run claimed, if one was."""
-        params = {"w_id": run_id, "v_started": now, "v_worker": name, "v_host": host}
-        params.update(self._times(now))
+        params = {"w_id": run_id, **self._stamp(name, host, now)}
         taken = None
         for rule in _NEXT_RULE[ok, self.lease is not None].all(conn, params):
             values = {"w_next": rule["id"], "v_go": rule["go"], "v_lease_until": rule["lease"]}
@@ -865,7 +869,7 @@ class RunQueue:
         if take_next is not None:
             host, clock = take_next
             now = clock()
-            params.update(v_started=now, v_worker=name, v_host=host, **self._times(now))
+            params.update(self._stamp(name, host, now))
         # No transaction around it: one round trip, where a task that left a log took
         # four (BEGIN, the finish, the read of the logs to prune, COMMIT).
         with self.store.single() as conn:

@@ -131,7 +131,6 @@ class _Group:
     reserved: int = 0  # slots a claim in flight may fill
     ready: deque[RunRecord] = field(default_factory=deque)  # claimed, for its slot threads
     offers: deque[int] | None = None  # announced run ids: only a group of every queue
-    offered: int = 0  # ids put in ``offers`` so far (which of them came after a look)
     kicked: bool = False  # work may be available: claim now, whatever the back-off
     low: float = BACKOFF_MIN
     high: float = BACKOFF_MAX
@@ -639,7 +638,6 @@ class Worker:
             for g in self._groups:
                 if g.offers is not None and not offered:
                     g.offers.extend(run_ids)  # claimed by id: the one-statement path
-                    g.offered += len(run_ids)
                     offered = True
                 elif g.free > 0:
                     g.kicked = True
@@ -1434,7 +1432,7 @@ class Worker:
             # slot held, whatever its queues have (its workloop stopped claiming at
             # capacity). The slot that frees takes the next itself, with this end.
             waiting = not self._stopping and (bool(g.offers) or g.free <= 0)
-            offered, announced = g.offered, self._announced
+            announced = self._announced
         then = ThenClaim(self.host, self.clock.now, g.claim_queues) if waiting else None
 
         def finish() -> Finished:
@@ -1458,7 +1456,7 @@ class Worker:
             self._keep_end(run_id, values)
             return None, False
         if result.looked:
-            self._taken_with_end(g, result.next, offered, announced)
+            self._taken_with_end(g, result.next, announced)
         if not result.recorded and self._recorded_already(run_id, values):
             log.info(
                 "task run %s: its end was recorded by an earlier try whose answer was lost",
@@ -1474,28 +1472,27 @@ class Worker:
         _delete_logs(result.stale_logs)
         return result.next, result.looked
 
-    def _taken_with_end(
-        self, g: _Group, run: RunRecord | None, offered: int, announced: int
-    ) -> None:
+    def _taken_with_end(self, g: _Group, run: RunRecord | None, announced: int) -> None:
         """The group after an end's claim of its next run. That claim counts as one of
         the group's, for its back-off as for its workloop's. The run it took is no
-        longer one to claim; when it found none, neither is any announced before it
-        (taken by another worker), so the group's workloop does not claim for them.
-        Runs announced since that claim began are claimed by the workloop at once: the
-        group was at capacity when they were, so they did not kick it."""
+        longer one to claim. When it found none and no news came since that claim
+        began (``announced``), neither is any run announced before it (taken by another
+        worker): the group's workloop does not claim for them. News since is claimed by
+        the workloop at once: the group was at capacity when it came, so it did not
+        kick the group."""
         with self._cond:
             g.looks += 1
             self._backed_off(g, empty=run is None)
-            if g.offers:
-                if run is not None:
+            if run is not None:
+                if g.offers:
                     with contextlib.suppress(ValueError):
                         g.offers.remove(run.id)
-                elif g.offered == offered:
-                    g.offers.clear()
-            if run is None and self._announced != announced:
-                g.kicked = True
-            if run is not None:
                 self._hurry_beat()
+            elif self._announced == announced:
+                if g.offers:
+                    g.offers.clear()
+            else:
+                g.kicked = True
 
     def _keep_end(self, run_id: int, values: dict[str, Any]) -> None:
         """The end the database did not take before the stop: kept in the spool directory,

@@ -66,26 +66,10 @@ class SpyQueue(RunQueue):
             name, host, now, run_id=run_id, queues=queues, limit=limit, clock=clock
         )
 
-    def finish(
-        self,
-        run_id: int,
-        name: str,
-        values: dict[str, Any],
-        default_max_log_files: int,
-        *,
-        take_next: tuple[str, Callable[[], datetime]] | None = None,
-        then_claim: ThenClaim | None = None,
-    ) -> Finished:
+    def finish(self, *args: Any, then_claim: ThenClaim | None = None, **kwargs: Any) -> Finished:
         if then_claim is not None:
             self._record("end+claim", then_claim.queues, 1)
-        return super().finish(
-            run_id,
-            name,
-            values,
-            default_max_log_files,
-            take_next=take_next,
-            then_claim=then_claim,
-        )
+        return super().finish(*args, then_claim=then_claim, **kwargs)
 
     def any_queued(self, queues: Sequence[str] | None = None) -> bool:
         self._record("look", queues, 0)
@@ -584,24 +568,8 @@ class AnnouncingQueue(SpyQueue):
         self.queue = queue
         self.late: list[int] = []
 
-    def finish(
-        self,
-        run_id: int,
-        name: str,
-        values: dict[str, Any],
-        default_max_log_files: int,
-        *,
-        take_next: tuple[str, Callable[[], datetime]] | None = None,
-        then_claim: ThenClaim | None = None,
-    ) -> Finished:
-        done = super().finish(
-            run_id,
-            name,
-            values,
-            default_max_log_files,
-            take_next=take_next,
-            then_claim=then_claim,
-        )
+    def finish(self, *args: Any, **kwargs: Any) -> Finished:
+        done = super().finish(*args, **kwargs)
         if done.looked and done.next is None and not self.late:
             self.late.append(queue_run(self.store, "late", "true", queue=self.queue))
             events.runs_queued.send(self.store, run_ids=self.late)
