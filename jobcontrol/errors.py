@@ -6,10 +6,23 @@ ECHO_MAX = 200  # characters of a caller's value an error message repeats
 
 
 def clip(text: str, limit: int = ECHO_MAX) -> str:
-    """``text`` as an error may repeat it: at most ``limit`` characters, saying how many more."""
+    """``text`` as an error may repeat it: at most ``limit`` characters, saying how many
+    more, and any lone half of a surrogate pair written out (``visible``)."""
+    text = visible(text)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def visible(text: str) -> str:
+    """``text`` with each lone half of a surrogate pair (which JSON can carry escaped but
+    UTF-8 cannot encode) written out as its escape, ``\\ud800``: a caller's value that
+    is repeated in an answer, a log or the audit trail can then always be encoded."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class JobControlError(Exception):

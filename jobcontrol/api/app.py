@@ -9,7 +9,14 @@ from fastapi.responses import JSONResponse
 
 from jobcontrol.api import audit, definitions, jobs, lanes, runs, stream, system, workers
 from jobcontrol.api.bodies import MAX_BODY_BYTES
-from jobcontrol.api.deps import ApiContext, TokenGate, install_error_handlers, require, role_table
+from jobcontrol.api.deps import (
+    ApiContext,
+    JSONAnswer,
+    TokenGate,
+    install_error_handlers,
+    require,
+    role_table,
+)
 from jobcontrol.service.users import Action, User
 
 
@@ -22,6 +29,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        default_response_class=JSONAnswer,
         # No app-wide body limit: FastAPI checks that before any middleware, so it would
         # answer 413 before TokenGate's 401. Each router carries the limit instead.
     )

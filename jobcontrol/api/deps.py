@@ -44,6 +44,7 @@ from jobcontrol.errors import (
     UnknownUserError,
     ValidationError,
     clip,
+    visible,
 )
 from jobcontrol.service import audit
 from jobcontrol.service.engine import Engine
@@ -177,10 +178,7 @@ class TokenGate:
         size = request.headers.get("content-length", "")
         if size.isdigit() and int(size) > MAX_BODY_BYTES:
             # Starlette's own answer to this is plain text: the API's errors are JSON.
-            message = (
-                f"the request body is {int(size)} bytes; the API takes at most "
-                f"{MAX_BODY_BYTES} ({MAX_BODY_BYTES // (1024 * 1024)} MiB)"
-            )
+            message = f"the request body is {int(size)} bytes; {_TAKES_AT_MOST}"
             too_large = HTTPException(413, message, headers={"connection": "close"})
             await http_error_response(too_large)(scope, receive, send)
             return
@@ -192,6 +190,8 @@ class TokenGate:
             return
         await self.app(scope, receive, send)
 
+
+_TAKES_AT_MOST = f"the API takes at most {MAX_BODY_BYTES} ({MAX_BODY_BYTES // (1024 * 1024)} MiB)"
 
 # How long, and how much, of the body of a request refused for its role is read to
 # name the jobs it names in the audit trail.
@@ -254,7 +254,9 @@ async def _refuse_early(
     fields: set[str] = set()
     body = await _read_some(receive, EARLY_BODY_WAIT, EARLY_BODY_MAX)
     if body is not None:
-        named, fields = _named(body)
+        # A body's "name" is a new job's on POST /jobs only (a lane's on POST /lanes: the
+        # trail's jobs are jobs, and a lane route's path names its lane already).
+        named, fields = _named(body, new_job=scope["path"].rstrip("/") == "/api/v1/jobs")
         jobs += named
     if fields:
         # A batch's fields say what it asks (``modify_jobs``): a viewer that changes a
@@ -297,9 +299,9 @@ async def _read_some(receive: Receive, wait: float, most: int) -> bytes | None:
     return b"".join(chunks) if whole else None
 
 
-def _named(body: bytes) -> tuple[list[Any], set[str]]:
-    """The jobs a JSON body names (``jobs``, ``changes[].job``, a new job's ``name``) and
-    the fields its ``changes`` set."""
+def _named(body: bytes, *, new_job: bool) -> tuple[list[Any], set[str]]:
+    """The jobs a JSON body names (``jobs``, ``changes[].job``, and with ``new_job`` the
+    new job's ``name``) and the fields its ``changes`` set."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -315,7 +317,7 @@ def _named(body: bytes) -> tuple[list[Any], set[str]]:
             named.append(change.get("job"))
             if isinstance(change.get("fields"), dict):
                 fields.update(str(key)[:64] for key in change["fields"])
-    if isinstance(data.get("name"), str):
+    if new_job and isinstance(data.get("name"), str):
         named.append(data["name"])
     jobs = [j for j in named if isinstance(j, str | int) and not isinstance(j, bool)]
     return jobs[:100], set(sorted(fields)[:50])
@@ -408,12 +410,34 @@ MAX_PROBLEMS = 50
 MESSAGE_MAX = 4000
 
 
+class JSONAnswer(JSONResponse):
+    """Every answer's JSON (the app's default response class): a string UTF-8 cannot
+    encode (a lone half of a surrogate pair that came in escaped in a request's JSON)
+    is written out as its escape rather than failing the answer with a plain 500."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(_visible_all(content))
+
+
+def _visible_all(value: Any) -> Any:
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return {_visible_all(k): _visible_all(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_visible_all(v) for v in value]
+    return value
+
+
 def refusal_response(exc: JobControlError) -> JSONResponse:
     status = error_status(exc)
     if status >= 500:
         # One line, what it cost included (an audit entry the outage kept out: audit.scope).
         log.warning("request failed: %s", "; ".join([str(exc), *getattr(exc, "__notes__", ())]))
-    return JSONResponse(error_body(exc), status_code=status)
+    return JSONAnswer(error_body(exc), status_code=status)
 
 
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
@@ -422,7 +446,7 @@ def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
         "message": clip(str(exc.detail), MESSAGE_MAX),
         "detail": _clipped(exc.detail),
     }
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    return JSONAnswer(body, status_code=exc.status_code, headers=exc.headers)
 
 
 def _clipped(value: Any) -> Any:
@@ -476,10 +500,15 @@ def install_error_handlers(app: FastAPI) -> None:
         # The caller's values are echoed clipped: a 9 MB name must not come back whole.
         detail = _clipped(jsonable_encoder(errors))
         body = {"error": "InvalidRequest", "message": message, "detail": detail}
-        return JSONResponse(body, status_code=422)
+        return JSONAnswer(body, status_code=422)
 
     async def on_http(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 413 and not str(exc.detail).startswith("the request body"):
+            # A body sent without its length (chunked) stopped at the limit as it came.
+            exc = StarletteHTTPException(
+                413, f"the request body is more than {MAX_BODY_BYTES} bytes; {_TAKES_AT_MOST}"
+            )
         return http_error_response(exc)
 
     app.add_exception_handler(JobControlError, on_refusal)
@@ -566,10 +595,20 @@ class _StrictJsonRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            text = (await self.body()).decode("utf-8")
-            self._json = json.loads(
-                text, object_pairs_hook=_once_each(text), parse_constant=_not_json(text)
-            )
+            raw = await self.body()
+            # Each way a body fails to parse is a JSONDecodeError, which FastAPI answers
+            # 422 saying where (any other error would be its bare 400).
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                why = f"not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start})"
+                raise json.JSONDecodeError(why, "", 0) from None
+            try:
+                self._json = json.loads(
+                    text, object_pairs_hook=_once_each(text), parse_constant=_not_json(text)
+                )
+            except RecursionError:
+                raise json.JSONDecodeError("nested too deeply", text, 0) from None
         return self._json
 
 

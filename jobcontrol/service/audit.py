@@ -25,13 +25,23 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobcontrol.errors import BusyError, JobControlError, StoreError, StoreUnavailable
+from jobcontrol.errors import (
+    BusyError,
+    JobControlError,
+    StoreError,
+    StoreUnavailable,
+    clip,
+    visible,
+)
 from jobcontrol.store import Store
 from jobcontrol.store import access_queries as q
 
 log = logging.getLogger(__name__)
 
 DETAIL_MAX = 2000
+# A refusal is recorded as its request (``POST /api/v1/jobs/<name>/run``): a path with a
+# long name is cut, saying how much.
+OPERATION_MAX = 500
 
 
 class Result(enum.StrEnum):
@@ -90,14 +100,17 @@ def record(
     wait: bool = True,
 ) -> None:
     """Write one entry: in the caller's transaction, or in a new one given a store
-    (without ``wait``, one that fails at once where another write holds the database)."""
+    (without ``wait``, one that fails at once where another write holds the database).
+
+    What a caller gave (a refused request's path and job names) is kept as text any
+    reader can encode: a lone half of a surrogate pair is written out (``visible``)."""
     args = (
         at or datetime.now(UTC),
-        user,
-        operation,
-        json.dumps(list(jobs)),
+        visible(user),
+        clip(operation, OPERATION_MAX),
+        json.dumps([visible(name) for name in jobs]),
         str(Result(result)),
-        detail[:DETAIL_MAX],
+        visible(detail)[:DETAIL_MAX],
     )
     if isinstance(conn_or_store, Store):
         with conn_or_store.write(wait=wait) as conn:
@@ -214,14 +227,15 @@ def list_entries(
 
 
 def _entry(row: Any) -> AuditEntry:
+    # ``visible``: an entry written before its values were kept encodable reads as one.
     return AuditEntry(
         id=int(row.id),
         at=row.at,
-        user=row.user_name,
-        operation=row.operation,
-        jobs=list(json.loads(row.jobs)),
+        user=visible(row.user_name),
+        operation=visible(row.operation),
+        jobs=[visible(name) for name in json.loads(row.jobs)],
         result=Result(row.result),
-        detail=row.detail,
+        detail=visible(row.detail),
     )
 
 

@@ -235,7 +235,7 @@ def remove_user(store: Store, name: str, *, by: str | None = None) -> None:
         row = q.user_row(conn, name)
         if row is None:
             raise UnknownUserError(name)
-        if row.role == Role.ADMIN and q.count_role(conn, Role.ADMIN) == 1:
+        if row.role == Role.ADMIN and q.count_role_locked(conn, Role.ADMIN) == 1:
             raise UserError(name, "the last admin cannot be removed (add another admin first)")
         q.delete_user(conn, name)
         _note_success(conn, note, f"removed user {name!r} ({row.role})")

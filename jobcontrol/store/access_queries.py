@@ -35,9 +35,12 @@ def all_users(conn: Connection) -> list[Row[Any]]:
     return list(conn.execute(select(app_user).order_by(app_user.c.name)))
 
 
-def count_role(conn: Connection, role: str) -> int:
-    stmt = select(func.count()).select_from(app_user).where(app_user.c.role == role)
-    return int(conn.execute(stmt).scalar_one())
+def count_role_locked(conn: Connection, role: str) -> int:
+    """How many users have ``role``, their rows locked until the transaction ends
+    (PostgreSQL; SQLite's write transaction holds the whole database already): two
+    removals of the role's last two users cannot both count two."""
+    locked = select(app_user.c.id).where(app_user.c.role == role).with_for_update()
+    return len(conn.execute(locked).all())
 
 
 def insert_user(conn: Connection, values: Mapping[str, Any]) -> int:

@@ -278,7 +278,8 @@ audit = Table(
     Column("at", UTCDateTime, nullable=False),
     # Longer than a user name: CLI entries are 'local:<login name>'.
     Column("user_name", String(128), nullable=False),
-    Column("operation", String(32), nullable=False),
+    # A refused request is recorded as its method and path (cut past 500 characters).
+    Column("operation", Text, nullable=False),
     Column("jobs", Text, nullable=False),  # a JSON list of job names
     Column("result", String(8), nullable=False),
     Column("detail", Text, nullable=False),

@@ -264,3 +264,108 @@ def test_exports_wait_their_turn_two_at_a_time(api: Api, monkeypatch: pytest.Mon
         server.stop()
     assert answers == [200] * 12
     assert most == api_definitions.EXPORTS_AT_ONCE
+
+
+def test_a_refused_request_with_a_long_path_is_audited_as_it_came(api_any: Api) -> None:
+    """PostgreSQL kept the operation in 32 characters: a viewer's refused run of a job
+    named ten characters or more, or any lane route, went unaudited."""
+    api = api_any
+    api.jc.create(task("nightly-backup", "true"))
+    viewer = api.headers("viewer")
+    for path in (f"{V1}/jobs/nightly-backup/run", f"{V1}/lanes/default/resume"):
+        answer = api.client.post(path, headers=viewer)
+        assert answer.status_code == 403, answer.text
+    operations = [e.operation for e in list_entries(api.jc.store, user="viewer-user")]
+    assert operations == [f"POST {V1}/lanes/default/resume", f"POST {V1}/jobs/nightly-backup/run"]
+
+
+def test_a_lone_surrogate_is_refused_in_json_and_cannot_break_the_audit_pages(api: Api) -> None:
+    """JSON may carry half of a surrogate pair escaped (``\\ud800``), which UTF-8 cannot
+    encode: the 422 that repeated it answered a plain-text 500, and a viewer's refused
+    request that named such a job made every audit page holding it a 500."""
+    api.jc.create(task("t1", "true"))
+    before = api.jc.dump()
+    json_headers = {"Content-Type": "application/json"}
+    refused = api.client.post(
+        f"{V1}/jobs",
+        content=b'{"name": "\\ud800x", "kind": "box"}',
+        headers={**api.headers("viewer"), **json_headers},
+    )
+    assert refused.status_code == 403, refused.text
+    invalid = api.client.patch(
+        f"{V1}/jobs",
+        content=b'{"changes": [{"job": "t1", "fields": {"description": "\\ud800"}}]}',
+        headers={**api.headers(), **json_headers},
+    )
+    assert invalid.status_code == 422, invalid.text
+    assert invalid.json()["error"] == "InvalidRequest"
+    assert "description" in invalid.json()["message"]
+    assert api.jc.dump() == before
+
+    page = api.client.get(f"{V1}/audit", headers=api.headers("viewer"))
+    assert page.status_code == 200, page.text
+    entries = page.json()["entries"]
+    assert [e["result"] for e in entries[:2]] == ["refused", "refused"]
+    assert entries[1]["jobs"] == ["\\ud800x"]  # written out, as text
+
+
+def test_run_kill_and_restart_of_an_unknown_job_are_audited_as_refused(api: Api) -> None:
+    """Modify and delete of a job that is not there were audited; run, kill and restart
+    were refused before their audit scope and left no entry."""
+    for action in ("run", "kill", "restart"):
+        answer = api.client.post(f"{V1}/jobs/nosuch/{action}", headers=api.headers())
+        assert answer.status_code == 404, answer.text
+        assert "nosuch" in answer.json()["message"]
+    entries = list_entries(api.jc.store, user="admin-user")
+    assert [(e.operation, e.jobs, e.result) for e in entries] == [
+        ("job.restart", ["nosuch"], "refused"),
+        ("job.kill", ["nosuch"], "refused"),
+        ("job.run", ["nosuch"], "refused"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b'{"changes": [{"job": "t1", "fields": {"description": "\xff\xfe"}}]}', "not UTF-8"),
+        (b"[" * 100_000, "nested too deeply"),
+    ],
+    ids=["not utf-8", "deep"],
+)
+def test_a_body_that_is_not_json_is_a_422_that_says_why(api: Api, body: bytes, words: str) -> None:
+    api.jc.create(task("t1", "true"))
+    before = api.jc.dump()
+    answer = api.client.patch(
+        f"{V1}/jobs", content=body, headers={**api.headers(), "Content-Type": "application/json"}
+    )
+    assert answer.status_code == 422, answer.text
+    assert words in answer.json()["message"]
+    assert api.jc.dump() == before
+
+
+def test_a_chunked_body_past_the_limit_is_told_the_limit(api: Api) -> None:
+    """Without a Content-Length the body is stopped at the limit as it comes: the 413 said
+    only "Content Too Large"."""
+
+    def chunks() -> Any:
+        piece = b" " * (1024 * 1024)
+        for _ in range(11):
+            yield piece
+
+    answer = api.client.patch(
+        f"{V1}/jobs",
+        content=chunks(),
+        headers={**api.headers(), "Content-Type": "application/json"},
+    )
+    assert answer.status_code == 413, answer.text
+    assert "the API takes at most 10485760 (10 MiB)" in answer.json()["message"]
+
+
+def test_a_refused_lane_request_names_no_job(api: Api) -> None:
+    """A refused POST /lanes recorded its lane among the trail's jobs; other lane routes
+    did not: the path names the lane, the jobs are jobs."""
+    body = {"name": "gpu", "cap": 2}
+    answer = api.client.post(f"{V1}/lanes", json=body, headers=api.headers("viewer"))
+    assert answer.status_code == 403, answer.text
+    [entry] = list_entries(api.jc.store, user="viewer-user")
+    assert (entry.operation, entry.jobs) == (f"POST {V1}/lanes", [])

@@ -8,9 +8,12 @@ the audit listing newest first, and the migration that brings the tables.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import stat
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -255,6 +258,68 @@ def test_user_management_is_audited_without_tokens(store: Store) -> None:
     assert token not in raw
     assert token2 not in raw
     assert users.authenticate(store, token2) is None  # removed: its token is dead
+
+
+def test_two_removals_at_once_cannot_remove_the_last_two_admins(store: Store) -> None:
+    """Both removals start while a slow transaction holds the user table: each counted two
+    admins before a lock, so both deleted and no admin was left (PostgreSQL)."""
+    users.add_user(store, "alice", "admin")
+    users.add_user(store, "bob", "admin")
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's write transaction holds the whole database: nothing to race")
+    outcomes: dict[str, str] = {}
+
+    def remove(name: str) -> None:
+        try:
+            users.remove_user(store, name, by="root")
+            outcomes[name] = "removed"
+        except UserError as exc:
+            outcomes[name] = str(exc)
+
+    holder = store.engine.connect()
+    try:
+        held = holder.begin()
+        holder.exec_driver_sql("LOCK TABLE app_user IN SHARE ROW EXCLUSIVE MODE")
+        threads = [threading.Thread(target=remove, args=(n,)) for n in ("alice", "bob")]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        waiting = 0
+        while waiting < 2 and time.monotonic() < deadline:  # both held up by a lock
+            with store.engine.connect() as look:
+                waiting = look.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                ).scalar_one()
+            threading.Event().wait(0.02)
+        assert waiting == 2, "both removals should wait on the held table"
+        held.commit()
+    finally:
+        holder.close()
+    for t in threads:
+        t.join(timeout=20)
+
+    assert sorted(outcomes.values())[0] == "removed"
+    assert "the last admin cannot be removed" in sorted(outcomes.values())[1]
+    assert [u.name for u in users.list_users(store) if u.role == Role.ADMIN] != []
+
+
+def test_a_long_refused_request_and_odd_text_are_audited_and_read_back(store: Store) -> None:
+    """A refusal is recorded as its path, which the column once cut at 32 characters
+    (PostgreSQL refused the entry); a job name with a lone half of a surrogate pair made
+    every page that held it fail to encode."""
+    path = "POST /api/v1/jobs/nightly-backup-of-the-warehouse/run"
+    audit.record(store, "vic", path, ["nightly-backup-of-the-warehouse"], "refused", "no")
+    audit.record(store, "vic", "POST /api/v1/jobs", ["\ud800x"], "refused", "bad \udfff")
+    audit.record(store, "vic", "POST /api/v1/jobs/" + "n" * 2000 + "/run", [], "refused", "")
+
+    longest, odd, first = audit.list_entries(store)
+    assert first.operation == path
+    assert odd.jobs == ["\\ud800x"]
+    assert odd.detail == "bad \\udfff"
+    assert json.loads(json.dumps(odd.as_dict(), ensure_ascii=False).encode("utf-8"))
+    assert longest.operation.startswith("POST /api/v1/jobs/nnn")
+    assert longest.operation.endswith("(1522 more characters)")
 
 
 # ---------------------------------------------------------------- audit listing
