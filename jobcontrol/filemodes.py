@@ -13,6 +13,7 @@ under the log root), which are Job Control's alone: ``looser_than`` and
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -28,7 +29,9 @@ GROUP_DIR, GROUP_FILE = 0o750, 0o640
 # A directory the group passes through to the logs below it, but cannot list.
 GROUP_PASS_DIR = 0o710
 
-_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+# O_NOFOLLOW: a log's name that is a symbolic link is refused, never written through.
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def make_dir(path: Path, mode: int = PRIVATE_DIR, gid: int | None = None) -> bool:
@@ -155,17 +158,54 @@ class LogAccess:
     def file_mode(self) -> int:
         return PRIVATE_FILE if self.gid is None else GROUP_FILE
 
-    def make_root(self, log_root: Path) -> None:
-        """Create the log root if missing, and give every job log directory in it this mode."""
+    def make_root(self, log_root: Path) -> list[str]:
+        """Create the log root if missing, and give every job log directory in it this
+        mode; what could not be taken (``make_job_dir``), one line each."""
         make_dir(log_root, self.dir_mode, self.gid)
+        problems = []
         for entry in os.scandir(log_root):
             if entry.name.startswith("job-") and entry.is_dir(follow_symlinks=False):
-                set_mode(Path(entry.path), self.dir_mode, self.gid)
+                try:
+                    self.make_job_dir(Path(entry.path))
+                except OSError as exc:
+                    problems.append(f"{entry.path}: {exc.strerror or exc}")
+        return problems
 
     def make_job_dir(self, path: Path) -> None:
-        """A job's log directory, created or (once per worker) set to this mode."""
-        if not make_dir(path, self.dir_mode, self.gid):
-            set_mode(path, self.dir_mode, self.gid)
+        """A job's log directory, created or (once per worker) set to this mode.
+
+        Its mode and group are set through a descriptor that refuses a symbolic link, and
+        a directory another user owns is refused (``PermissionError``): where others can
+        write to the log root, they must not choose where the daemon writes logs."""
+        try:
+            path.mkdir(mode=self.dir_mode)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # the log root is gone (removed, a volume remounted)
+            make_dir(path.parent, self.dir_mode, self.gid)
+            make_dir(path, self.dir_mode, self.gid)
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                link = os.path.islink(path)
+                why = "a symbolic link" if link else "not a directory"
+                raise NotADirectoryError(exc.errno, f"{path} is {why}", str(path)) from None
+            raise
+        try:
+            owner = os.fstat(fd).st_uid
+            if owner != os.geteuid():
+                raise PermissionError(
+                    errno.EPERM,
+                    f"{path} is owned by {_user_name(owner)}, not by the daemon's user "
+                    f"({_user_name()})",
+                    str(path),
+                )
+            if self.gid is not None:
+                os.fchown(fd, -1, self.gid)
+            os.fchmod(fd, self.dir_mode)
+        finally:
+            os.close(fd)
 
     def open_log(self, path: Path | str) -> BinaryIO:
         """A new task log, mode 0600 (0640 of the group) from the first byte.
@@ -185,9 +225,11 @@ class LogAccess:
         return os.fdopen(fd, "wb")
 
 
-def _user_name() -> str:
-    """The effective user's name (not $USER, which a changed user may still carry)."""
+def _user_name(uid: int | None = None) -> str:
+    """The name of user ``uid``, by default the effective one (not $USER, which a changed
+    user may still carry)."""
+    uid = os.geteuid() if uid is None else uid
     try:
-        return pwd.getpwuid(os.geteuid()).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(os.geteuid())
+        return str(uid)

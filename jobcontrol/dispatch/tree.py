@@ -173,6 +173,9 @@ class Evaluator:
     # Evaluating as Inq does when a tree completes or is restarted (spec 7.9, 8.2): its
     # expressions read "now + 3s" then, so an ``every`` is at least its interval from now.
     from_now: bool = False
+    # Evaluating a tree whose time was missed under ``misfire: skip`` (``skip_missed``):
+    # each of its timers that is past moves to its own next occurrence after now.
+    skipping: bool = False
 
     def own_due(self, node: Node) -> datetime | None:
         job = node.job
@@ -190,6 +193,8 @@ class Evaluator:
             # the rest of its tree completes: never sooner than the interval from now.
             floor = schedule.next_after(self.now, default_tz=self.default_tz)
             due = max(due, floor) if floor is not None else due
+        if self.skipping and due is not None and due <= self.now:
+            due = schedule.skip_missed(due, now=self.now, default_tz=self.default_tz)
         return due
 
     def _set(self, node: Node, next_runs: datetime | None, job_order: int | None = None) -> None:
@@ -263,10 +268,23 @@ class Evaluator:
         return stored if stored > self.now else self.tree_due(top)
 
     def skip_missed(self, top: Node, due: datetime) -> datetime | None:
-        """The next occurrence after now of the schedule that supplies ``top``'s timer."""
+        """The next occurrence after now of the schedule that supplies ``top``'s timer.
+
+        Where a child supplies it, the tree is evaluated again with every timer of it
+        that is past moved to its own next occurrence: the child's time too, and a TIMED
+        box's other children, which would otherwise keep their past times and run at
+        once, at times their schedules never name (their level is sorted again, spec 4.5).
+        """
         source = top.timer_source
         if source is None or source.job.timer is None:
             return None
+        if source is not top:
+            self.skipping = True
+            try:
+                self.evaluate_level([top], sort=False)
+            finally:
+                self.skipping = False
+            return top.timer_due
         schedule = parse_timer(source.job.timer)
         nxt = schedule.skip_missed(due, now=self.now, default_tz=self.default_tz)
         top.timer_due = nxt

@@ -222,6 +222,9 @@ class _Active:
     # stamped before its output is stored, so an outage that holds the upload back does
     # not lengthen the run's duration.
     ended: datetime | None = None
+    # The thread killing its processes (a kill asked while it ran): the end is recorded
+    # once it is done, not when the task's shell died of the first signal.
+    killer: threading.Thread | None = None
 
 
 class Worker:
@@ -363,6 +366,7 @@ class Worker:
         self._kill_first: dict[int, str] = {}
         self._strays: set[int] = set()  # runs held in the database, unknown here (a beat)
         self._log_dirs: set[str] = set()
+        self._log_root_shared = False
         # Read once: os.environ decodes every variable on each read. Only the pass-through
         # list reaches a task, never the daemon's own secrets (taskenv).
         self._base_env = (pass_env or PassEnv()).select(os.environ)
@@ -488,7 +492,11 @@ class Worker:
         return changed
 
     def start(self) -> None:
-        self.log_access.make_root(self.log_root)
+        for problem in self.log_access.make_root(self.log_root):
+            log.warning("a job log directory is not the worker's, and not used: %s", problem)
+        # Where other users may write to the log root, a job's directory is checked again
+        # before each log is opened in it, not once (``_open_log``).
+        self._log_root_shared = _open_to_others(self.log_root)
         if self.log_store == "database":
             filemodes.make_dir(self.spool_dir)  # 0700: the spool is the worker's alone
         self._reread_lanes()
@@ -691,12 +699,13 @@ class Worker:
         proc = active.proc
         assert proc is not None
 
-        threading.Thread(
+        active.killer = threading.Thread(
             target=self._kill_processes,
             args=(active, proc),
             name=f"jc-kill-{active.run.id}",
             daemon=True,
-        ).start()
+        )
+        active.killer.start()
 
     def _kill_processes(self, active: _Active, proc: subprocess.Popen[bytes]) -> None:
         """TERM, grace, KILL: the process group, the marked processes and the run's cgroup;
@@ -1136,7 +1145,14 @@ class Worker:
             # group has work waiting, the next run of its queues (``ThenClaim``).
             while run is not None:
                 ended = run.id
-                run, spent, looked = self._execute(run, g, announce, spent)
+                try:
+                    run, spent, looked = self._execute(run, g, announce, spent)
+                except Exception:
+                    # A fault of the worker's own (``_execute`` records every outcome of
+                    # the task's): the slot goes on, and the run, whose lease it no longer
+                    # renews, is settled by the dispatcher with the reason.
+                    log.exception("task run %s: its end could not be recorded", ended)
+                    run, spent, looked = None, None, False
                 announce = None
                 # A sequence's end is announced once its next task started (``_announce``):
                 # the dispatcher's reaction then runs while the child does, not against
@@ -1219,6 +1235,8 @@ class Worker:
                 except BaseException:
                     if active.cgroup is not None:  # the end was not recorded: no next task
                         self.containment.release(active.cgroup)
+                    with self._cond:  # its lease lapses: the dispatcher settles the run
+                        self._active.pop(run.id, None)
                     raise
         cg, active.cgroup = active.cgroup, None
         if cg is not None and following is None:
@@ -1321,6 +1339,12 @@ class Worker:
                 self._kill_processes(active, proc)
                 proc.wait()
                 raise
+            with self._cond:
+                killer = active.killer
+            if killer is not None:
+                # Its shell died of the TERM; what ignores it is killed after the grace.
+                # The run's end (and its job's next run) waits for that, as a timeout's does.
+                killer.join()
         if sink is not None:
             sink.task_ended()  # the spool has all of it (a failed cgroup join reads it)
         outcome = _outcome(run, rc, active.kill_reason, timed_out)
@@ -1369,10 +1393,23 @@ class Worker:
         return f"{self._log_root}/job-{run.job_id}/{started:%Y%m%d-%H%M%S}-run{run.id}.log"
 
     def _open_log(self, log_path: str) -> BinaryIO:
+        """The run's new log file, in its job's directory: made (or checked) once per
+        worker, again after it went missing (removed, the log volume remounted), and each
+        time where other users may write to the log root."""
         job_dir = log_path.rpartition("/")[0]
-        if job_dir not in self._log_dirs:
+        checked = job_dir not in self._log_dirs or self._log_root_shared
+        if checked:
             self.log_access.make_job_dir(Path(job_dir))
             self._log_dirs.add(job_dir)
+        try:
+            return self.log_access.open_log(log_path)
+        except OSError:
+            if checked:
+                raise
+        # Its directory changed since it was made: made again, or refused saying why.
+        self._log_dirs.discard(job_dir)
+        self.log_access.make_job_dir(Path(job_dir))
+        self._log_dirs.add(job_dir)
         return self.log_access.open_log(log_path)
 
     def _finish(
@@ -1408,6 +1445,9 @@ class Worker:
                     kept = log_path
             except FileNotFoundError:
                 pass
+            except OSError as exc:  # its directory replaced meanwhile: the end still counts
+                log.warning("task run %s: its log %s: %s", active.run.id, log_path, exc)
+                self._log_trouble(f"{log_path}: {exc.strerror or exc}")
         ended = active.ended
         assert ended is not None  # stamped by _execute when the process ended
         values = {
@@ -1602,3 +1642,11 @@ def _outcome(run: RunRecord, rc: int, kill_reason: str | None, timed_out: bool) 
         return TaskOutcome(128 + sig, RunState.FAILED, sig, f"terminated by {name}")
     state = RunState.SUCCEEDED if rc == 0 else RunState.FAILED
     return TaskOutcome(rc, state, None, None)
+
+
+def _open_to_others(path: Path) -> bool:
+    """Whether users other than the owner (and its group) may write to ``path``."""
+    try:
+        return bool(path.stat().st_mode & 0o002)
+    except OSError:
+        return False

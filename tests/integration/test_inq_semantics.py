@@ -552,3 +552,46 @@ def test_timers_paused_stay_paused_across_a_daemon_restart(db_url: str, make_jc:
     third.clock.set(T0 + timedelta(minutes=10))
     third.start()
     assert not third.dispatcher.paused, "a resume is kept too"
+
+
+def test_a_timed_box_whose_time_was_skipped_runs_each_child_at_its_own_time(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """``misfire: skip`` moved only the tree's time: a TIMED box's children kept theirs,
+    past, and ran back to back at the box's new time, at times their schedules never
+    name. Each timer of the tree that is past moves to its own next time, and the box's
+    children are sorted by them again (spec 4.5): bar's time is still to come, foo's
+    next is the day after."""
+    first = make_jc(db_url)
+    first.create(
+        box("Absolute", box_type="timed", misfire="skip", active=True),
+        task("foo", "true", "Absolute", timer="daily 12:30", active=True),
+        task("bar", "true", "Absolute", timer="daily 12:33", active=True),
+    )
+    today, day = T0 + timedelta(minutes=30), timedelta(days=1)  # T0 is 12:00
+    mark = first.rec.mark()
+    first.advance(to=today)
+    first.advance(to=today + timedelta(minutes=3))
+    first.rec.run_finished("Absolute", since=mark)  # one whole cycle: foo, then bar
+    assert first.armed_at("Absolute") == today + day
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(today + day + timedelta(minutes=1))  # down while foo's 12:30 came
+    second.start()
+    bar_at, foo_at = today + day + timedelta(minutes=3), today + 2 * day
+    assert second.armed_at("Absolute") == bar_at
+    shown = {n: second.job(n).next_runs for n in ("Absolute", "foo", "bar")}
+    assert shown == {"Absolute": bar_at, "foo": foo_at, "bar": bar_at}
+
+    mark = second.rec.mark()
+    assert second.advance(to=bar_at) == 1
+    second.rec.run_finished("bar", since=mark)
+    second.rec.wait_for(  # the box waits for foo's time
+        lambda s: s.name == "state_changed"
+        and s.data["name"] == "Absolute"
+        and s.data["state"] is JobState.WAITING,
+        since=mark,
+    )
+    assert len(second.runs("foo")) == 1  # yesterday's only: not at bar's time
+    assert second.job("foo").next_runs == foo_at

@@ -414,6 +414,23 @@ def test_kill_stops_the_whole_process_tree_even_a_setsid_child(jc_sqlite: JC) ->
     assert not pid_alive(escaped)  # gone (at most a zombie its new parent has to reap)
 
 
+def test_a_kill_is_recorded_once_what_ignored_the_term_is_dead(jc_sqlite: JC) -> None:
+    """The task's shell died of the TERM and its end was recorded at once, while a child
+    that ignores TERM lived on until the grace ran out: the job could be run again beside
+    its killed instance. The end now waits for the kill, as a timeout's does."""
+    jc = jc_sqlite
+    stubborn = "(trap '' TERM; exec sleep 1000) & wait"
+    jc.create(task("stubborn", stubborn, active=True))
+    mark = jc.rec.mark()
+    root = jc.run_now("stubborn")
+    poll_until("the task and its child", lambda: len(jc.task_pids(root)) >= 2)
+
+    jc.engine.kill("stubborn", user=USER)
+    ended = jc.rec.run_finished("stubborn", since=mark)
+    assert ended["exit_status"] == 255
+    assert jc.task_pids(root) == []  # nothing of it alive once its end is recorded
+
+
 def test_kill_of_a_task_waiting_for_a_free_slot_ends_it_at_once(
     sqlite_url: str, make_jc: MakeJC
 ) -> None:
