@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jobcontrol.definitions import commands
 from jobcontrol.definitions.parse import (
     JobDef,
     dump_definitions,
@@ -38,10 +39,12 @@ def load_definitions(
 def _load(
     engine: Engine, text: str, source: str, note: audit.AuditNote, *, replace: bool
 ) -> BatchResult:
-    roots = parse_definitions(text, source)
-    note.jobs = [d.name for d, _ in iter_defs(roots)]
     with engine.store.read() as conn:
         records = queries.load_all_jobs(conn)
+    # What the database holds was checked when saved: a reload does not check it again.
+    commands.known_good(r.command for r in records if r.command is not None)
+    roots = parse_definitions(text, source)
+    note.jobs = [d.name for d, _ in iter_defs(roots)]
     existing = {r.name: r for r in records}
     lines = {d.name: d.line for d, _ in iter_defs(roots)}
     batch = Batch()

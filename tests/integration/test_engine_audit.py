@@ -6,9 +6,13 @@ entry is written in a transaction of its own after the refused one rolled back.
 
 from __future__ import annotations
 
+import collections
+from pathlib import Path
+
 import pytest
 
 from jobcontrol import Batch, JobChange
+from jobcontrol.definitions import commands
 from jobcontrol.errors import ConflictError, DefinitionError, JobError, UnknownJobError
 from jobcontrol.service.audit import AuditEntry, list_entries
 from jobcontrol.service.loader import load_definitions
@@ -177,3 +181,33 @@ def test_an_offline_edit_by_id_is_audited_under_the_jobs_name(db_url: str, make_
         jc.engine.modify_jobs([JobChange(t1 + 1000, {"description": "x"})], user="ann")
     assert len(entries(jc)) == count + 1
     assert brief(newest(jc)) == ("ann", "jobs.modify", [str(t1 + 1000)], "refused")
+
+
+def test_a_command_is_checked_by_the_shell_once_not_at_each_load(
+    sqlite_url: str, make_jc: MakeJC, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command went through ``/bin/sh -n`` twice a load (the file's parse, then the
+    batch's fields), and again at every reload: 10,000 jobs took most of a minute. A
+    command is checked once a process, and one the database holds is not checked again."""
+    calls = tmp_path / "calls"
+    shell = tmp_path / "sh"
+    shell.write_text(f'#!/bin/sh\necho x >> {calls}\nexec /bin/sh "$@"\n')
+    shell.chmod(0o755)
+    monkeypatch.setattr(commands, "SHELL", str(shell))
+    monkeypatch.setattr(commands, "_passed", collections.OrderedDict())
+    jc = make_jc(sqlite_url)
+    text = "jobs:\n" + "".join(
+        f"  - name: t{i}\n    command: echo distinct {i} at load\n" for i in range(5)
+    )
+
+    load_definitions(jc.engine, text, "jobs.yaml", user="ann")
+    assert len(calls.read_text().splitlines()) == 5  # each once
+    commands._passed.clear()  # as a new process (``jobcontrol load`` offline) starts
+    calls.write_text("")
+    load_definitions(jc.engine, text, "jobs.yaml", user="ann")
+    assert calls.read_text() == ""  # held by the database: none again
+    with pytest.raises(DefinitionError, match="invalid command"):  # a new one is checked
+        load_definitions(
+            jc.engine, text + "  - name: bad\n    command: 'if true'\n", "b", user="ann"
+        )
+    assert len(calls.read_text().splitlines()) == 1

@@ -595,3 +595,21 @@ def test_a_timed_box_whose_time_was_skipped_runs_each_child_at_its_own_time(
     )
     assert len(second.runs("foo")) == 1  # yesterday's only: not at bar's time
     assert second.job("foo").next_runs == foo_at
+
+
+def test_an_inactive_tree_shows_its_schedule_evaluated_at_each_start(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """Spec 4.2, 4.5: a start evaluates every top-level timer, active or not. An inactive
+    tree kept the time stored last, past by the next start (never armed: nothing fires)."""
+    first = make_jc(db_url)
+    first.create(task("Idle", "true", timer="every 10s"))
+    assert first.job("Idle").next_runs == T0 + timedelta(seconds=10)
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(minutes=5))
+    second.start()
+    assert second.job("Idle").next_runs == T0 + timedelta(minutes=5, seconds=10)
+    assert second.armed_at("Idle") is None
+    assert second.advance(0) == 0
