@@ -50,7 +50,12 @@ def load(
     result = load_definitions(
         ctx.engine, body.text, body.source, user=user.name, replace=body.replace
     )
-    return {"created": result.created, "modified": result.modified, "deleted": result.deleted}
+    return {
+        "created": result.created,
+        "modified": result.modified,
+        "deleted": result.deleted,  # the roots of the sub-trees deleted
+        "deleted_jobs": result.deleted_jobs,  # every job that went with them
+    }
 
 
 @router.get(

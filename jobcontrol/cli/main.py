@@ -726,7 +726,7 @@ def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     finally:
         lease.release()
     print(
-        f"loaded {source}: {len(result.created)} created, {len(result.modified)} changed, {len(result.deleted)} deleted"
+        f"loaded {source}: {len(result.created)} created, {len(result.modified)} changed, {result.deleted_jobs} deleted"
     )
     return 0
 

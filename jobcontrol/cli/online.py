@@ -495,7 +495,7 @@ def _load(client: Client, args: argparse.Namespace) -> int:
     result = client.load(text, source, replace=args.replace)
     print(
         f"loaded {source}: {len(result['created'])} created, {len(result['modified'])} changed, "
-        f"{len(result['deleted'])} deleted"
+        f"{result.get('deleted_jobs', len(result['deleted']))} deleted"
     )
     return 0
 

@@ -79,7 +79,8 @@ class Batch:
 class BatchResult:
     created: dict[str, int] = field(default_factory=dict)
     modified: list[int] = field(default_factory=list)
-    deleted: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)  # the roots of the sub-trees deleted
+    deleted_jobs: int = 0  # how many jobs went with them, the roots included
 
 
 @dataclass
@@ -254,7 +255,7 @@ class Engine:
                     change.modified[changed[0]] = changed[1]
             # Deletes go last, so a job the batch moves out of a doomed box survives it.
             for job_ref in batch.deletes:
-                self._delete_one(conn, struct, job_ref, change)
+                result.deleted_jobs += self._delete_one(conn, struct, job_ref, change)
             result.modified = list(change.modified)
             result.deleted = list(change.deleted)
             if note is not None:
@@ -419,7 +420,8 @@ class Engine:
 
     def _delete_one(
         self, conn: Connection, struct: _Structure, ref: JobRef, change: EditChange
-    ) -> None:
+    ) -> int:
+        """Delete the job and its sub-tree; how many jobs went."""
         entry = struct.resolve(ref)
         self._check_deletable(struct, entry)
         gone = list(struct.subtree(entry.id))
@@ -429,6 +431,7 @@ class Engine:
         for job_id in gone:
             struct.by_name.pop(struct.by_id.pop(job_id).name, None)
             struct.children.pop(job_id, None)
+        return len(gone)
 
     def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> list[int]:
         """Delete jobs with their sub-trees in one transaction: all or nothing. (Inq's
@@ -771,7 +774,7 @@ def _named_twice(struct: _Structure, edits: Sequence[JobChange]) -> str | None:
 def _note_batch(note: audit.AuditNote, result: BatchResult) -> None:
     summary = (
         f"{len(result.created)} created, {len(result.modified)} modified, "
-        f"{len(result.deleted)} deleted"
+        f"{result.deleted_jobs} deleted"
     )
     note.detail = f"{note.detail}: {summary}" if note.detail else summary
 

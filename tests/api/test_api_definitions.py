@@ -104,3 +104,16 @@ def test_export_is_yaml_of_every_tree_or_one_sub_tree(api: Api) -> None:
     assert unknown.status_code == 404
     assert "nope" in unknown.json()["message"]
     assert api.client.get(f"{V1}/definitions").status_code == 401
+
+
+def test_a_replace_counts_every_job_it_deleted(api: Api) -> None:
+    """A box dropped with its child said "1 deleted": the sub-trees, not the jobs."""
+    extra = "      - name: Extra\n        children:\n          - name: sub\n            command: 'true'\n"
+    two = TREE + extra
+    assert load(api, two).status_code == 200
+    replaced = load(api, TREE, replace=True)
+    assert replaced.status_code == 200, replaced.text
+    assert replaced.json()["deleted_jobs"] == 2
+    assert len(replaced.json()["deleted"]) == 1  # one sub-tree's root
+    [entry] = list_entries(api.jc.store, limit=1)
+    assert entry.detail.endswith("0 created, 0 modified, 2 deleted")
