@@ -132,7 +132,9 @@ class DaemonOptions:
         (``--slots 0``) writes no task log, and makes no log root to watch."""
         spaces = {"state_dir": disk_space("state directory", self.state_dir, self.disk_low)}
         if self.slots > 0 or self.queues:
-            spaces["log_root"] = disk_space("log root", self.task_logs, self.disk_low)
+            spaces["log_root"] = disk_space(
+                "log root", self.task_logs, self.disk_low, made_when_needed=True
+            )
         return spaces
 
     @property

@@ -100,11 +100,24 @@ class DiskSpace:
         return f"{self.what} {self.path}: {self.free_bytes} bytes free, below {self.low_below}"
 
 
-def disk_space(what: str, path: Path, mark: LowMark) -> DiskSpace:
-    """The free space under ``path``; one that cannot be read counts as low, with the error."""
-    try:
-        st = os.statvfs(path)
-    except OSError as exc:
-        return DiskSpace(what, str(path), None, None, None, exc.strerror or str(exc))
+def disk_space(
+    what: str, path: Path, mark: LowMark, *, made_when_needed: bool = False
+) -> DiskSpace:
+    """The free space under ``path``; one that cannot be read counts as low, with the error.
+
+    ``made_when_needed``: a ``path`` that does not exist (a log root removed, which the
+    next run that needs it makes again) is measured where it would be made, its nearest
+    existing parent, rather than counted as low."""
+    where = path
+    while True:
+        try:
+            st = os.statvfs(where)
+            break
+        except FileNotFoundError as exc:
+            if not made_when_needed or where.parent == where:
+                return DiskSpace(what, str(path), None, None, None, exc.strerror or str(exc))
+            where = where.parent
+        except OSError as exc:
+            return DiskSpace(what, str(path), None, None, None, exc.strerror or str(exc))
     total = int(st.f_blocks * st.f_frsize)
     return DiskSpace(what, str(path), available(st), total, mark.threshold(total))

@@ -46,3 +46,15 @@ def test_a_directory_that_cannot_be_read_counts_as_low_with_the_reason(tmp_path:
     assert not fine.low
     assert fine.free_bytes is not None
     assert fine.total_bytes is not None
+
+
+def test_a_log_root_that_is_made_when_needed_is_measured_where_it_would_be(
+    tmp_path: Path,
+) -> None:
+    """A removed log root is made again by the next run: health said "low disk space"."""
+    missing = tmp_path / "logs" / "deeper"
+    space = disk_space("log root", missing, LowMark.parse("0"), made_when_needed=True)
+    assert not space.low
+    assert space.error is None
+    assert space.path == str(missing)
+    assert space.free_bytes is not None
