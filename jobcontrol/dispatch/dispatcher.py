@@ -855,7 +855,12 @@ class Dispatcher:
             for n in (node, *node.ancestors()):
                 tr = self.runs.tree_runs.get(n.id)
                 if tr is not None:
+                    task = tr.current_task
                     self.runs.kill_tree_run(tr, user)
+                    if task is not None and task.node is tr.root:
+                        # A top-level task: the run killed is its attempt now, which is
+                        # not the tree run's first once a retry followed (README Retries).
+                        return task.run_id
                     assert tr.root_run_id is not None
                     return tr.root_run_id
             raise JobError(node.job.name, "not running")

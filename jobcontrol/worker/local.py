@@ -1225,7 +1225,8 @@ class Worker:
             # Always record the outcome, whatever happened above.
             if outcome is None:
                 outcome = TaskOutcome(1, RunState.FAILED, None, "worker error")
-            active.ended = self.clock.now()
+            if active.ended is None:  # not started: stamped now
+                active.ended = self.clock.now()
             try:
                 if sink is not None:  # all of the output stored before the end is recorded
                     stored = sink.close()
@@ -1345,6 +1346,9 @@ class Worker:
                 # Its shell died of the TERM; what ignores it is killed after the grace.
                 # The run's end (and its job's next run) waits for that, as a timeout's does.
                 killer.join()
+        # The run's end is its process's, not the end of the output a process it left in
+        # the background still holds (``sink.task_ended`` waits a grace for that).
+        active.ended = self.clock.now()
         if sink is not None:
             sink.task_ended()  # the spool has all of it (a failed cgroup join reads it)
         outcome = _outcome(run, rc, active.kill_reason, timed_out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -20,11 +21,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from jobcontrol.clock import SystemClock
 from jobcontrol.model import DB_LOG, RunState
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue
 from jobcontrol.store.schema import run_log
 from jobcontrol.worker import Worker, dblog
+from jobcontrol.worker.dblog import LEFTOVER_GRACE
 from tests.api.conftest import Api, _api
 from tests.api.test_api_system import parse_metrics
 from tests.conftest import MakeJC
@@ -524,3 +527,42 @@ def _count(store: Store, run_id: int) -> int:
     with store.read() as conn:
         stmt = select(func.count()).select_from(run_log).where(run_log.c.run_id == run_id)
         return int(conn.execute(stmt).scalar_one())
+
+
+def test_output_a_background_process_holds_does_not_lengthen_the_run(
+    api_db: Api, tmp_path: Path
+) -> None:
+    """The worker waits ``LEFTOVER_GRACE`` (1 s) for output a process the task left in the
+    background still holds; that wait was counted in the run's duration: a task whose
+    shell ended at once was recorded as having run a second."""
+    jc = api_db.jc
+    worker = Worker(
+        RunQueue(jc.store),
+        clock=SystemClock(),  # a run's start and end both stamped by the worker
+        log_root=tmp_path / "remote-logs",
+        instance_id=jc.instance_id,
+        name="remote-2",
+        slots=1,
+        kill_grace=2.0,
+        poll_interval=0.2,
+        heartbeat_interval=0.2,
+        log_store="database",
+        spool_dir=tmp_path / "remote-spool",
+    )
+    worker.start()
+    worker.wake()
+    try:
+        jc.create(task("leaves", "echo main; (sleep 30; echo late) & echo after"))
+        mark = jc.rec.mark()
+        run_id = jc.run_now("leaves")
+        assert jc.rec.run_finished("leaves", since=mark)["state"] == "succeeded"
+        ran = jc.run(run_id)
+        assert ran.duration_ms is not None
+        assert ran.duration_ms < LEFTOVER_GRACE * 1000  # its shell's time, not the grace
+        log = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
+        assert log.content == b"main\nafter\n"
+    finally:
+        worker.kill_all("test over")
+        worker.stop(30)
+        for pid in jc.task_pids(run_id):  # the background sleep: left, as tasks may
+            os.kill(pid, signal.SIGKILL)

@@ -246,6 +246,28 @@ def test_a_top_level_task_is_retried_in_its_tree_run(db_url: str, make_jc: MakeJ
     ]
 
 
+def test_a_kill_of_a_retried_top_level_task_names_the_attempt_it_killed(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """The kill answered the tree run's first attempt, long ended, not the run it killed."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    jc.create(task("solo", "sleep 60", active=True, retries=1))
+    root = jc.run_now("solo")
+    first = w.claim_one("w1", "solo")
+    assert w.finish("w1", first.id, 2)
+    _poll(jc)
+    retry = w.claim_one("w1", "solo")
+    assert (retry.attempt, retry.root_run_id) == (2, root)
+
+    killed = jc.engine.kill("solo", user=OPERATOR)
+    assert killed == retry.id
+    assert jc.run(retry.id).kill_requested
+    assert not jc.run(first.id).kill_requested
+    assert w.finish("w1", retry.id, 255, RunState.KILLED)
+    _poll(jc)
+
+
 def test_an_operators_kill_is_never_retried(db_url: str, make_jc: MakeJC) -> None:
     jc = _jc(make_jc, db_url)
     w = Workers(jc)
