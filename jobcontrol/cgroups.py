@@ -581,7 +581,8 @@ def kill_run_cgroups(instance_id: str, run_ids: Iterable[int]) -> list[int]:
     this database on this host (the daemon's embedded one, or ``jobcontrol worker``
     processes, each with a subtree of its own named after the database's instance):
     a process that dropped a run's marker cannot leave it. The pids that were in
-    them. The cgroups themselves stay for their worker (or its next start) to remove."""
+    them. Each cgroup emptied is removed too: its worker may never come back to remove
+    it (one that does finds it gone, and reads no usage for the run it lost)."""
     try:
         mount = _cgroup2_mount()
     except _Unavailable:
@@ -596,7 +597,8 @@ def kill_run_cgroups(instance_id: str, run_ids: Iterable[int]) -> list[int]:
             if (base / name).is_dir():
                 cg = RunCgroup(base / name, None)
                 found.update(cg.pids())
-                cg.kill()
+                if cg.kill():
+                    cg.remove()
     return sorted(found)
 
 

@@ -28,7 +28,7 @@ from jobcontrol.places import live_pid
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue, WorkerInfo
 from jobcontrol.store.schema import run
-from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.acceptance.harness import JobControl, _cgroups_named, describe, wait_until, write
 from tests.acceptance.hosts import TcpRelay
 from tests.acceptance.test_acc_full_disk import health, metrics
 from tests.pgserver import PostgresServer
@@ -201,8 +201,18 @@ def test_a_worker_killed_with_sigkill_loses_its_runs_when_the_lease_expires(
     assert run is not None
     assert (run["state"], run["exit_status"]) == ("lost", 255), run
     assert "worker w2 stopped renewing its lease" in run["reason"], run
-    # The worker was on this host: what it left running is killed with the lost run.
+    # The worker was on this host: what it left running is killed with the lost run,
+    # and the run's cgroup removed (the worker may never come back to remove it).
     jc.assert_no_task_processes()
+    instance = jc.instance()
+    assert instance is not None
+    left = [
+        p
+        for base in _cgroups_named(f"jobcontrol-{instance}")
+        if base.name.endswith("w2") and "memory" not in base.parts
+        for p in base.glob(f"run-{run['id']}")
+    ]
+    assert left == [], left
     # It comes back under its name: the tree runs again on it.
     jc.ok("worker", "start", "--name", "w2", "--slots", "1")
     jc.ok("run", "hello")
