@@ -106,9 +106,24 @@ def check_name(job: str, value: Any) -> str:
             job or value,
             f"the name must be 1 to {NAME_MAX} characters without leading or trailing spaces",
         )
-    if any(not ch.isprintable() for ch in value):
-        raise JobError(job or value, "the name must not contain control characters")
+    problem = unprintable_problem(value)
+    if problem is not None:
+        raise JobError(job or value, f"the name {problem}")
     return value
+
+
+def unprintable_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a job's name for a character it holds, or None: one that
+    is invisible or moves the line (a control character, a no-break space, a line
+    separator), named by its code point."""
+    odd = next((ch for ch in name if not ch.isprintable()), None)
+    if odd is None:
+        return None
+    kinds = {"Cn": "unassigned", "Co": "for private use", "Cs": "half of a surrogate pair"}
+    what = unicodedata.name(odd, "").lower() or kinds.get(
+        unicodedata.category(odd), "a control character"
+    )
+    return f"must contain only printable characters and plain spaces, not U+{ord(odd):04X} ({what})"
 
 
 def unaddressable(name: str) -> str | None:

@@ -28,6 +28,7 @@ from jobcontrol.definitions.fields import (
     normalise_field,
     queue_name_problem,
     unaddressable,
+    unprintable_problem,
 )
 from jobcontrol.errors import CommandError, DefinitionError, JobError, ScheduleError, clip
 from jobcontrol.model import (
@@ -74,7 +75,6 @@ DEFINITION_FIELDS = tuple(
 TOP_LEVEL_KEYS = ("jobs",)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_BAD_NAME_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 def field_defaults() -> dict[str, Any]:
@@ -368,9 +368,7 @@ def _name_problem(name: str) -> str | None:
         return f"must be 1 to {NAME_MAX} characters long"
     if name != name.strip():
         return "must not start or end with spaces"
-    if any(unicodedata.category(ch) in _BAD_NAME_CATEGORIES for ch in name):
-        return "must not contain control or line-break characters"
-    return unaddressable(name)
+    return unprintable_problem(name) or unaddressable(name)
 
 
 def _parse_description(p: _Parser, node: Node, job: str) -> str | None:

@@ -438,6 +438,18 @@ REFUSALS = [
         id="timeout-past-a-century",
     ),
     pytest.param(
+        "jobs:\n  - name: \"night\\u00a0ly\"\n    command: 'true'\n",
+        2,
+        ["only printable characters and plain spaces, not U+00A0 (no-break space)"],
+        id="name-no-break-space",
+    ),
+    pytest.param(
+        "jobs:\n  - name: \"be\\u0007ll\"\n    command: 'true'\n",
+        2,
+        ["not U+0007 (a control character)"],
+        id="name-control-character",
+    ),
+    pytest.param(
         "jobs:\n  - name: a\n    command: 'true'\n    queue: a/b\n",
         4,
         ["job 'a'", "'queue' 'a/b'", "no spaces, control characters or '/'"],
@@ -708,8 +720,10 @@ job_names = st.text(
     min_size=1,
     max_size=40,
 ).filter(
-    # ...and so are '.' and '..' (README "Job names"); a name is kept composed (NFC)
-    lambda name: name == name.strip()
+    # ...and so are '.' and '..' (README "Job names"), and what does not print (a format
+    # or unassigned character, a no-break space); a name is kept composed (NFC)
+    lambda name: name.isprintable()
+    and name == name.strip()
     and name not in (".", "..")
     and unicodedata.is_normalized("NFC", name)
 )
