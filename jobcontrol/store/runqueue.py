@@ -36,6 +36,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -727,12 +728,17 @@ class RunQueue:
             return []
         with self.store.read() as conn:
             known = {x.name for x in lanes.load(conn).by_name.values()}
+            left = [q for q in names if q not in known]
+            if not left or not _may_read_jobs(conn):
+                # A worker login (``worker-credentials``) may not read the jobs: it cannot
+                # tell, and says nothing rather than something untrue.
+                return []
             used: set[str] = set(
-                conn.execute(select(job.c.queue).where(job.c.queue.in_(names)).distinct())
+                conn.execute(select(job.c.queue).where(job.c.queue.in_(left)).distinct())
                 .scalars()
                 .all()
             )
-        return [q for q in names if q not in known and q not in used]
+        return [q for q in left if q not in used]
 
     # ---------------------------------------------------------- a run's life
 
@@ -1203,3 +1209,11 @@ def mark_stopped(conn: Connection, name: str, when: datetime) -> bool:
 def get_worker(conn: Connection, name: str) -> dict[str, Any] | None:
     row = conn.execute(select(worker).where(worker.c.name == name)).first()
     return dict(row._mapping) if row else None
+
+
+def _may_read_jobs(conn: Connection) -> bool:
+    """Whether this connection's role may read the job table (always, on SQLite)."""
+    if conn.dialect.name != "postgresql":
+        return True
+    query = text("SELECT has_table_privilege(current_user, 'job', 'SELECT')")
+    return bool(conn.execute(query).scalar_one())
