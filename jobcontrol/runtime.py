@@ -197,6 +197,10 @@ class Runtime:
         """Stop the dispatcher and the embedded worker; ``kill_running``: kill what runs
         (``remote_too`` False: what runs on workers of their own goes on there,
         ``Dispatcher.stop``)."""
+        if kill_running and not remote_too and self.worker is not None:
+            # What waits in the queue is left to the workers: the embedded one, stopping,
+            # takes no more of it meanwhile (what it runs is killed, as the stop says).
+            self.worker.stop_claiming()
         try:
             self.dispatcher.stop(kill_running=kill_running, timeout=timeout, remote_too=remote_too)
         finally:

@@ -281,8 +281,8 @@ class Dispatcher:
                 log.warning("the kills of the runs in flight are not recorded: %s", exc)
         if left:
             log.info(
-                "leaving %d tree run(s) running on other workers (%s): their workers record "
-                "their ends, and the next start reacts to them",
+                "leaving %d tree run(s) running on other workers or queued (%s): their "
+                "workers record their ends, and the next start reacts to them",
                 len(left),
                 ", ".join(sorted(tr.root.job.name for tr in self._in_flight(left))),
             )
@@ -913,12 +913,19 @@ class Dispatcher:
         return left
 
     def _runs_elsewhere(self, tr: TreeRun) -> bool:
-        """Whether the tree run's task runs on a worker other than the embedded one."""
+        """Whether the tree run's task is left to the workers by a stop that leaves them
+        their work: it runs on a worker other than the embedded one, or it waits in the
+        queue (a capped or drained lane, no free slot), where nothing of it runs to kill
+        and a worker may take it. The next start goes on from its row."""
         task = tr.current_task
         if task is None:
             return False
         run = queries.get_run(self.tx.conn, task.run_id)
-        return run is not None and run.state is RunState.RUNNING and is_remote_worker(run.worker)
+        if run is None:
+            return False
+        if run.state in (RunState.QUEUED, RunState.PENDING):
+            return True
+        return run.state is RunState.RUNNING and is_remote_worker(run.worker)
 
     def _in_flight(self, roots: set[int], *, besides: bool = False) -> list[TreeRun]:
         """The tree runs in flight whose root run is one of ``roots`` (``besides``: not)."""

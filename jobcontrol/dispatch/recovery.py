@@ -2,7 +2,9 @@
 
 The rule is the lease rule: a task run held by a worker that provably still
 lives (its process, by pid and start time, on this host; or a lease still
-running for another host) is left to it, and so are the box runs above it: its
+running for another host) is left to it, a task run still waiting in the queue
+(claimed by no worker: nothing of it started) is left there, and so are the box
+runs above either: its
 tree run goes on (the dispatcher rebuilds it from its rows). A box run whose
 newest child is a task run that ended with nothing after it (its worker
 recorded the end, no dispatcher reacted) goes on too, from that end. Every
@@ -74,10 +76,17 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
         r.id
         for r in active
         if r.kind is Kind.TASK
-        and r.state is RunState.RUNNING
         and (
-            worker_alive(registry.get(r.worker or ""), host)
-            or (r.host != host and r.lease_until is not None and r.lease_until > now)
+            # Waiting in the queue, nothing of it started: a worker takes it as before
+            # (a stop that left the workers their work, a capped or drained lane).
+            (r.state is RunState.QUEUED and r.worker is None)
+            or (
+                r.state is RunState.RUNNING
+                and (
+                    worker_alive(registry.get(r.worker or ""), host)
+                    or (r.host != host and r.lease_until is not None and r.lease_until > now)
+                )
+            )
         )
     }
     retried = _retriable(store, [r for r in active if r.id not in keep])
@@ -99,7 +108,7 @@ def recover_lost_runs(store: Store, clock: Clock, host: str) -> Recovery:
         events.lanes_changed.send(store, names=stopped)
     log.warning("marked %d run(s) left active by a previous daemon as lost", len(stale))
     if keep:
-        log.warning("left %d task run(s) to the live workers holding them", len(keep))
+        log.warning("left %d task run(s) to the live workers holding them or the queue", len(keep))
     return Recovery(lost=stale, kept=keep)
 
 

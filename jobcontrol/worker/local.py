@@ -584,6 +584,15 @@ class Worker:
         t.start()
         self._threads.append(t)
 
+    def stop_claiming(self) -> None:
+        """Claim nothing more (not even a sequence's next task with an end): the runs in
+        hand go on, and can be killed; ``stop`` follows."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            for g in self._groups:
+                g.work.notify_all()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop claiming, let the runs in hand end (the caller kills them first if it must)."""
         for signal, receiver in self._receivers:

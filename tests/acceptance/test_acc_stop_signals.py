@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from jobcontrol import procs
-from tests.acceptance.harness import JobControl, describe, wait_until
-from tests.acceptance.test_acc_remote_worker import ended, sleeper_on, worker_pid
+from tests.acceptance.harness import JobControl, describe, wait_until, write
+from tests.acceptance.test_acc_remote_worker import ended, last_run, sleeper_on, worker_pid
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -158,3 +158,36 @@ def _status_field(pid: int, field: str) -> str:
         if line.startswith(f"{field}:"):
             return line.split(":", 1)[1].strip()
     raise AssertionError(f"/proc/{pid}/status has no {field}")
+
+
+def test_a_sigterm_leaves_a_queued_run_queued_and_the_next_start_goes_on(
+    jc_sqlite: JobControl,
+) -> None:
+    """A service manager's stop (SIGTERM) leaves the workers their work: a run that waits
+    in the queue (here a drained lane) was recorded killed 255, and its tree with it,
+    although nothing of it ran. It stays queued, and runs once the lane is resumed after
+    the next start."""
+    jc = jc_sqlite
+    jc.ok("daemon", "start")
+    jc.load(
+        write(
+            jc.base / "held.yaml",
+            "jobs:\n  - name: Held\n    children:\n"
+            "      - name: waits\n        command: 'true'\n        queue: hold\n        active: true\n",
+        )
+    )
+    jc.ok("lane", "add", "hold")
+    jc.ok("lane", "drain", "hold")
+    jc.ok("run", "Held")
+    assert wait_until(lambda: (last_run(jc, "waits") or {}).get("state") == "queued", WAIT)
+    (pid,) = jc.live_daemons()
+    os.kill(pid, signal.SIGTERM)
+    assert wait_until(lambda: not procs.pid_alive(pid), STOP_WITHIN)
+    assert [r["state"] for r in jc.history("waits")] == ["queued"]
+    assert [r["state"] for r in jc.history("Held")] == ["running"]
+
+    jc.ok("daemon", "start")
+    jc.ok("lane", "resume", "hold")
+    assert wait_until(lambda: ended(jc, "Held") is not None, WAIT)
+    assert [(r["state"], r["exit_status"]) for r in jc.history("Held")] == [("succeeded", 0)]
+    assert [r["state"] for r in jc.history("waits")] == ["succeeded"]
