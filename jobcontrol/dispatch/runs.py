@@ -58,6 +58,7 @@ class TreeRun:
     root_run_id: int | None = None
     fired_at: datetime | None = None  # the time of the timer that started it
     killed: bool = False
+    kill_reason: str | None = None  # what its killed task runs record
     current_task: Frame | None = None
     waiting_frame: Frame | None = None
 
@@ -234,6 +235,11 @@ class TreeRuns:
                 finally:
                     if outer is None:
                         self._ended_at = None
+            if tr.killed:
+                # Taken ahead by a worker as the kill came (``_after_child``): killed now,
+                # and the tree run ends with its end.
+                self._kill_task(frame, tr.kill_reason or "killed")
+                return None
             if state is RunState.QUEUED:
                 self.d.tx.offers.append(run_id)
             self._queue_ahead(frame)
@@ -357,8 +363,11 @@ class TreeRuns:
         ):
             self._stop_task_run(run_id, "cancelled: its box stopped before it")
 
-    def drop_aheads(self, tr: TreeRun | None = None, *, pending_only: bool = False) -> None:
-        """Forget the runs queued ahead (of one tree run, or every one)."""
+    def drop_aheads(
+        self, tr: TreeRun | None = None, *, pending_only: bool = False, keep_taken: bool = False
+    ) -> None:
+        """Forget the runs queued ahead (of one tree run, or every one). ``pending_only``:
+        those not yet released; ``keep_taken``: all but those a worker claimed."""
         conn = self.d.tx.conn
         for frame in list(self.frames.values()):
             if not frame.ahead or (tr is not None and frame.tree_run is not tr):
@@ -367,13 +376,15 @@ class TreeRuns:
             for job_id, run_id in frame.ahead:
                 if queries.drop_pending(conn, run_id):
                     continue
+                if keep_taken and queries.drop_released_aheads(conn, run_id):
+                    continue
                 if queries.run_end(conn, run_id) is None:
                     # Gone already: an edit takes every pending run away in its own
                     # commit, before this reaction (``service/engine.py``). Forgotten
                     # now, before SQLite gives its id to the next run inserted (it
                     # reuses the largest).
                     continue
-                if pending_only:
+                if pending_only or keep_taken:
                     kept.append((job_id, run_id))  # claimed already: it runs
                 else:
                     self._cancel_ahead(run_id)
@@ -465,8 +476,15 @@ class TreeRuns:
         if status and not frame.exit_status:
             frame.exit_status = status  # the first non-zero status is the box's
         if frame.tree_run.killed:
-            log.debug("Stopping at %s because process has been killed", child.job.name)
             frame.exit_status = KILLED_STATUS
+            if self._next_taken(frame):
+                # The task after this one was taken with its end before the kill reached
+                # it: it runs, and is the tree run's to kill and wait for (``_enter``),
+                # not the box's to forget while it runs.
+                frame.prev = child
+                frame.index += 1
+                return False
+            log.debug("Stopping at %s because process has been killed", child.job.name)
             return True
         if status and frame.node.job.on_error is OnError.ABORT:
             log.debug(
@@ -479,6 +497,14 @@ class TreeRuns:
         frame.prev = child
         frame.index += 1
         return False
+
+    def _next_taken(self, box: Frame) -> bool:
+        """Whether the run queued ahead as the box's next task was claimed by a worker
+        (running, or ended already), not merely released or still pending."""
+        if not box.ahead:
+            return False
+        row = queries.run_end(self.d.tx.conn, box.ahead[0][1])
+        return row is not None and row.state not in (RunState.PENDING, RunState.QUEUED)
 
     def _finish(
         self,
@@ -630,11 +656,14 @@ class TreeRuns:
         if tr.killed:
             return
         tr.killed = True
+        tr.kill_reason = reason or f"killed by {user}"
         log.debug("Killing run %s for %s", tr.root_run_id, tr.root.job.name)
-        self.drop_aheads(tr)  # before the kill: the killed task's end must release nothing
+        # Before the kill: the killed task's end must release nothing. A run a worker
+        # already took ahead stays known: the tree run kills it and waits for its end.
+        self.drop_aheads(tr, keep_taken=True)
         task = tr.current_task
         if task is not None:
-            self._kill_task(task, reason or f"killed by {user}")
+            self._kill_task(task, tr.kill_reason)
             return
         frame = tr.waiting_frame
         if frame is not None:

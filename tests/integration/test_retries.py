@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobcontrol import NewJob, events
+from jobcontrol.errors import JobRunningError
 from jobcontrol.model import RunRecord, RunState
 from jobcontrol.service import audit
 from jobcontrol.store import lanes as store_lanes
@@ -584,6 +585,34 @@ def test_a_task_taken_ahead_that_its_worker_killed_before_the_dispatcher_hears_k
     finished = jc.rec.run_finished("Box", since=mark)
     assert (finished["state"], finished["exit_status"]) == ("killed", 255)
     assert [(r.state, r.attempt) for r in _runs(jc, "victim")] == [(RunState.KILLED, 1)]
+    assert jc.runs("next") == []
+
+
+def test_a_kill_as_a_task_taken_ahead_starts_kills_it_and_its_tree_waits_for_its_end(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """A kill that came as ``first`` ended, after its worker took ``middle`` with that end
+    but before the dispatcher heard: the box and the tree were recorded killed at once,
+    while ``middle`` ran on, its job could be run again beside it, and its own end was
+    lost. The tree run kills it, and ends with its end."""
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    mark, taken = _taken_ahead(jc, w, "continue", task("middle", "sleep 100", "Box", active=True))
+    jc.engine.kill("Box", user=OPERATOR)
+    _poll(jc)  # the dispatcher hears of first's end
+
+    assert jc.run(taken.id).kill_requested
+    assert jc.dispatcher.busy_jobs() == ["Box"]
+    with pytest.raises(JobRunningError, match="tree busy"):
+        jc.run_now("Box")
+    assert "Box" not in jc.rec.finished_jobs(since=mark)
+
+    assert w.finish("w1", taken.id, 255, RunState.KILLED)
+    _poll(jc)
+    finished = jc.rec.run_finished("Box", since=mark)
+    assert (finished["state"], finished["exit_status"]) == ("killed", 255)
+    assert [(r.state, r.exit_status) for r in _runs(jc, "middle")] == [(RunState.KILLED, 255)]
+    assert jc.job("middle").exit_status == 255  # its end is the job's last result
     assert jc.runs("next") == []
 
 
