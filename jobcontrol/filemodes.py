@@ -182,7 +182,6 @@ class LogAccess:
         except FileExistsError:
             pass
         except FileNotFoundError:  # the log root is gone (removed, a volume remounted)
-            make_dir(path.parent, self.dir_mode, self.gid)
             make_dir(path, self.dir_mode, self.gid)
         try:
             fd = os.open(path, _DIR_FLAGS)

@@ -598,11 +598,7 @@ class Worker:
         for signal, receiver in self._receivers:
             signal.disconnect(receiver)
         self._receivers.clear()
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-            for g in self._groups:
-                g.work.notify_all()
+        self.stop_claiming()
         # An outcome is worth waiting for through an outage, but not for long: one the
         # database did not take by then is kept on disk, recorded at the next start.
         self._give_up_at = time.monotonic() + min(timeout, STOP_PATIENCE_S)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from jobcontrol.clock import SystemClock
+from jobcontrol.clock import Clock, SystemClock
 from jobcontrol.model import DB_LOG, RunState
 from jobcontrol.store import Store
 from jobcontrol.store.runqueue import RunQueue
@@ -31,7 +31,7 @@ from jobcontrol.worker.dblog import LEFTOVER_GRACE
 from tests.api.conftest import Api, _api
 from tests.api.test_api_system import parse_metrics
 from tests.conftest import MakeJC
-from tests.integration.helpers import poll_until, task
+from tests.integration.helpers import JC, poll_until, task
 from tests.pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -45,17 +45,19 @@ SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 LOCK_WAIT = 10.0
 
 
-@pytest.fixture
-def remote(api_db: Api, tmp_path: Path) -> Iterator[Worker]:
-    """A worker that keeps its tasks' output in the database, as a remote one does."""
-    jc = api_db.jc
+@contextlib.contextmanager
+def _db_log_worker(
+    jc: JC, tmp_path: Path, name: str, *, slots: int, clock: Clock | None = None
+) -> Iterator[Worker]:
+    """A started worker that keeps its tasks' output in the database, as a remote one
+    does; killed and stopped at the end."""
     worker = Worker(
         RunQueue(jc.store),
-        clock=jc.clock,
+        clock=clock or jc.clock,
         log_root=tmp_path / "remote-logs",
         instance_id=jc.instance_id,
-        name="remote-1",
-        slots=2,
+        name=name,
+        slots=slots,
         kill_grace=2.0,
         poll_interval=0.2,
         heartbeat_interval=0.2,
@@ -69,6 +71,13 @@ def remote(api_db: Api, tmp_path: Path) -> Iterator[Worker]:
     finally:
         worker.kill_all("test over")
         worker.stop(30)
+
+
+@pytest.fixture
+def remote(api_db: Api, tmp_path: Path) -> Iterator[Worker]:
+    """A worker that keeps its tasks' output in the database, as a remote one does."""
+    with _db_log_worker(api_db.jc, tmp_path, "remote-1", slots=2) as worker:
+        yield worker
 
 
 @pytest.fixture
@@ -536,33 +545,18 @@ def test_output_a_background_process_holds_does_not_lengthen_the_run(
     background still holds; that wait was counted in the run's duration: a task whose
     shell ended at once was recorded as having run a second."""
     jc = api_db.jc
-    worker = Worker(
-        RunQueue(jc.store),
-        clock=SystemClock(),  # a run's start and end both stamped by the worker
-        log_root=tmp_path / "remote-logs",
-        instance_id=jc.instance_id,
-        name="remote-2",
-        slots=1,
-        kill_grace=2.0,
-        poll_interval=0.2,
-        heartbeat_interval=0.2,
-        log_store="database",
-        spool_dir=tmp_path / "remote-spool",
-    )
-    worker.start()
-    worker.wake()
-    try:
-        jc.create(task("leaves", "echo main; (sleep 30; echo late) & echo after"))
-        mark = jc.rec.mark()
+    jc.create(task("leaves", "echo main; (sleep 30; echo late) & echo after"))
+    mark = jc.rec.mark()
+    # A run's start and end both stamped by the worker, on the real clock.
+    with _db_log_worker(jc, tmp_path, "remote-2", slots=1, clock=SystemClock()):
         run_id = jc.run_now("leaves")
-        assert jc.rec.run_finished("leaves", since=mark)["state"] == "succeeded"
-        ran = jc.run(run_id)
-        assert ran.duration_ms is not None
-        assert ran.duration_ms < LEFTOVER_GRACE * 1000  # its shell's time, not the grace
-        log = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
-        assert log.content == b"main\nafter\n"
-    finally:
-        worker.kill_all("test over")
-        worker.stop(30)
-        for pid in jc.task_pids(run_id):  # the background sleep: left, as tasks may
-            os.kill(pid, signal.SIGKILL)
+        try:
+            assert jc.rec.run_finished("leaves", since=mark)["state"] == "succeeded"
+            ran = jc.run(run_id)
+            assert ran.duration_ms is not None
+            assert ran.duration_ms < LEFTOVER_GRACE * 1000  # its shell's time, not the grace
+            log = api_db.client.get(f"{V1}/runs/{run_id}/log", headers=api_db.headers("viewer"))
+            assert log.content == b"main\nafter\n"
+        finally:
+            for pid in jc.task_pids(run_id):  # the background sleep: left, as tasks may
+                os.kill(pid, signal.SIGKILL)

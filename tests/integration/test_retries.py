@@ -226,17 +226,24 @@ def test_without_retries_a_lost_run_fails_the_tree_at_once(db_url: str, make_jc:
     assert [r.state for r in jc.runs("once")] == [RunState.LOST]
 
 
-def test_a_top_level_task_is_retried_in_its_tree_run(db_url: str, make_jc: MakeJC) -> None:
-    jc = _jc(make_jc, db_url)
-    w = Workers(jc)
-    jc.create(task("solo", "true", active=True, retries=1))
-    mark = jc.rec.mark()
+def _solo_retried(jc: JC, w: Workers, command: str) -> tuple[RunRecord, RunRecord]:
+    """A top-level task with one retry, run now: its first attempt failed, and the retry
+    claimed by worker w1. The two runs."""
+    jc.create(task("solo", command, active=True, retries=1))
     root = jc.run_now("solo")
     first = w.claim_one("w1", "solo")
     assert w.finish("w1", first.id, 2)
     _poll(jc)
     retry = w.claim_one("w1", "solo")
     assert (retry.attempt, retry.root_run_id) == (2, root)
+    return first, retry
+
+
+def test_a_top_level_task_is_retried_in_its_tree_run(db_url: str, make_jc: MakeJC) -> None:
+    jc = _jc(make_jc, db_url)
+    w = Workers(jc)
+    mark = jc.rec.mark()
+    first, retry = _solo_retried(jc, w, "true")
     assert w.finish("w1", retry.id, 0)
     _poll(jc)
     poll_until("the tree run to end", lambda: not jc.dispatcher.busy_jobs())
@@ -253,13 +260,7 @@ def test_a_kill_of_a_retried_top_level_task_names_the_attempt_it_killed(
     """The kill answered the tree run's first attempt, long ended, not the run it killed."""
     jc = _jc(make_jc, db_url)
     w = Workers(jc)
-    jc.create(task("solo", "sleep 60", active=True, retries=1))
-    root = jc.run_now("solo")
-    first = w.claim_one("w1", "solo")
-    assert w.finish("w1", first.id, 2)
-    _poll(jc)
-    retry = w.claim_one("w1", "solo")
-    assert (retry.attempt, retry.root_run_id) == (2, root)
+    first, retry = _solo_retried(jc, w, "sleep 60")
 
     killed = jc.engine.kill("solo", user=OPERATOR)
     assert killed == retry.id
