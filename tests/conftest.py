@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -94,8 +95,16 @@ def db_url(request: pytest.FixtureRequest) -> str:
 MakeJC = Callable[..., JC]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keeps each phase's report on the test item: ``make_jc`` looks at its call's."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def make_jc(tmp_path: Path) -> Iterator[MakeJC]:
+def make_jc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeJC]:
     made: list[JC] = []
 
     def make(url: str, *, start: bool = True, **config: Any) -> JC:
@@ -104,6 +113,12 @@ def make_jc(tmp_path: Path) -> Iterator[MakeJC]:
         return jc.start() if start else jc
 
     yield make
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        # What a failed wait cannot say: the runs and workers as the database has them,
+        # and where each of the engine's threads is (printed before the stop changes them).
+        for jc in made:
+            sys.stdout.write(jc.diagnosis() + "\n")
     problems: list[str] = []
     for jc in made:
         leftovers = jc.close()

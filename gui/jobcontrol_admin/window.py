@@ -858,7 +858,9 @@ class MainWindow(QMainWindow):
         if not self.confirm(text + "?"):
             return
         self._act(
-            "Delete", lambda c: c.delete(ids), lambda gone: self.say(f"Deleted {len(gone)} jobs")
+            "Delete",
+            lambda c: c.delete(ids),
+            lambda gone: self.say(_deleted(gone)),
         )
 
     def set_active(self, active: bool) -> None:
@@ -1072,6 +1074,12 @@ class MainWindow(QMainWindow):
         old_selection.deleteLater()
         self.view.header().restoreState(header)
         self.view.selectionModel().selectionChanged.connect(self._selection_changed)
+
+
+def _deleted(reply: dict[str, Any]) -> str:
+    """What a deletion says: every job that went, not the sub-trees named."""
+    n = reply.get("deleted_jobs", len(reply["deleted"]))  # a daemon from before it
+    return f"Deleted {n} job{'' if n == 1 else 's'}"
 
 
 def job_id_of(index: QModelIndex) -> int | None:

@@ -133,7 +133,10 @@ def modify_jobs(ctx: Context, body: ModifyBody, user: Viewer, request: Request) 
 def delete_jobs(
     ctx: Context, body: JobsBody, user: Annotated[User, Depends(require(Action.DELETE))]
 ) -> dict[str, Any]:
-    return {"deleted": ctx.engine.delete_jobs(body.jobs, user=user.name)}
+    result = ctx.engine.delete_jobs(body.jobs, user=user.name)
+    # ``deleted``: the sub-trees' roots (parents first); ``deleted_jobs``: every job that
+    # went with them, the roots included.
+    return {"deleted": result.deleted, "deleted_jobs": result.deleted_jobs}
 
 
 @router.post("/jobs/activate", summary="Activate jobs (one batch)")

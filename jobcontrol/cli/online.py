@@ -281,8 +281,9 @@ def _set(client: Client, args: argparse.Namespace) -> int:
 
 
 def _rm(client: Client, args: argparse.Namespace) -> int:
-    deleted = client.delete(args.jobs)
-    return _emit(args, {"deleted": deleted}, f"deleted {len(deleted)} jobs")
+    result = client.delete(args.jobs)
+    count = result.get("deleted_jobs", len(result["deleted"]))  # a daemon from before it
+    return _emit(args, result, f"deleted {out.count(count, 'job')}")
 
 
 def _history(client: Client, args: argparse.Namespace) -> int:

@@ -43,6 +43,11 @@ def size(n: Any) -> str:
     return f"{value:.1f}G"  # pragma: no cover - the loop returns at G
 
 
+def count(n: int, noun: str) -> str:
+    """``1 job``, ``3 jobs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def names(jobs: Sequence[str], shown: int = 3) -> str:
     more = f" (+{len(jobs) - shown} more)" if len(jobs) > shown else ""
     return ", ".join(str(job) for job in jobs[:shown]) + more

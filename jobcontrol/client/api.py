@@ -209,11 +209,11 @@ class Client:
         result: dict[str, Any] = self._json("PATCH", "/jobs", json={"changes": list(changes)})
         return result
 
-    def delete(self, jobs: Sequence[JobRef]) -> list[int]:
-        deleted: list[int] = self._json("POST", "/jobs/delete", json={"jobs": list(jobs)})[
-            "deleted"
-        ]
-        return deleted
+    def delete(self, jobs: Sequence[JobRef]) -> dict[str, Any]:
+        """``deleted``: the ids of the sub-trees' roots; ``deleted_jobs``: how many jobs
+        went with them, the roots included."""
+        result: dict[str, Any] = self._json("POST", "/jobs/delete", json={"jobs": list(jobs)})
+        return result
 
     def activate(self, jobs: Sequence[JobRef], active: bool = True) -> dict[str, Any]:
         path = "/jobs/activate" if active else "/jobs/deactivate"

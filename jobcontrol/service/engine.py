@@ -433,10 +433,11 @@ class Engine:
             struct.children.pop(job_id, None)
         return len(gone)
 
-    def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> list[int]:
+    def delete_jobs(self, jobs: Sequence[JobRef], *, user: str) -> BatchResult:
         """Delete jobs with their sub-trees in one transaction: all or nothing. (Inq's
         ``deleteJobs`` commits each sub-tree on its own, spec 5.4, so a refusal midway,
-        a running job, left those before it deleted under a "refused" answer.)"""
+        a running job, left those before it deleted under a "refused" answer.)
+        ``deleted``: the roots of the sub-trees; ``deleted_jobs``: how many jobs went."""
         names = self._job_names(jobs)
         with audit.scope(self.store, user, "jobs.delete", names) as note:
             with self.store.read() as conn:
@@ -448,7 +449,7 @@ class Engine:
                 for job_id in sorted(targets, key=struct.depth)
                 if not targets.intersection(struct.ancestors(struct.by_id[job_id].parent_id))
             ]
-            return self._apply_batch(Batch(deletes=roots), user).deleted
+            return self._apply_batch(Batch(deletes=roots), user)
 
     # ------------------------------------------------------------ runs
 

@@ -32,6 +32,15 @@ jobs:
   - name: lone
     command: "true"
 """
+DOOMED = """\
+jobs:
+  - name: Doomed
+    children:
+      - name: d1
+        command: "true"
+      - name: d2
+        command: "true"
+"""
 WAIT = 30.0
 
 
@@ -169,7 +178,7 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     assert jc.json("status")["paused"] is False
 
     # rm
-    assert jc.ok("rm", "lone").stdout.strip() == "deleted 1 jobs"
+    assert jc.ok("rm", "lone").stdout.strip() == "deleted 1 job"
     assert "lone" not in [j["name"] for j in jc.json("ls")]
 
     # export through the daemon
@@ -199,6 +208,10 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     ahead = fails_with(jc, "events", "--after", "999999")
     assert "event 999999 has not happened yet" in ahead, ahead
     assert "take a fresh `jobcontrol ls`" in ahead, ahead
+    # A box goes with its children, and the count says so.
+    jc.ok("load", str(write(jc.base / "doomed.yaml", DOOMED)))
+    assert jc.ok("rm", "Doomed").stdout.strip() == "deleted 3 jobs"
+    assert "Doomed" not in [j["name"] for j in jc.json("ls")]
     # A follower is told when the daemon stops: the stream has no end of its own.
     follower_out = jc.base / "follower.out"
     follower = jc.popen("events", "--after", "0", output=follower_out, errors=jc.base / "f.err")

@@ -518,6 +518,7 @@ def test_delete_takes_sub_trees_parents_first(api: Api) -> None:
     )
     assert r.status_code == 200, r.text
     assert r.json()["deleted"] == [ids["Top"]]  # 't' went with it
+    assert r.json()["deleted_jobs"] == 3  # Top, Sub and t
     tree = api.client.get(f"{V1}/tree", headers=api.headers("viewer")).json()
     assert names(tree["jobs"]) == ["Other"]
     api.jc.assert_tree_matches_db()

@@ -278,6 +278,10 @@ def test_delete_is_confirmed_and_takes_the_sub_tree(
     qtbot.waitUntil(lambda: window.model.find("Old") is None, timeout=WAIT_MS)
     assert window.model.find("old task") is None
     assert set(by_name(client)) == {"keep"}
+    # Every job that went is counted, not the one sub-tree named.
+    qtbot.waitUntil(
+        lambda: window.statusBar().currentMessage() == "Deleted 2 jobs", timeout=WAIT_MS
+    )
     assert not error_texts(window)
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -294,6 +296,33 @@ class JC:
             kill_tree(None, marker=marker, grace=0.0)
         self.store.dispose()
         return leftovers
+
+    def diagnosis(self) -> str:
+        """For a failed test: the run and worker rows, and every thread's stack."""
+        lines = [f"=== diagnosis of {self.url.split('@')[-1]}"]
+        try:
+            with self.store.engine.connect() as conn:
+                for table in ("run", "worker"):
+                    lines.append(f"--- {table} rows")
+                    rows = conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1"))  # noqa: S608
+                    lines += [repr(dict(r._mapping)) for r in rows]
+        except sa.exc.SQLAlchemyError as exc:
+            lines.append(f"--- the database could not be read: {exc}")
+        worker = self.runtime.worker
+        if worker is not None:
+            now = time.monotonic()
+            lines.append(f"--- worker: in hand {sorted(worker._active)}")
+            for g in worker._groups:
+                lines.append(
+                    f"group {g.spec.key}: offers {list(g.offers or ())} kicked {g.kicked} "
+                    f"free {g.free} runs {sorted(g.runs)} ready {[r.id for r in g.ready]} "
+                    f"looks {g.looks} next look in {g.next_poll - now:.2f}s delay {g.delay}"
+                )
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            lines.append(f"--- thread {names.get(ident, ident)}")
+            lines += [line.rstrip() for line in traceback.format_stack(frame)[-8:]]
+        return "\n".join(lines)
 
     def gate(self, name: str = "gate") -> Gate:
         gate = Gate(self.tmp_path / f"{name}.fifo")

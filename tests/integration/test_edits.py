@@ -359,9 +359,10 @@ def test_deleting_a_box_together_with_its_descendant_deletes_the_box_first(jc: J
     build_tree(jc)
     a, b, b1 = (jc.job(n).id for n in ("A", "B", "b1"))
 
-    deleted = jc.engine.delete_jobs(["b1", "B", "A"], user=USER)  # deepest named first
+    result = jc.engine.delete_jobs(["b1", "B", "A"], user=USER)  # deepest named first
 
-    assert deleted == [a]  # one sub-tree, one transaction; its descendants went with it
+    assert result.deleted == [a]  # one sub-tree, one transaction; its descendants went with it
+    assert result.deleted_jobs == 4  # A, B, b1 and a1
     remaining = {j["name"] for j in jc.engine.list_jobs()}
     assert remaining == {"Top", "t1", "Other", "o1"}
     for job_id in (a, b, b1):
