@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from jobcontrol import events
 from jobcontrol.clock import Clock, SystemClock
 from jobcontrol.definitions.fields import check_name, check_new_name, normalise_fields
 from jobcontrol.dispatch.dispatcher import Dispatcher, EditChange
@@ -51,6 +52,9 @@ from jobcontrol.views import job_detail, job_view, tree_order
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# The fields of a task whose edit its runs still queued follow (``queries.follow_edit``).
+_FOLLOWED = {*queries.FOLLOWED_BY_QUEUED, "priority"}
 
 
 @dataclass
@@ -249,8 +253,11 @@ class Engine:
             for job_ref in batch.deletes:
                 self._check_deletable(struct, struct.resolve(job_ref))
             prefetched = self._prefetch(conn, struct, [edit for edit, _ in changes])
+            followed: list[int] = []  # runs still queued that took an edit of their task
             for edit, fields in changes:
-                changed = self._modify_one(conn, struct, edit, fields, user, now, prefetched)
+                changed = self._modify_one(
+                    conn, struct, edit, fields, user, now, prefetched, followed
+                )
                 if changed:
                     change.modified[changed[0]] = changed[1]
             # Deletes go last, so a job the batch moves out of a doomed box survives it.
@@ -261,6 +268,10 @@ class Engine:
             if note is not None:
                 _note_batch(note, result)
                 audit.record_note(conn, note)
+        if followed:
+            # A queue or priority may have changed: the workers look again (a run moved
+            # out of a drained lane is claimable now).
+            events.runs_queued.send(self.store, run_ids=followed)
         return result
 
     def _create_one(
@@ -348,7 +359,9 @@ class Engine:
         user: str,
         now: Any,
         prefetched: dict[int, JobRecord] | None = None,
+        followed: list[int] | None = None,
     ) -> tuple[int, set[str]] | None:
+        """``followed``: gets the ids of the task's runs still queued that took the edit."""
         entry = struct.resolve(edit.job)
         name = entry.name
         if edit.version is not None and edit.version != entry.version:
@@ -376,6 +389,10 @@ class Engine:
         values.update(last_updated=now, updated_by=user)
         if not queries.update_job(conn, entry.id, values, edit.version):
             raise ConflictError(name, "changed by someone else meanwhile")
+        if current.kind is Kind.TASK and changed & _FOLLOWED:
+            taken = queries.follow_edit(conn, entry.id, values, current.priority)
+            if followed is not None:
+                followed += taken
         if "name" in changed:
             del struct.by_name[name]
             struct.by_name[fields["name"]] = entry.id

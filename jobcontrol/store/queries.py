@@ -23,6 +23,7 @@ from sqlalchemy import (
     Row,
     Select,
     Update,
+    and_,
     bindparam,
     delete,
     func,
@@ -253,6 +254,45 @@ def update_job(
     if expected_version is not None:
         params["w_version"] = expected_version
     return conn.execute(stmt, params).rowcount == 1
+
+
+# A run waiting in the queue runs its job as it is when a worker takes it (README
+# "Lanes"): these job fields are copied into the run row when it is queued.
+FOLLOWED_BY_QUEUED = {
+    "name": "job_name",
+    "command": "command",
+    "cwd": "cwd",
+    "env": "env",
+    "timeout_s": "timeout_s",
+    "max_log_files": "max_log_files",
+    "queue": "queue",
+}
+
+
+def follow_edit(
+    conn: Connection, job_id: int, values: Mapping[str, Any], old_priority: int | None
+) -> list[int]:
+    """An edit of a task, in its own transaction, onto its runs still queued (no worker
+    took them): what ``FOLLOWED_BY_QUEUED`` names, and a new priority where a run still
+    has the job's old one (a run reprioritized by hand keeps its own). A worker's claim
+    comes before the edit (the run goes as it was) or after it (as it is). The runs that
+    followed."""
+    vals = job_values({k: v for k, v in values.items() if k in FOLLOWED_BY_QUEUED})
+    cols = {FOLLOWED_BY_QUEUED[k]: v for k, v in vals.items()}
+    queued = and_(run.c.job_id == job_id, run.c.state == str(RunState.QUEUED))
+    followed: set[int] = set()
+    if cols:
+        stmt = update(run).where(queued).values(**cols).returning(run.c.id)
+        followed.update(conn.execute(stmt).scalars())
+    if "priority" in values and old_priority is not None:
+        stmt = (
+            update(run)
+            .where(queued, run.c.priority == old_priority)
+            .values(priority=values["priority"])
+            .returning(run.c.id)
+        )
+        followed.update(conn.execute(stmt).scalars())
+    return sorted(followed)
 
 
 def delete_job(conn: Connection, job_id: int) -> None:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -421,6 +422,64 @@ def test_a_job_deleted_or_moved_away_while_its_box_runs_is_not_run_by_it(jc: JC)
     jc.rec.run_finished("Elsewhere", since=mark)
     assert set(jc.tree_run(elsewhere)) == {"Elsewhere", "moved"}
     jc.assert_tree_matches_db()
+
+
+def test_a_run_waiting_in_the_queue_runs_its_task_as_edited_meanwhile(jc: JC) -> None:
+    """A run queued in a drained lane, its task edited while it waits: it is claimed at
+    once from the queue it was moved to, and runs the command as it is now."""
+    jc.engine.lanes.add_lane("slow", {}, user=USER)
+    jc.engine.lanes.drain("slow", user=USER)
+    jc.create(task("waiter", "echo old", active=True, queue="slow", timeout_s=60))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("waiter")
+    jc.sync()
+    assert jc.run(run_id).state is RunState.QUEUED
+
+    jc.modify("waiter", command="echo new", queue="default", timeout_s=30)
+
+    done = jc.rec.run_finished("waiter", since=mark)
+    assert (done["id"], done["exit_status"]) == (run_id, 0)
+    ran = jc.run(run_id)
+    assert (ran.command, ran.queue, ran.timeout_s) == ("echo new", "default", 30)
+    assert ran.log_path is not None
+    assert Path(ran.log_path).read_text() == "new\n"
+
+
+def test_a_queued_run_takes_its_tasks_new_priority_unless_reprioritized_by_hand(
+    jc: JC,
+) -> None:
+    jc.engine.lanes.add_lane("slow", {}, user=USER)
+    jc.engine.lanes.drain("slow", user=USER)
+    jc.create(
+        task("kept", "true", active=True, queue="slow"),
+        task("follows", "true", active=True, queue="slow"),
+    )
+    kept, follows = jc.run_now("kept"), jc.run_now("follows")
+    jc.sync()
+    jc.engine.lanes.reprioritize(kept, 7, user=USER)
+
+    jc.modify("kept", priority=3)
+    jc.modify("follows", priority=3)
+
+    assert jc.run(kept).priority == 7  # the operator's own
+    assert jc.run(follows).priority == 3
+    assert jc.run(follows).state is RunState.QUEUED  # still waits in the drained lane
+
+
+def test_a_running_task_run_keeps_the_command_it_started_with(jc: JC) -> None:
+    gate = jc.gate()
+    jc.create(task("busy", gate.command, active=True))
+    mark = jc.rec.mark()
+    run_id = jc.run_now("busy")
+    poll_until("the task to be running", lambda: jc.run(run_id).pid is not None)
+
+    jc.modify("busy", command="echo edited")
+    gate.open()
+
+    done = jc.rec.run_finished("busy", since=mark)
+    assert done["exit_status"] == 0
+    assert jc.run(run_id).command == gate.command
+    assert jc.job("busy").command == "echo edited"
 
 
 # ---------------------------------------------------------------- concurrency
