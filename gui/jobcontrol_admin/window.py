@@ -922,8 +922,10 @@ class MainWindow(QMainWindow):
     def _kill(self, node: JobNode) -> None:
         self._act(
             "Kill",
-            lambda c: c.kill(node.id),
-            lambda run: self.say(f"Killed run {run} of {node.name}"),
+            lambda c: c.kill_run(node.id),
+            # A request its worker carries out: the tree shows the run end when it has.
+            # Whose run: the nearest sub-tree root's that runs (spec 8.1), not the job's.
+            lambda r: self.say(f"Asked to kill run {r['run_id']} of {r.get('job') or node.name}"),
         )
 
     @Slot(int, str)

@@ -34,6 +34,17 @@ def row_id(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """A wait in seconds: a number from 0 to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} is not a number") from None
+    if not 0 <= value <= 86400:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be from 0 to 86400 seconds, not {clip(text)}")
+    return value
+
+
 def port(text: str) -> int:
     """A TCP port, or 0 for any free one."""
     value = _whole(text)

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +27,7 @@ from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import Target, find_token
 from jobcontrol.errors import JobControlError
-from jobcontrol.model import RUNS_PAGE_MAX
+from jobcontrol.model import RUNS_PAGE_MAX, RunState
 from jobcontrol.store import redact
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ _CLEARABLE = {
 }
 _TRUE, _FALSE = {"true", "yes", "y", "1", "on"}, {"false", "no", "n", "0", "off"}
 # The order `show` lists a job's fields in (the rest follow).
+# How long `kill` waits for the run to be recorded killed: the kill grace (5 s by default:
+# a TERM, then a KILL), and a remote worker's hearing of it at its next beat at worst.
+KILL_WAIT_S = 15.0
 SHOW_ORDER = (
     "name id kind parent state started run_id active description command timer box_type "
     "on_error queue priority timeout retries misfire max_log_files cwd env job_order last_ran "
@@ -89,7 +93,16 @@ def add_parsers(sub: Any) -> None:
 
     command("show", "every field and the live state of a job").add_argument("job")
     command("run", "run a job and its sub-tree now").add_argument("job")
-    command("kill", "kill the run a job is part of").add_argument("job")
+    kill = command("kill", "kill the run a job is part of")
+    kill.add_argument("job")
+    kill.add_argument(
+        "--wait",
+        type=argtypes.seconds,
+        default=KILL_WAIT_S,
+        metavar="SECONDS",
+        help="how long to wait until the run is recorded killed; a run not ended by then "
+        f"exits 1, naming the workers asked to kill it (default {KILL_WAIT_S:g}; 0: only ask)",
+    )
     command("restart", "re-arm a top-level job's timer").add_argument("job")
     command("activate", "activate jobs (one batch)").add_argument("jobs", nargs="+")
     command("deactivate", "deactivate jobs (one batch)").add_argument("jobs", nargs="+")
@@ -195,12 +208,46 @@ def _run(client: Client, args: argparse.Namespace) -> int:
 
 
 def _kill(client: Client, args: argparse.Namespace) -> int:
+    """A kill is a request: a task's worker kills its processes (a TERM, the grace, a
+    KILL) and records the end. Said "killed" once the run is recorded so; after
+    ``--wait`` without it, exit 1 naming who was asked (a worker cut off from the
+    database kills it when it hears, or its lease lapses and the run is recorded lost)."""
     reply = client.kill_run(args.job)
     run_id, whose = reply["run_id"], reply.get("job") or args.job
-    text = f"killed run {run_id} of {whose}"
-    if whose != args.job:
-        text += f" (the run {args.job} is part of)"
-    return _emit(args, reply, text)
+    part = f" (the run {args.job} is part of)" if whose != args.job else ""
+    run, holders = _wait_ended(client, run_id, args.wait)
+    reply["state"] = run["state"]
+    if RunState(run["state"]).is_final:
+        return _emit(args, reply, f"killed run {run_id} of {whose}{part}")
+    reply["workers"] = holders
+    asked = f"its worker{'s' if len(holders) > 1 else ''} {', '.join(holders)}" if holders else "it"
+    if args.wait == 0:
+        return _emit(args, reply, f"asked to kill run {run_id} of {whose}{part}: {asked} kills it")
+    _emit(
+        args,
+        reply,
+        f"asked to kill run {run_id} of {whose}{part}: not ended after {args.wait:g} s; "
+        f"{asked} kills it on hearing the request (`jobcontrol history {whose}` shows the end)",
+    )
+    return 1
+
+
+def _wait_ended(client: Client, run_id: int, wait: float) -> tuple[dict[str, Any], list[str]]:
+    """The run once it ended or ``wait`` seconds passed, and the workers holding its task
+    runs still running."""
+    deadline = time.monotonic() + wait
+    delay = 0.02
+    while True:
+        got = client.get_run(run_id)
+        run = got["run"]
+        if RunState(run["state"]).is_final or time.monotonic() >= deadline:
+            break
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
+    holders = sorted(
+        {r["worker"] for r in [run, *got["children"]] if r["state"] == "running" and r["worker"]}
+    )
+    return run, holders
 
 
 def _restart(client: Client, args: argparse.Namespace) -> int:

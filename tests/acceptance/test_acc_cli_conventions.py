@@ -379,6 +379,22 @@ def test_a_limit_under_one_is_refused_before_anything_is_read(
     assert not db.exists()
 
 
+def test_a_kill_wait_that_is_not_a_number_of_seconds_is_refused_before_anything_is_asked(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    db = tmp_path / "none.db"  # not there: any read would say so first
+    for wait, said in (
+        ("-1", "must be from 0 to 86400 seconds, not -1"),
+        ("nan", "must be from 0 to 86400 seconds, not nan"),
+        ("soon", "'soon' is not a number"),
+    ):
+        refused = jc_sqlite.bare("kill", "hello", "--wait", wait, "--db", db)
+        assert refused.returncode == 2, describe(refused)
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last == f"jobcontrol kill: error: argument --wait: {said}", last
+    assert not db.exists()
+
+
 def test_ids_and_limits_past_what_a_database_holds(jc_sqlite: JobControl, tmp_path: Path) -> None:
     # A number past the largest id a database column holds is refused as an id, and as a
     # count asks for every row: never the driver's overflow and a traceback.

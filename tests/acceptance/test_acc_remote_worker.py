@@ -137,6 +137,39 @@ def test_kill_reaches_a_task_on_a_remote_worker(jcpg: JobControl) -> None:
     assert "log_root" not in body.get("disk", {}), body
 
 
+def test_kill_says_killed_only_once_the_run_is_and_names_a_worker_that_does_not_hear(
+    jcpg: JobControl,
+) -> None:
+    """`kill` is a request the task's worker carries out: the CLI waits for the run's
+    end, and a worker that does not hear (stopped, cut off) is named, with exit 1."""
+    jc = jcpg
+    jc.ok("daemon", "start", "--slots", "0")
+    pid = sleeper_on(jc, "deaf")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        asked = jc.run("kill", "sleeper", "--wait", "1")
+        assert asked.returncode == 1, describe(asked)
+        assert re.fullmatch(
+            r"asked to kill run \d+ of sleeper: not ended after 1 s; its worker deaf kills it "
+            r"on hearing the request \(`jobcontrol history sleeper` shows the end\)\n",
+            asked.stdout,
+        ), describe(asked)
+        assert last_run(jc, "sleeper")["state"] == "running"  # type: ignore[index]
+        assert jc.marked(JOBCONTROL_JOB="sleeper"), "killed though its worker was stopped"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert wait_until(lambda: ended(jc, "sleeper"), WAIT), "the worker never carried out the kill"
+    assert (ended(jc, "sleeper") or {}).get("state") == "killed"
+    jc.assert_no_task_processes()
+    # A worker that hears: the CLI returns once the run is recorded killed.
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT), "sleeper never started"
+    killed = jc.ok("kill", "sleeper")
+    assert re.fullmatch(r"killed run \d+ of sleeper\n", killed.stdout), describe(killed)
+    assert (last_run(jc, "sleeper") or {}).get("state") == "killed"  # no wait: it is recorded
+    jc.assert_no_task_processes()
+
+
 def test_a_daemon_stopped_by_sigterm_leaves_a_remote_workers_task_running(
     jcpg: JobControl,
 ) -> None:

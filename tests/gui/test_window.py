@@ -222,6 +222,12 @@ def test_run_now_kill_and_restart_show_in_place(
 
     select(window, "sleeper")
     window.act_kill.trigger()
+    # Asked of the worker: the row says when it is done.
+    qtbot.waitUntil(
+        lambda: window.statusBar().currentMessage().startswith("Asked to kill run "),
+        timeout=WAIT_MS,
+    )
+    assert window.statusBar().currentMessage().endswith(" of Batch")
     wait_shown(qtbot, window, "sleeper", state="idle", exit_status=255)
     assert cell(window, "sleeper", "exit_status") == "255"
     assert cell(window, "sleeper", "last_ran") != ""
