@@ -137,29 +137,10 @@ def _untab_json(text: str) -> str:
     return text.replace("\t", " ")
 
 
-# libyaml's parser where PyYAML was built with it (its wheels are): ten times the pure
-# Python one's speed (a 5,000-job file's reload spent 2.2 s in it), the same nodes and
-# marks, resolved by the same SafeConstructor. It refuses a little the Python one reads
-# (JSON's \ud83d\ude00 pair of escapes): a file it refuses is read again by the Python
-# one, whose reading (and refusal, with its reason) is the file's.
-_FAST_LOADER: Any = getattr(yaml, "CSafeLoader", None)
-
-
 def _compose(text: str, source: str) -> tuple[yaml.SafeLoader, Node | None]:
     # The loader is kept: it turns scalar nodes into values later, resolving like PyYAML.
-    text = _untab_json(text)
-    if _FAST_LOADER is not None:
-        try:
-            fast = _FAST_LOADER(text)  # ValueError: a text UTF-8 cannot encode
-        except ValueError:
-            fast = None
-        if fast is not None:
-            try:
-                return fast, fast.get_single_node()
-            except yaml.YAMLError:
-                fast.dispose()
     try:
-        loader = yaml.SafeLoader(text)
+        loader = yaml.SafeLoader(_untab_json(text))
         return loader, loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

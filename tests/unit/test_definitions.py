@@ -848,38 +848,3 @@ def test_check_command_refuses(command: str, fragment: str) -> None:
 )
 def test_check_command_accepts(command: str) -> None:
     check_command(command)
-
-
-# ---------------------------------------------------------------- the two YAML parsers
-
-BAD_FILES = [
-    "jobs: [\n",
-    "jobs:\n  - name: a\n    command: 'true'\n  - name: a\n    command: x: y\n",
-    "jobs:\n  - name: \ud800\n",
-    "jobs:\n\t- name: a\n",
-    "jobs:\n  - name: a\n    command: \x07\n",
-    "jobs:\n  - {name: a, command: 'true'\n",
-    "jobs:\n  - name: a\n    command: 'true'\n---\njobs: []\n",
-]
-
-
-def test_libyaml_reads_a_file_as_the_python_parser_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file is read by libyaml where PyYAML has it (the wheels do: it is the fast
-    path of a reload), to the same jobs, fields and lines; a file libyaml refuses is
-    read (or refused, with the same reason) by the Python parser."""
-    from jobcontrol.definitions import parse
-
-    assert parse._FAST_LOADER is getattr(yaml, "CSafeLoader", None)
-    files = [DESIGN_EXAMPLE, '{"jobs": [{"name": "\\ud83d\\ude00", "command": "true"}]}']
-
-    def read(text: str) -> Any:
-        try:
-            return parse_definitions(text)
-        except DefinitionError as exc:
-            return str(exc)
-
-    fast = [read(text) for text in files + BAD_FILES]
-    monkeypatch.setattr(parse, "_FAST_LOADER", None)
-    assert fast == [read(text) for text in files + BAD_FILES]
-    assert [j.name for j, _ in iter_defs(fast[1])] == ["\U0001f600"]
-    assert all(isinstance(refusal, str) for refusal in fast[len(files) :])
