@@ -139,6 +139,7 @@ def _untab_json(text: str) -> str:
 
 def _compose(text: str, source: str) -> tuple[yaml.SafeLoader, Node | None]:
     # The loader is kept: it turns scalar nodes into values later, resolving like PyYAML.
+    loader: yaml.SafeLoader | None = None
     try:
         loader = yaml.SafeLoader(_untab_json(text))
         return loader, loader.get_single_node()
@@ -156,6 +157,12 @@ def _compose(text: str, source: str) -> tuple[yaml.SafeLoader, Node | None]:
         ) from exc
     except yaml.YAMLError as exc:
         raise DefinitionError(source, None, f"invalid YAML: {exc}") from exc
+    except RecursionError as exc:
+        # Python's stack, at some 500 levels of brackets: no file of jobs nests so deep.
+        raise DefinitionError(source, None, "invalid YAML: nested too deeply") from exc
+    except ValueError as exc:  # an escape past Unicode ("\U00110000")
+        at = int(loader.line) + 1 if loader is not None else None
+        raise DefinitionError(source, at, f"invalid YAML: {clip(str(exc))}") from exc
 
 
 def _jobs_list(root: Node | None, source: str) -> SequenceNode:
@@ -210,10 +217,18 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"boolean {value!r}".lower()
     if isinstance(value, int | float):
-        return f"number {value!r}"
+        return _number(value)
     if isinstance(value, date):
         return f"date {value.isoformat()}"
     return repr(value)
+
+
+def _number(value: float, *, bare: bool = False) -> str:
+    """A number for a message: one of a thousand digits is not written out (past 4,300
+    Python refuses to, and no field takes one near that long)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"a number of {len(hex(abs(value))) - 2} hexadecimal digits"
+    return repr(value) if bare else f"number {value!r}"
 
 
 class _Parser:
@@ -320,6 +335,15 @@ class _Parser:
             value = self.loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             self.fail(node, job, f"{key!r}: {exc}")
+        except (ValueError, TypeError, LookupError, AttributeError) as exc:
+            # What YAML's resolution took it for cannot be built: a date-shaped value out
+            # of range (2001-13-14), an integer of 4,300 digits, ``!!int abc``.
+            kind = node.tag.rsplit(":", 1)[-1]
+            plain = not node.style and self.loader.resolve(ScalarNode, node.value, (True, False))
+            hint = " (put it in quotes to make it a string)" if plain == node.tag else ""
+            self.fail(
+                node, job, f"{key!r}: {clip(repr(node.value))} is no {kind}: {clip(str(exc))}{hint}"
+            )
         if isinstance(value, str) and _SURROGATE.search(value):
             # JSON writes a character beyond the BMP as a pair of \u escapes, which
             # YAML reads as two halves: joined here, as a JSON reader does.
@@ -346,7 +370,11 @@ class _Parser:
         if not isinstance(value, int) or isinstance(value, bool):
             self.wrong(node, job, key, "an integer", value)
         if not low <= value <= high:
-            self.fail(node, job, f"{key!r} must be between {low} and {high}, got {value}")
+            self.fail(
+                node,
+                job,
+                f"{key!r} must be between {low} and {high}, got {_number(value, bare=True)}",
+            )
         return value
 
     def choice(self, node: Node, job: str, key: str, enum: type[Any]) -> Any:

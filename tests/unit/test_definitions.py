@@ -848,3 +848,62 @@ def test_check_command_refuses(command: str, fragment: str) -> None:
 )
 def test_check_command_accepts(command: str) -> None:
     check_command(command)
+
+
+JOB = "jobs:\n- name: a\n  command: b\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "said", "plain"),
+    [
+        (
+            JOB + "  description: 2001-13-14\n",
+            "<input>:4: job 'a': 'description': '2001-13-14' is no timestamp: month must be in "
+            "1..12 (put it in quotes to make it a string)",
+            True,
+        ),
+        (
+            JOB + "  description: 2001-12-14 25:00:00\n",
+            "is no timestamp: hour must be in 0..23 (put it in quotes to make it a string)",
+            True,
+        ),
+        (JOB + "  retries: 1" + "0" * 4400 + "\n", "<input>:4: job 'a': 'retries': '1000", True),
+        (
+            JOB + "  retries: 0x" + "f" * 4000 + "\n",
+            "'retries' must be between 0 and 100, got a number of 4000 hexadecimal digits",
+            False,
+        ),
+        (
+            JOB + "  description: 0x" + "f" * 4000 + "\n",
+            "'description' must be a string, got a number of 4000 hexadecimal digits",
+            True,
+        ),
+        (
+            JOB + '  description: "\\U00110000"\n',
+            "<input>:4: invalid YAML: chr() arg not in range",
+            False,
+        ),
+        (
+            JOB + "  retries: !!int abc\n",
+            "'retries': 'abc' is no int: invalid literal for int()",
+            False,
+        ),
+        (JOB + "  retries: !!int ''\n", "<input>:4: job 'a': 'retries': '' is no int", False),
+        (JOB + "  active: !!bool x\n", "<input>:4: job 'a': 'active': 'x' is no bool", False),
+        (JOB + "  description: !!timestamp x\n", "'description': 'x' is no timestamp", False),
+        (JOB + "  timeout: !!float x\n", "'timeout': 'x' is no float: could not convert", False),
+        ("[" * 600 + "]" * 600, "<input>: invalid YAML: nested too deeply", False),
+    ],
+    ids=lambda v: v[:40] if isinstance(v, str) else None,
+)
+def test_a_value_yaml_cannot_build_is_refused_with_its_line_and_key(
+    text: str, said: str, plain: bool
+) -> None:
+    """Python's own errors while a scalar is built (a date out of range, an integer past
+    4,300 digits, a bad explicit tag) or the file composed (an escape past Unicode,
+    nesting past the stack) are refusals like any other, never a traceback."""
+    with pytest.raises(DefinitionError) as refused:
+        parse_definitions(text)
+    assert said in str(refused.value)
+    # Quoting helps only a value YAML took for something else by itself, not one tagged.
+    assert ("put it in quotes" in str(refused.value)) == plain
