@@ -306,6 +306,17 @@ class JC:
                     lines.append(f"--- {table} rows")
                     rows = conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1"))  # noqa: S608
                     lines += [repr(dict(r._mapping)) for r in rows]
+                if conn.dialect.name == "postgresql":
+                    # Who waits on whom: a transaction left open holds its row locks.
+                    lines.append("--- sessions (pg_stat_activity)")
+                    rows = conn.execute(
+                        sa.text(
+                            "SELECT pid, state, wait_event_type, wait_event, xact_start,"
+                            " pg_blocking_pids(pid) AS blocked_by, left(query, 200) AS query"
+                            " FROM pg_stat_activity WHERE datname = current_database()"
+                        )
+                    )
+                    lines += [repr(dict(r._mapping)) for r in rows]
         except sa.exc.SQLAlchemyError as exc:
             lines.append(f"--- the database could not be read: {exc}")
         worker = self.runtime.worker
