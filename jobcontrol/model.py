@@ -250,6 +250,7 @@ class RunRecord:
     cpu_us: int | None = None  # CPU time (user + system) from the run's cgroup
     mem_peak_bytes: int | None = None  # peak memory from the run's cgroup
     attempt: int = 1  # which attempt of its job in its tree run (a retry is a new run)
+    priority_by_hand: bool = False  # set by ``reprioritize``: a task's edit leaves it
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

@@ -56,10 +56,12 @@ _CLEARABLE = {
     "max_log_files",  # back to the default (5)
 }
 _TRUE, _FALSE = {"true", "yes", "y", "1", "on"}, {"false", "no", "n", "0", "off"}
-# The order `show` lists a job's fields in (the rest follow).
+# Fields that cannot be empty: `set JOB field=` puts them back to a new job's value.
+_DEFAULTED = {"queue": "default", "priority": 0, "retries": 0, "misfire": "run-once"}
 # How long `kill` waits for the run to be recorded killed: the kill grace (5 s by default:
 # a TERM, then a KILL), and a remote worker's hearing of it at its next beat at worst.
 KILL_WAIT_S = 15.0
+# The order `show` lists a job's fields in (the rest follow).
 SHOW_ORDER = (
     "name id kind parent state started run_id active description command timer box_type "
     "on_error queue priority timeout retries misfire max_log_files cwd env job_order last_ran "
@@ -287,6 +289,8 @@ def _field_value(job: str, key: str, text: str) -> Any:
         return text.strip().lower() in _TRUE
     if key in _CLEARABLE and text == "":
         return None
+    if key in _DEFAULTED and text == "":
+        return _DEFAULTED[key]
     if key in _INT_FIELDS:
         try:
             return int(text)
@@ -301,8 +305,6 @@ def _field_value(job: str, key: str, text: str) -> Any:
             raise JobControlError(
                 f'job {job!r}: env must be a JSON object, like env=\'{{"A": "1"}}\''
             ) from None
-    if key in _CLEARABLE and text == "":
-        return None
     return text
 
 

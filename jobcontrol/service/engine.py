@@ -390,7 +390,7 @@ class Engine:
         if not queries.update_job(conn, entry.id, values, edit.version):
             raise ConflictError(name, "changed by someone else meanwhile")
         if current.kind is Kind.TASK and changed & _FOLLOWED:
-            taken = queries.follow_edit(conn, entry.id, values, current.priority)
+            taken = queries.follow_edit(conn, entry.id, values)
             if followed is not None:
                 followed += taken
         if "name" in changed:

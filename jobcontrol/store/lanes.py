@@ -297,7 +297,7 @@ def set_priority(conn: Connection, run_id: int, priority: int) -> bool:
     stmt = (
         update(run)
         .where(run.c.id == run_id, run.c.state == str(RunState.QUEUED))
-        .values(priority=priority)
+        .values(priority=priority, priority_by_hand=True)
     )
     return conn.execute(stmt).rowcount == 1
 

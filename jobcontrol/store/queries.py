@@ -269,12 +269,10 @@ FOLLOWED_BY_QUEUED = {
 }
 
 
-def follow_edit(
-    conn: Connection, job_id: int, values: Mapping[str, Any], old_priority: int | None
-) -> list[int]:
+def follow_edit(conn: Connection, job_id: int, values: Mapping[str, Any]) -> list[int]:
     """An edit of a task, in its own transaction, onto its runs still queued (no worker
-    took them): what ``FOLLOWED_BY_QUEUED`` names, and a new priority where a run still
-    has the job's old one (a run reprioritized by hand keeps its own). A worker's claim
+    took them): what ``FOLLOWED_BY_QUEUED`` names, and a new priority (but a run's
+    priority set by hand, ``reprioritize``, stays). A worker's claim
     comes before the edit (the run goes as it was) or after it (as it is). The runs that
     followed."""
     vals = job_values({k: v for k, v in values.items() if k in FOLLOWED_BY_QUEUED})
@@ -284,10 +282,10 @@ def follow_edit(
     if cols:
         stmt = update(run).where(queued).values(**cols).returning(run.c.id)
         followed.update(conn.execute(stmt).scalars())
-    if "priority" in values and old_priority is not None:
+    if "priority" in values:
         stmt = (
             update(run)
-            .where(queued, run.c.priority == old_priority)
+            .where(queued, run.c.priority_by_hand.is_(False))
             .values(priority=values["priority"])
             .returning(run.c.id)
         )
@@ -374,6 +372,7 @@ def run_from_row(row: Row[Any] | Mapping[str, Any]) -> RunRecord:
     m = dict(row) if isinstance(row, Mapping) else dict(row._mapping)
     m["kill_requested"] = bool(m.get("kill_requested"))
     m["after_ok_only"] = bool(m.get("after_ok_only"))
+    m["priority_by_hand"] = bool(m.get("priority_by_hand"))
     m["kind"] = Kind(m["kind"])
     m["trigger"] = Trigger(m["trigger"])
     m["state"] = RunState(m["state"])

@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
 )
 from sqlalchemy.types import TypeDecorator
@@ -127,6 +128,8 @@ run = Table(
     Column("root_run_id", BigInteger),
     Column("queue", String(64), nullable=False, default="default"),
     Column("priority", Integer, nullable=False, default=0),
+    # Set by an operator (``reprioritize``): an edit of the task's priority leaves it.
+    Column("priority_by_hand", Boolean, nullable=False, default=False, server_default=false()),
     Column("exit_status", Integer),
     Column("signal", Integer),
     Column("created", UTCDateTime, nullable=False),

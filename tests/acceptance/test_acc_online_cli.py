@@ -113,6 +113,16 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     jc.ok("set", "hello", "max_log_files=9")
     jc.ok("set", "hello", "max_log_files=")
     assert jc.json("show", "hello")["max_log_files"] is None
+    # A field that cannot be empty goes back to a new job's value.
+    jc.ok("set", "hello", "queue=nightly", "retries=2", "misfire=skip")
+    jc.ok("set", "hello", "queue=", "priority=", "retries=", "misfire=")
+    shown = jc.json("show", "hello")
+    assert [shown[k] for k in ("queue", "priority", "retries", "misfire")] == [
+        "default",
+        0,
+        0,
+        "run-once",
+    ], shown
 
     # A refused edit: exit 1, the server's message, nothing written.
     refused = fails_with(jc, "set", "lone", "timer=every fortnight")

@@ -458,10 +458,12 @@ def test_a_queued_run_takes_its_tasks_new_priority_unless_reprioritized_by_hand(
     jc.sync()
     jc.engine.lanes.reprioritize(kept, 7, user=USER)
 
-    jc.modify("kept", priority=3)
+    jc.modify("kept", priority=7)  # the task given the run's own priority...
+    jc.modify("kept", priority=3)  # ...and another: the run's was set by hand all the same
     jc.modify("follows", priority=3)
 
     assert jc.run(kept).priority == 7  # the operator's own
+    assert (jc.run(kept).priority_by_hand, jc.run(follows).priority_by_hand) == (True, False)
     assert jc.run(follows).priority == 3
     assert jc.run(follows).state is RunState.QUEUED  # still waits in the drained lane
 
