@@ -260,11 +260,20 @@ def get(conn: Connection, name: str) -> Lane | None:
     return _lane(row._mapping) if row is not None else None
 
 
+def queued_since() -> Any:
+    """When a run became claimable: a sequence's next task is queued ahead of its time
+    (``pending``, made when its predecessor started) and waits in the queue only from
+    its predecessor's end, which released it; any other run from its creation."""
+    before = run.alias("before")
+    ended = select(before.c.ended).where(before.c.id == run.c.after_run_id).scalar_subquery()
+    return case((ended > run.c.created, ended), else_=run.c.created)
+
+
 def active_per_queue(conn: Connection) -> list[Any]:
-    """(queue, state, count, oldest created) of the queued and running task runs."""
+    """(queue, state, count, oldest queued since) of the queued and running task runs."""
     return list(
         conn.execute(
-            select(run.c.queue, run.c.state, func.count(), func.min(run.c.created))
+            select(run.c.queue, run.c.state, func.count(), func.min(queued_since()))
             .where(
                 run.c.state.in_([str(RunState.QUEUED), str(RunState.RUNNING)]), run.c.kind == TASK
             )
@@ -283,7 +292,7 @@ def queued_runs(conn: Connection) -> list[Any]:
                 run.c.job_name,
                 run.c.queue,
                 run.c.priority,
-                run.c.created,
+                queued_since().label("created"),
                 run.c.requested_by,
             )
             .where(run.c.state == str(RunState.QUEUED), run.c.kind == TASK)

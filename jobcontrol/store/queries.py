@@ -45,6 +45,7 @@ from jobcontrol.model import (
     RunState,
     Trigger,
 )
+from jobcontrol.store import lanes
 from jobcontrol.store.prepared import Prepared
 from jobcontrol.store.schema import UTCDateTime, job, meta, run
 
@@ -612,7 +613,7 @@ def count_runs(conn: Connection) -> int:
 def queued_by_queue(conn: Connection) -> list[tuple[str, int, datetime]]:
     """(queue, task runs queued in it, when the oldest of them was created), by queue."""
     stmt = (
-        select(run.c.queue, func.count(), func.min(run.c.created))
+        select(run.c.queue, func.count(), func.min(lanes.queued_since()))
         .where(run.c.state == str(RunState.QUEUED))
         .group_by(run.c.queue)
         .order_by(run.c.queue)

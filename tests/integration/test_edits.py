@@ -468,6 +468,35 @@ def test_a_queued_run_takes_its_tasks_new_priority_unless_reprioritized_by_hand(
     assert jc.run(follows).state is RunState.QUEUED  # still waits in the drained lane
 
 
+def test_a_sequences_next_task_waits_in_the_queue_from_its_predecessors_end(jc: JC) -> None:
+    """Queued ahead when its predecessor started, it is claimable only from that end:
+    its wait (the queue's view, health's oldest) counts from there, not from its row."""
+    jc.engine.lanes.add_lane("slow", {}, user=USER)
+    jc.engine.lanes.drain("slow", user=USER)
+    gate = jc.gate()
+    jc.create(
+        box("Chain", active=True),
+        task("c1", gate.command, "Chain", active=True),
+        task("c2", "true", "Chain", active=True, queue="slow"),
+    )
+    mark = jc.rec.mark()
+    jc.run_now("Chain")
+    poll_until("c1 to run", lambda: jc.runs("c1") and jc.runs("c1")[0].pid is not None)
+    jc.clock.set(jc.clock.now() + timedelta(minutes=10))
+    gate.open()
+    jc.rec.run_finished("c1", since=mark)
+    ended = jc.runs("c1")[0].ended
+    c2 = jc.runs("c2")[0]
+    assert c2.state is RunState.QUEUED
+    assert ended is not None
+    assert c2.created < ended  # made ahead, ten minutes before
+
+    [slow] = jc.engine.lanes.queue("slow")
+    assert [(r["run_id"], r["queued_at"]) for r in slow["runs"]] == [(c2.id, ended)]
+    with jc.store.read() as conn:
+        assert queries.queued_by_queue(conn) == [("slow", 1, ended)]  # what health says
+
+
 def test_a_running_task_run_keeps_the_command_it_started_with(jc: JC) -> None:
     gate = jc.gate()
     jc.create(task("busy", gate.command, active=True))
