@@ -55,6 +55,7 @@ from jobcontrol.model import (
     RESTARTING_FIELDS,
     JobRef,
     JobState,
+    Kind,
     Restarted,
     RunState,
     Trigger,
@@ -834,6 +835,17 @@ class Dispatcher:
                 return n
         return None
 
+    def busy_reason(self, busy: Node) -> str:
+        """Why a tree is busy (``busy_job``), for a refusal or a skipped run: a task whose
+        run waits in the queue (a drained or full lane) says so, not "running". In a
+        handler's transaction."""
+        name = busy.job.name
+        if busy.run_id is not None and busy.job.kind is Kind.TASK:
+            run = queries.get_run(self.tx.conn, busy.run_id)
+            if run is not None and run.state is RunState.QUEUED:
+                return f"tree busy: {name!r} waits in the queue ({run.queue!r})"
+        return f"tree busy: {name!r} is running"
+
     def run_now(self, job: JobRef, user: str) -> int:
         """Run a job and its sub-tree now (spec 7.4, DESIGN decision 2); returns the run id."""
 
@@ -841,7 +853,7 @@ class Dispatcher:
             node = self.tree.find(job)
             busy = self.busy_job(node)
             if busy is not None:
-                raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
+                raise JobRunningError(node.job.name, self.busy_reason(busy))
             log.info("Manual execution of Job %s by %s", node.job.name, user)
             return self.runs.start_run(node, Trigger.MANUAL, immediate=True, user=user)
 
@@ -893,7 +905,7 @@ class Dispatcher:
                 raise JobError(node.job.name, "not a top-level job")
             busy = self.busy_job(node)
             if busy is not None:
-                raise JobRunningError(node.job.name, f"tree busy: {busy.job.name!r} is running")
+                raise JobRunningError(node.job.name, self.busy_reason(busy))
             log.info("Restart of job %s by %s", node.job.name, user)
             return self.tree_timers.restart(node, by=user)
 

@@ -302,7 +302,7 @@ class TreeTimers:
             root=top, top=top, trigger=armed.trigger, immediate=False, requested_by=armed.by
         )
         self.d.runs.insert_run(
-            top, None, tr, RunState.SKIPPED, now, reason=f"tree busy: {busy.job.name!r} is running"
+            top, None, tr, RunState.SKIPPED, now, reason=self.d.busy_reason(busy)
         )
         ev = self.evaluator()
         due = ev.evaluate_tree(top)

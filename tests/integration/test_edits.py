@@ -497,6 +497,21 @@ def test_a_sequences_next_task_waits_in_the_queue_from_its_predecessors_end(jc: 
         assert queries.queued_by_queue(conn) == [("slow", 1, ended)]  # what health says
 
 
+def test_a_tree_whose_task_waits_in_the_queue_is_said_to_wait_not_to_run(jc: JC) -> None:
+    jc.engine.lanes.add_lane("slow", {}, user=USER)
+    jc.engine.lanes.drain("slow", user=USER)
+    jc.create(task("ticker", "true", active=True, queue="slow", timer="every 1m"))
+    jc.run_now("ticker")
+    jc.sync()
+
+    with pytest.raises(JobRunningError, match=r"tree busy: 'ticker' waits in the queue \('slow'\)"):
+        jc.run_now("ticker")
+    jc.advance(to=jc.job("ticker").next_runs)  # its timer fires while the run waits
+    skipped = jc.runs("ticker")[0]
+    assert skipped.state is RunState.SKIPPED
+    assert skipped.reason == "tree busy: 'ticker' waits in the queue ('slow')"
+
+
 def test_a_running_task_run_keeps_the_command_it_started_with(jc: JC) -> None:
     gate = jc.gate()
     jc.create(task("busy", gate.command, active=True))
