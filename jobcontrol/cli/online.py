@@ -219,8 +219,11 @@ def _kill(client: Client, args: argparse.Namespace) -> int:
     part = f" (the run {args.job} is part of)" if whose != args.job else ""
     run, holders = _wait_ended(client, run_id, args.wait)
     reply["state"] = run["state"]
-    if RunState(run["state"]).is_final:
+    if run["state"] == RunState.KILLED:
         return _emit(args, reply, f"killed run {run_id} of {whose}{part}")
+    if RunState(run["state"]).is_final:  # its end came first: what it records is its own
+        text = f"run {run_id} of {whose}{part} ended {run['state']} before the kill reached it"
+        return _emit(args, reply, text)
     reply["workers"] = holders
     asked = f"its worker{'s' if len(holders) > 1 else ''} {', '.join(holders)}" if holders else "it"
     if args.wait == 0:
