@@ -358,8 +358,8 @@ class Engine:
         fields: dict[str, Any],
         user: str,
         now: Any,
-        prefetched: dict[int, JobRecord] | None = None,
-        followed: list[int] | None = None,
+        prefetched: dict[int, JobRecord],
+        followed: list[int],
     ) -> tuple[int, set[str]] | None:
         """``followed``: gets the ids of the task's runs still queued that took the edit."""
         entry = struct.resolve(edit.job)
@@ -390,9 +390,7 @@ class Engine:
         if not queries.update_job(conn, entry.id, values, edit.version):
             raise ConflictError(name, "changed by someone else meanwhile")
         if current.kind is Kind.TASK and changed & _FOLLOWED:
-            taken = queries.follow_edit(conn, entry.id, values)
-            if followed is not None:
-                followed += taken
+            followed += queries.follow_edit(conn, entry.id, values)
         if "name" in changed:
             del struct.by_name[name]
             struct.by_name[fields["name"]] = entry.id

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
@@ -277,21 +278,15 @@ def follow_edit(conn: Connection, job_id: int, values: Mapping[str, Any]) -> lis
     comes before the edit (the run goes as it was) or after it (as it is). The runs that
     followed."""
     vals = job_values({k: v for k, v in values.items() if k in FOLLOWED_BY_QUEUED})
-    cols = {FOLLOWED_BY_QUEUED[k]: v for k, v in vals.items()}
-    queued = and_(run.c.job_id == job_id, run.c.state == str(RunState.QUEUED))
-    followed: set[int] = set()
-    if cols:
-        stmt = update(run).where(queued).values(**cols).returning(run.c.id)
-        followed.update(conn.execute(stmt).scalars())
+    cols: dict[str, Any] = {FOLLOWED_BY_QUEUED[k]: v for k, v in vals.items()}
     if "priority" in values:
-        stmt = (
-            update(run)
-            .where(queued, run.c.priority_by_hand.is_(False))
-            .values(priority=values["priority"])
-            .returning(run.c.id)
-        )
-        followed.update(conn.execute(stmt).scalars())
-    return sorted(followed)
+        by_hand = run.c.priority_by_hand.is_(True)
+        cols["priority"] = case((by_hand, run.c.priority), else_=values["priority"])
+    if not cols:
+        return []
+    queued = and_(run.c.job_id == job_id, run.c.state == str(RunState.QUEUED))
+    stmt = update(run).where(queued).values(**cols).returning(run.c.id)
+    return sorted(conn.execute(stmt).scalars())
 
 
 def delete_job(conn: Connection, job_id: int) -> None:
