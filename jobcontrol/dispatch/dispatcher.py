@@ -270,16 +270,18 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         left: set[int] = set()  # tree runs (by root run id) left running on their workers
         if kill_running:
-            try:
-                killing = self.call(lambda: left.update(self._kill_all(remote_too)))
-                if self._until(killing.done, deadline):
-                    killing.result()
-                else:
-                    log.warning(
-                        "the kills of the runs in flight are not recorded: %s", self._late()
-                    )
-            except StoreUnavailable as exc:  # their worker kills them all the same
-                log.warning("the kills of the runs in flight are not recorded: %s", exc)
+            # Not refused for an outage another part of the process met (a worker whose
+            # connection was cut at the same moment, still backing off): the runs would
+            # then be waited for, never asked to end, until the stop's time is up. The
+            # handler rides an outage of its own out, as long as the patience lasts.
+            killing = self._post(lambda: left.update(self._kill_all(remote_too)))
+            if not self._until(killing.done, deadline):
+                log.warning("the kills of the runs in flight are not recorded: %s", self._late())
+            elif (error := killing.exception()) is not None:
+                if not isinstance(error, StoreUnavailable):
+                    raise error
+                # Their worker kills them all the same, on its way out.
+                log.warning("the kills of the runs in flight are not recorded: %s", error)
         if left:
             log.info(
                 "leaving %d tree run(s) running on other workers or queued (%s): their "
@@ -390,6 +392,11 @@ class Dispatcher:
         error = self.unavailable()
         if error is not None:
             raise StoreUnavailable(f"the database does not answer: {error}")
+        return self._post(fn)
+
+    def _post(self, fn: Callable[[], Any]) -> Future[Any]:
+        """``fn`` queued for the dispatcher thread, whatever another part of the process
+        last met of the database: its handler rides an outage out like any other."""
         fut: Future[Any] = Future()
         self._queue.put((fn, fut))
         return fut

@@ -805,3 +805,29 @@ def test_a_write_that_met_an_outage_says_so_until_one_commits(sqlite_url: str) -
         assert store.unavailable() is None
     finally:
         store.dispose()
+
+
+def test_a_stop_kills_the_runs_in_flight_though_a_worker_just_met_an_outage(
+    sqlite_url: str, make_jc: MakeJC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop that kills (``daemon stop --kill``, a daemon whose lock another took) asks
+    the runs in flight to end even while another part of the process still reports the
+    outage it met a moment ago (the embedded worker, backing off after its connection
+    was cut). It used to be refused at once, the runs never asked to end, and the stop
+    waited its whole time for them (found by CI: a daemon that had to stop ran on)."""
+    jc = make_jc(sqlite_url, busy_timeout=0.5, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(box("Long", active=True), task("through", gate.command, "Long", active=True))
+    mark = jc.rec.mark()
+    jc.run_now("Long")
+    run_id = _task_running(jc, "through", mark)
+    with _write_lock_held(sqlite_url):
+        with pytest.raises(StoreUnavailable), jc.store.write():
+            pass  # what the worker's write met
+    assert jc.store.unavailable() is not None, "the outage met is still reported"
+    jc.close(timeout=60)
+    said = caplog.text
+    assert "not recorded" not in said, said
+    assert "stopping with" not in said, said
+    run = jc.run(run_id)
+    assert run.state is RunState.KILLED, run
