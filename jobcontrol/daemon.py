@@ -554,7 +554,12 @@ class Daemon:
         from jobcontrol.service.users import known_tokens
 
         dispatcher = runtime.dispatcher
-        self.eventlog = EventLog(dispatcher)
+        # Numbered on from the microseconds of this start: higher than any number a
+        # daemon before gave (a few events a millisecond at most), so a client that
+        # resumes with the last number it saw from that daemon is told to take a fresh
+        # snapshot. Numbered from 0 again, once this daemon had given as many events it
+        # was sent this one's from there on, applied to the tree it held from before.
+        self.eventlog = EventLog(dispatcher, start_after=time.time_ns() // 1000)
         self.eventlog.start()
         self.metrics = RunMetrics(dispatcher)
         self.metrics.start()

@@ -139,7 +139,7 @@ class _Reader:
 
 
 class EventFeed(QObject):
-    snapshot = Signal(int, list)
+    snapshot = Signal(object, list)  # the number: a daemon numbers from its start's microseconds
     events = Signal(list)
     connection = Signal(str, str)
 

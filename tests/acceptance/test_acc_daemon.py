@@ -386,3 +386,59 @@ jobs:
     assert not reader.is_alive(), "the event stream was not ended by the stop"
     assert [r["state"] for r in jc.history("Soon")] == [], "a run started during the stop"
     jc.assert_no_task_processes()
+
+
+def _api(jc: JobControl) -> tuple[str, dict[str, str]]:
+    base = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    return base, {"Authorization": f"Bearer {jc.token_file.read_text().strip()}"}
+
+
+def test_a_client_resuming_the_events_of_the_daemon_before_is_told_to_take_a_snapshot(
+    jc_sqlite: JobControl,
+) -> None:
+    """A client (the admin client) that resumes the event stream after a daemon restart
+    with the last number the daemon before gave it must be told to take a fresh
+    snapshot. The numbers began at 0 at every start: once the new daemon had given as
+    many events, the client was sent the new daemon's later events on top of the tree it
+    held from before, and missed what changed meanwhile."""
+    import httpx
+
+    jc = jc_sqlite.upgraded()
+    jc.load(
+        write(
+            jc.base / "quick.yaml",
+            """\
+jobs:
+  - name: Quick
+    active: true
+    children:
+      - {name: quick-task, active: true, command: "true"}
+""",
+        )
+    )
+    jc.ok("daemon", "start")
+    base, headers = _api(jc)
+    seen = httpx.get(f"{base}/api/v1/tree", headers=headers, timeout=10).json()["seq"]
+    jc.ok("daemon", "stop")
+    jc.ok("daemon", "start")
+    base, headers = _api(jc)
+    for n in range(1, 4):
+        jc.ok("run", "Quick")
+        assert wait_until(
+            lambda n=n: [r["state"] for r in jc.history("quick-task")] == ["succeeded"] * n, 10
+        ), jc.history("quick-task")
+    now = httpx.get(f"{base}/api/v1/tree", headers=headers, timeout=10).json()["seq"]
+    assert now > seen, (seen, now)
+    with httpx.stream(
+        "GET",
+        f"{base}/api/v1/events",
+        headers={**headers, "Last-Event-ID": str(seen)},
+        timeout=10,
+    ) as reply:
+        first = ""
+        for line in reply.iter_lines():
+            if not line:
+                break
+            first += line + "\n"
+    assert first.startswith("event: resync"), first
+    jc.ok("daemon", "stop")

@@ -73,13 +73,13 @@ def test_a_number_the_daemon_never_reached_brings_a_fresh_snapshot(
         started = client.status()["started"]
     session = Session(admin_daemon.url, admin_daemon.token)
     feed = EventFeed(session.new_client)
-    feed.seq, feed.daemon_started = 10**9, started  # as from an earlier run of the daemon
+    feed.seq, feed.daemon_started = 10**17, started  # past any number this daemon reached
     seen = Seen(feed)
     feed.start()
     try:
         qtbot.waitUntil(lambda: bool(seen.snapshots), timeout=WAIT_MS)
         seq, jobs = seen.snapshots[0]
-        assert seq < 10**9
+        assert seq < 10**17
         assert [j["name"] for j in jobs] == ["kept"]
         qtbot.waitUntil(lambda: seen.states[-1:] == [("live", "")], timeout=WAIT_MS)
     finally:
