@@ -256,13 +256,21 @@ class Evaluator:
           ``daily`` counts from now, and would lose the day's run);
         * no time: nothing was armed (a tree never armed, an ABORT tree a failure left
           unscheduled, an edit made with no daemon): armed from now, as a restart of Job
-          Control re-arms it (spec 7.4); nothing was missed.
+          Control re-arms it (spec 7.4); nothing was missed;
+        * a time past that the tree ran for (it started then or later: the daemon before
+          died while that run was in flight, and start-up recovery ended it lost): it was
+          not missed. The schedule counts from that run, as after any end; a time of it
+          past since, while no daemon ran, is missed (``misfire``). Armed for the time it
+          ran for, it ran that time twice, ``retries`` or not.
         """
         due = top.timer_due
         if due is None:
             return None
         if stored is None:
             return due if due > self.now else self.skip_missed(top, due)
+        ran = top.job.last_ran
+        if stored <= self.now and ran is not None and ran >= stored:
+            return self.tree_due(top)
         top.timer_due = stored
         self._set(top, stored)
         return stored if stored > self.now else self.tree_due(top)

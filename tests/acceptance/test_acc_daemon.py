@@ -442,3 +442,43 @@ jobs:
             first += line + "\n"
     assert first.startswith("event: resync"), first
     jc.ok("daemon", "stop")
+
+
+@pytest.mark.timeout(120)
+def test_a_timer_run_a_crash_cut_off_is_not_run_again_for_the_same_time(
+    jc_sqlite: JobControl,
+) -> None:
+    """The daemon is killed (-9) while the run its timer started runs: start-up recovery
+    ends that run lost, and the tree is armed from that run, as after any end (`every`:
+    its interval after that end). It was armed again for the time it had already run
+    for, which was past, so the misfire rule ran it a second time at once: twice for one
+    schedule time, with no retries allowed (found by an outside trial)."""
+    jc = jc_sqlite.upgraded()
+    jc.load(
+        write(
+            jc.base / "every.yaml",
+            """\
+jobs:
+  - name: Every
+    timer: every 20s
+    active: true
+    children:
+      - {name: every-task, active: true, command: "sleep 1000"}
+""",
+        )
+    )
+    first = pid_from(jc.ok("daemon", "start").stdout)
+    assert wait_until(lambda: [r["state"] for r in jc.history("Every")] == ["running"], 60)
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: not procs.pid_alive(first), START_WAIT)
+    jc.ok("daemon", "start")
+    shown = json.loads(jc.ok("show", "Every", "--json").stdout)
+    history = jc.history("Every")
+    assert [(r["trigger"], r["state"]) for r in history] == [("timer", "lost")], history
+    # 20 s after the lost run's end (its recovery), not the time it had run for.
+    from datetime import datetime
+
+    armed = datetime.fromisoformat(shown["next_runs"])
+    assert armed > datetime.fromisoformat(history[0]["ended"]), (shown, history)
+    jc.ok("daemon", "stop", "--kill")
+    jc.assert_no_task_processes()
