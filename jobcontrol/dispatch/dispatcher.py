@@ -789,6 +789,7 @@ class Dispatcher:
         self.runs.drop_aheads(pending_only=True)  # queued with what the edit may have changed
         affected: set[int] = set()
         restarted: set[int] = set()  # trees whose timer or activity an edit changed
+        fresh: set[int] = set()  # trees given a job with a timer
         for job_id in change.deleted:
             node = self.tree.get(job_id)
             if node is None:
@@ -804,6 +805,10 @@ class Dispatcher:
         for job_id in sorted(change.created):
             node = self.tree.add(by_id[job_id])
             affected.add(node.top().id)
+            if node.job.timer is not None:
+                # A new job's time was never missed: one already past (`at` a year
+                # gone by, a cron's minute) is not run at once, as after any edit.
+                fresh.add(node.top().id)
         for job_id, fields in change.modified.items():
             if job_id not in by_id or self.tree.get(job_id) is None:
                 continue
@@ -818,7 +823,9 @@ class Dispatcher:
         for top_id in affected:
             root = self.tree.get(top_id)
             if root is not None and root.parent is None:
-                self.tree_timers.restart_subtree_timer(root, edited=top_id in restarted)
+                self.tree_timers.restart_subtree_timer(
+                    root, edited=top_id in restarted, created=top_id in fresh
+                )
         self.runs.rewait(affected)  # a TIMED box waiting in them: for the times as they are
         created = [self.tree.nodes[i].job for i in change.created if i in self.tree.nodes]
         modified = [self.tree.nodes[i].job for i in change.modified if i in self.tree.nodes]

@@ -225,7 +225,7 @@ class TreeTimers:
         )
 
     def restart_subtree_timer(
-        self, top: Node, *, completed: bool = False, edited: bool = False
+        self, top: Node, *, completed: bool = False, edited: bool = False, created: bool = False
     ) -> datetime | None:
         """Spec 6.2: cancel, re-evaluate the one tree, start the timer if the top job is active.
 
@@ -235,14 +235,15 @@ class TreeTimers:
         10 s after the edit), and a time already past is not run at once but skipped
         to the next one after now (a tree activated after an idle spell, an ``every``
         made shorter). What ``misfire`` catches up is a time missed while the daemon
-        was down.
+        was down. ``created``: a job with a timer was created in the tree: a time of it
+        already past is skipped too, never missed (the others' times are kept).
         """
         self.d.stats.reevaluations += 1
         previous = self.armed.get(top.id)
         self.disarm(top)
         ev = self.evaluator(from_now=completed or edited)
         due = ev.evaluate_tree(top)
-        if edited and due is not None and due <= ev.now:
+        if (edited or created) and due is not None and due <= ev.now:
             due = ev.skip_missed(top, due)
         self.write_evaluation(ev)
         if top.job.active and due is not None:

@@ -812,3 +812,22 @@ def test_a_batch_deleting_a_running_job_is_refused_naming_it_not_a_sibling(jc: J
     assert refused.value.job == "o1", str(refused.value)
     assert "cannot be deleted" in str(refused.value)
     assert jc.dump() == before
+
+
+def test_a_job_created_with_a_time_already_past_is_not_run_at_once(jc: JC) -> None:
+    """A new job's time was never missed: `at` a year gone by (a typo in the year), or a
+    box's child's, is skipped as after any edit, not run at once by the misfire rule
+    (found by an outside trial: loading such a file started the work)."""
+    jc.create(task("pastat", "echo past", timer="at 2001-01-14T09:00", active=True))
+    jc.create(
+        box("PastBox", active=True),
+        task("pastchild", "echo past", "PastBox", timer="at 2020-05-05T05:05", active=True),
+    )
+    jc.create(task("soon", "true", timer="daily 12:30", active=True))  # later today
+    jc.advance(0)
+    jc.wait_quiet()
+    assert [jc.runs(n) for n in ("pastat", "PastBox", "pastchild")] == [[], [], []]
+    assert jc.armed_at("pastat") is None
+    assert jc.armed_at("PastBox") is None
+    assert jc.job("pastat").next_runs is None
+    assert jc.armed_at("soon") == jc.clock.now().replace(hour=12, minute=30)
