@@ -38,7 +38,7 @@ from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError, StoreUnavailable
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.logbatch import HoldingStreamHandler
-from jobcontrol.model import MAX_PORT
+from jobcontrol.model import MAX_PORT, trees_a_stop_ends
 from jobcontrol.runtime import Runtime
 from jobcontrol.store import Store, pool_size_for, queries, redact
 from jobcontrol.taskenv import PassEnv
@@ -877,16 +877,21 @@ def start_detached(
         )
 
 
-def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) -> int:
-    """Stop the daemon of this database; refuses while jobs run unless ``kill_jobs``."""
+def stop_daemon(
+    opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0
+) -> tuple[int, list[str]]:
+    """Stop the daemon of this database; refuses while jobs run unless ``kill_jobs``. Its
+    pid, and the top-level trees left in flight (``trees_a_stop_ends``): a task waiting
+    in the queue, or running on a worker of its own, goes on."""
     pid = places.live_pid(opts.pid_file)
     if pid is None:
         raise JobControlError(f"no daemon is running for {redact(opts.db_url)}")
+    left: list[str] = []
     if not kill_jobs:
         store = Store(opts.db_url)
         try:
             with store.read() as conn:
-                running = [r.job_name for r in queries.active_runs(conn) if r.parent_run_id is None]
+                running, left = trees_a_stop_ends(queries.active_runs(conn))
         except StoreUnavailable as exc:
             raise JobControlError(
                 f"stop refused: whether jobs are running cannot be read ({exc}); use --kill "
@@ -902,7 +907,7 @@ def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) 
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return pid
+        return pid, left
     try:
         # SIGTERM stops it as a service manager does: the runs of workers of their own
         # go on. --kill asks for every run in flight to be killed, wherever it runs.
@@ -912,7 +917,7 @@ def stop_daemon(opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0) 
         os.kill(pid, KILL_ALL_SIGNAL if kill_all else signal.SIGTERM)
         # The pidfd becomes readable when the process exits: no polling.
         if select.select([pidfd], [], [], timeout)[0]:
-            return pid
+            return pid, left
     finally:
         os.close(pidfd)
     raise JobControlError(f"the daemon (pid {pid}) did not stop within {timeout:g}s")

@@ -296,3 +296,29 @@ def _path_hint(ref: JobRef, by_name: Callable[[str], object | None]) -> str:
     if not last or by_name(last) is None:
         return ""
     return f"; job names are unique across all trees, so a job is named alone: {last!r}"
+
+
+def trees_a_stop_ends(active: list[RunRecord]) -> tuple[list[str], list[str]]:
+    """Of the runs in flight (``active``), the top-level trees a daemon's stop that leaves
+    the workers their work (SIGTERM, ``daemon stop``) would kill, and those it leaves:
+    a tree is left when each task run of it in flight waits in the queue (nothing of it
+    started: a worker takes it as before, the next start goes on from its row) or runs
+    on a worker of its own. A tree with a task on the daemon's embedded worker, or with
+    none in flight (a TIMED box waiting for a child's time), is killed."""
+    tasks: dict[int, list[RunRecord]] = {}
+    for run in active:
+        if run.kind is Kind.TASK:
+            tasks.setdefault(run.root_run_id or run.id, []).append(run)
+    killed: list[str] = []
+    left: list[str] = []
+    for root in active:
+        if root.parent_run_id is not None:
+            continue
+        mine = tasks.get(root.id, [])
+        leaves = bool(mine) and all(
+            (t.state is RunState.QUEUED and not t.worker)
+            or (t.state is RunState.RUNNING and is_remote_worker(t.worker))
+            for t in mine
+        )
+        (left if leaves else killed).append(root.job_name)
+    return killed, left

@@ -350,8 +350,10 @@ def set_log_level(
 def shutdown(
     body: ShutdownBody, ctx: Context, user: Annotated[User, Depends(require(Action.MODIFY))]
 ) -> JSONResponse:
-    """Stop the daemon; refused (409) while jobs run unless ``force`` (which kills them)."""
-    running = ctx.engine.busy_jobs()
+    """Stop the daemon; refused (409) while jobs run unless ``force`` (which kills them).
+    A tree whose task waits in the queue, or runs on a worker of its own, is not in the
+    way: it goes on, for the next start or its worker."""
+    running = ctx.engine.busy_jobs() if body.force else ctx.engine.trees_a_stop_ends()[0]
     if running and not body.force:
         message = (
             f"jobs are running: {', '.join(sorted(running))}; "

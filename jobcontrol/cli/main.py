@@ -829,8 +829,13 @@ def _daemon(args: argparse.Namespace) -> int:
             print(f"admin API: {opts.url_file.read_text().strip()}/api/v1")
         return 0
     if cmd == "stop":
-        pid = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
+        pid, left = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
         print(f"daemon stopped (pid {pid})")
+        if left:
+            print(
+                f"left in flight, for the next start or their workers: {', '.join(left)} "
+                "(waiting in the queue, or running on a worker of its own)"
+            )
         return 0
     return _daemon_status(args, opts)
 

@@ -42,6 +42,7 @@ from jobcontrol.model import (
     Restarted,
     RunRecord,
     find_job,
+    trees_a_stop_ends,
 )
 from jobcontrol.outage import OutageState
 from jobcontrol.service import audit
@@ -623,6 +624,12 @@ class Engine:
     def busy_jobs(self) -> list[str]:
         """The top-level trees with a run in flight."""
         return self._attached().busy_jobs()
+
+    def trees_a_stop_ends(self) -> tuple[list[str], list[str]]:
+        """The top-level trees a stop that leaves the workers their work kills, and those
+        it leaves in flight (``model.trees_a_stop_ends``), as the database has them."""
+        with self.store.read() as conn:
+            return trees_a_stop_ends(queries.active_runs(conn))
 
     def dispatcher_gauges(self) -> dict[str, int]:
         """Timers armed, timers come due and not yet run, paused (0/1), edits that waited for

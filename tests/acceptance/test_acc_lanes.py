@@ -118,3 +118,50 @@ def test_on_postgresql_a_lane_written_by_anyone_reaches_the_worker_at_once(
     took = (datetime.fromisoformat(started) - resumed).total_seconds()
     assert took < 3.0, f"the worker saw the resumed lane after {took:.2f}s (its poll: 60 s)"
     jc.ok("daemon", "stop")
+
+
+PARKED = """\
+jobs:
+  - name: parked
+    active: true
+    command: "echo parked"
+    queue: slow
+  - name: Busy
+    active: true
+    children:
+      - {name: busy-task, active: true, command: "sleep 1000"}
+"""
+
+
+def test_a_stop_keeps_the_work_parked_in_a_drained_lane(jc_sqlite: JobControl) -> None:
+    """An operator restarts the daemon (an upgrade) with work parked in a drained lane:
+    ``daemon stop`` stops it and says the parked run is left for the next start, which
+    runs it once the lane is resumed. It refused, calling the run that never started
+    running, and ``--kill`` then killed it (found by an outside trial). A tree whose task
+    runs on the daemon's own worker still stops the stop, and only it is named."""
+    jc = jc_sqlite.upgraded()
+    jc.ok("lane", "add", "slow")
+    jc.ok("lane", "drain", "slow")
+    jc.load(write(jc.base / "parked.yaml", PARKED))
+    jc.ok("daemon", "start")
+    queued = int(re.search(r"run (\d+)", jc.ok("run", "parked").stdout).group(1))  # type: ignore[union-attr]
+    jc.ok("run", "Busy")
+    assert wait_until(lambda: [r["state"] for r in jc.history("busy-task")] == ["running"], WAIT)
+
+    refused = jc.fails("daemon", "stop")
+    assert "jobs are running (Busy)" in refused.stderr, describe(refused)
+    jc.ok("kill", "Busy")
+
+    stopped = jc.ok("daemon", "stop")
+    assert "left in flight" in stopped.stdout, describe(stopped)
+    assert "parked" in stopped.stdout
+    assert jc.live_daemons() == []
+    assert [(r["id"], r["state"]) for r in jc.history("parked")] == [(queued, "queued")]
+
+    jc.ok("daemon", "start")
+    jc.ok("lane", "resume", "slow")
+    assert wait_until(
+        lambda: [(r["id"], r["state"]) for r in jc.history("parked")] == [(queued, "succeeded")],
+        WAIT,
+    ), jc.history("parked")
+    jc.ok("daemon", "stop")
