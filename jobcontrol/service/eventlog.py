@@ -266,6 +266,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._events: deque[Event] = deque(maxlen=capacity)
         self._last_seq = start_after
+        self._first_after = start_after  # what ``0`` stands for: this log's first event on
         self._subscribers: set[Subscription] = set()
         self._receivers: list[tuple[Signal, Callable[..., None]]] = []
 
@@ -352,6 +353,7 @@ class EventLog:
             return self._since(seq)
 
     def _since(self, seq: int) -> list[Event]:
+        seq = seq or self._first_after  # 0: from the first event this daemon gave
         if seq > self._last_seq:
             raise SequenceAhead(seq, self._last_seq)
         oldest = self._oldest()
@@ -366,7 +368,7 @@ class EventLog:
         """
         with self._lock:
             backlog = self._since(after) if after is not None else []
-            given = after if after is not None else self._last_seq
+            given = (after or self._first_after) if after is not None else self._last_seq
             sub = Subscription(self, maxsize, backlog, given)
             self._subscribers.add(sub)
         return sub

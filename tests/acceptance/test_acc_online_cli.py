@@ -214,9 +214,13 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     assert "jc_not_a_token" not in unknown.stderr
     assert api.newest_run("hello")["id"] == hello_newest  # type: ignore[index]
 
-    # A number from another run of the daemon: the daemon's reason, and a fresh start.
-    ahead = fails_with(jc, "events", "--after", "999999")
-    assert "event 999999 has not happened yet" in ahead, ahead
+    # A number from an earlier run of the daemon (each numbers on from its start's
+    # microseconds), or one not reached: the daemon's reason, and a fresh start.
+    before = fails_with(jc, "events", "--after", "999999")
+    assert "events after 999999 are no longer kept" in before, before
+    assert "take a fresh `jobcontrol ls`" in before, before
+    ahead = fails_with(jc, "events", "--after", str(10**17))
+    assert f"event {10**17} has not happened yet" in ahead, ahead
     assert "take a fresh `jobcontrol ls`" in ahead, ahead
     # A box goes with its children, and the count says so.
     jc.ok("load", str(write(jc.base / "doomed.yaml", DOOMED)))
