@@ -52,6 +52,9 @@ Printable = AfterValidator(_printable)
 
 JobId = Annotated[int, Field(ge=1, le=MAX_ID)]
 JobName = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
+# A name given to a job: the engine checks it (``fields.check_name``), naming the job and
+# the rule (an empty name, spaces around it, one too long); bounded here only as any text.
+GivenName = Annotated[str, StringConstraints(max_length=4096), NoNul]
 # A job is named by its id (a JSON number) or its name (a JSON string).
 JobRef = JobId | JobName
 JobRefs = Annotated[list[JobRef], Field(min_length=1, max_length=MAX_ITEMS)]
@@ -100,7 +103,7 @@ class DefinitionFields(Strict):
 
 
 class NewJobBody(DefinitionFields):
-    name: JobName
+    name: GivenName
     kind: Literal["box", "task"]
     parent: JobRef | None = None
 
@@ -108,7 +111,7 @@ class NewJobBody(DefinitionFields):
 class FieldChanges(DefinitionFields):
     """Only the fields given change; ``parent: null`` moves a job to the top level."""
 
-    name: JobName | None = None
+    name: GivenName | None = None
     parent: JobRef | None = None
     job_order: int | None = None
 
