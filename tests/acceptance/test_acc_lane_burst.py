@@ -40,7 +40,6 @@ WORKERS = ("w1", "w2", "w3")
 SLOTS = 4  # per worker: 12 slots compete for the lane's few
 POLL = 0.5  # the lane's poll interval: how long a drained lane is watched for a claim
 WAIT = 60.0
-PAST = "at 2000-01-01T00:00"  # due at once when armed, fires once
 
 
 @pytest.fixture
@@ -52,14 +51,13 @@ def db(jcpg: JobControl) -> Iterator[Store]:
 
 
 def trees(names: Sequence[str], command: str, *, priorities: Sequence[int] = ()) -> str:
-    """Top-level tasks of the lane, each due at once (its timer fires as it is armed)."""
+    """Top-level tasks of the lane (``run_all`` runs them, in this order)."""
     lines = ["jobs:"]
     for i, name in enumerate(names):
         lines += [
             f"  - name: {name}",
             f"    command: {command!r}",
             f"    queue: {LANE}",
-            f"    timer: {PAST}",
             "    active: true",
         ]
         if priorities:
@@ -125,9 +123,25 @@ def lane(jc: JobControl) -> dict[str, Any]:
     return dict(row)
 
 
-def queue_drained(jc: JobControl, db: Store, yaml: str, expected: int) -> list[Row[Any]]:
-    """Load the trees into the drained lane; wait until their runs are all queued."""
+def run_all(jc: JobControl, names: Sequence[str]) -> None:
+    """Run each job now, in this order, through the daemon's API (one client: a CLI
+    process per run would take minutes for a burst)."""
+    import httpx
+
+    base = next(jc.state_dir.glob("daemon-*.url")).read_text().strip()
+    headers = {"Authorization": f"Bearer {jc.token_file.read_text().strip()}"}
+    with httpx.Client(base_url=f"{base}/api/v1", headers=headers, timeout=30) as client:
+        for name in names:
+            reply = client.post(f"/jobs/{name}/run")
+            assert reply.status_code == 202, reply.text
+
+
+def queue_drained(jc: JobControl, db: Store, yaml: str, names: Sequence[str]) -> list[Row[Any]]:
+    """Load the trees into the drained lane and run them; wait until their runs are all
+    queued."""
     jc.load(write(jc.base / "burst.yaml", yaml))
+    run_all(jc, names)
+    expected = len(names)
     assert wait_until(
         lambda: count(db, "queued") == expected, WAIT
     ), f"{count(db, 'queued')} of {expected} runs queued"
@@ -145,7 +159,7 @@ def test_a_burst_of_500_runs_never_exceeds_the_lane_cap_across_three_workers(
     jc.ok("lane", "drain", LANE)
     start_workers(jc, hosts)
     names = [f"b{i:03}" for i in range(runs)]
-    queue_drained(jc, db, trees(names, "true"), runs)
+    queue_drained(jc, db, trees(names, "true"), names)
 
     began = time.monotonic()
     jc.ok("lane", "resume", LANE)
@@ -188,7 +202,7 @@ def test_claims_follow_priority_then_age_when_a_drained_lane_resumes(
         f'echo "$JOBCONTROL_JOB" >> {order_file}',
         priorities=list(priorities.values()),
     )
-    queued = queue_drained(jc, db, yaml, len(priorities))
+    queued = queue_drained(jc, db, yaml, list(priorities))
     assert {r.job_name: r.priority for r in queued} == priorities
     # An operator moves one queued run up, between top and the fives.
     [low3] = [r for r in queued if r.job_name == "low3"]
@@ -216,6 +230,7 @@ def test_a_drain_stops_new_claims_while_running_runs_finish_and_resume_restarts_
     start_workers(jc, hosts)
     names = [f"d{i}" for i in range(2 * cap)]
     jc.load(write(jc.base / "d.yaml", trees(names, f"while [ ! -e {go} ]; do sleep 0.05; done")))
+    run_all(jc, names)
     assert wait_until(
         lambda: count(db, "running") == cap and count(db, "queued") == cap, WAIT
     ), lane_runs(db)
