@@ -315,10 +315,15 @@ def trees_a_stop_ends(active: list[RunRecord]) -> tuple[list[str], list[str]]:
         if root.parent_run_id is not None:
             continue
         mine = tasks.get(root.id, [])
-        leaves = bool(mine) and all(
-            (t.state is RunState.QUEUED and not t.worker)
-            or (t.state is RunState.RUNNING and is_remote_worker(t.worker))
-            for t in mine
-        )
+        leaves = bool(mine) and all(left_by_a_stop(t) for t in mine)
         (left if leaves else killed).append(root.job_name)
     return killed, left
+
+
+def left_by_a_stop(task_run: RunRecord) -> bool:
+    """Whether a task run goes on through a stop that leaves the workers their work: it
+    waits in the queue (nothing of it started, a worker takes it as before), or runs on
+    a worker of its own (not a daemon's embedded one)."""
+    if task_run.state in (RunState.QUEUED, RunState.PENDING):
+        return True
+    return task_run.state is RunState.RUNNING and is_remote_worker(task_run.worker)

@@ -59,7 +59,7 @@ from jobcontrol.model import (
     Restarted,
     RunState,
     Trigger,
-    is_remote_worker,
+    left_by_a_stop,
 )
 from jobcontrol.outage import Backoff, Outage
 from jobcontrol.slotgroups import SlotGroup
@@ -947,11 +947,7 @@ class Dispatcher:
         if task is None:
             return False
         run = queries.get_run(self.tx.conn, task.run_id)
-        if run is None:
-            return False
-        if run.state in (RunState.QUEUED, RunState.PENDING):
-            return True
-        return run.state is RunState.RUNNING and is_remote_worker(run.worker)
+        return run is not None and left_by_a_stop(run)
 
     def _in_flight(self, roots: set[int], *, besides: bool = False) -> list[TreeRun]:
         """The tree runs in flight whose root run is one of ``roots`` (``besides``: not)."""
