@@ -120,9 +120,38 @@ def parse_definitions(text: str, source: str = "<input>") -> list[JobDef]:
     loader, root = _compose(text, source)
     try:
         jobs = _jobs_list(root, source)
-        return _Parser(source, loader).job_list(jobs, depth=0)
+        roots = _Parser(source, loader).job_list(jobs, depth=0)
     finally:
         loader.dispose()
+    return _parents_first(roots, source)
+
+
+def _parents_first(roots: list[JobDef], source: str) -> list[JobDef]:
+    """The top-level entries in file order, except that an entry whose ``parent:`` the
+    file defines comes after the entry that holds that parent (decided: the order of a
+    file's entries does not matter). Refuses a cycle of ``parent:`` with the file's line."""
+    root_of = {d.name: root for root in roots for d, _ in iter_defs([root])}
+    done: set[str] = set()
+    ordered: list[JobDef] = []
+    for first in roots:
+        path: list[JobDef] = []  # entries whose parent's entry is being placed first
+        entry: JobDef | None = first
+        while entry is not None and entry.name not in done:
+            if any(d is entry for d in path):
+                cycle = path[next(i for i, d in enumerate(path) if d is entry) :]
+                chain = " -> ".join(f"{d.name!r} under {d.parent!r}" for d in cycle)
+                raise DefinitionError(
+                    source,
+                    cycle[0].line,
+                    f"job {cycle[0].name!r}: 'parent' makes a cycle in this file ({chain})",
+                )
+            path.append(entry)
+            entry = root_of.get(entry.parent) if entry.parent is not None else None
+        for d in reversed(path):
+            if d.name not in done:
+                done.add(d.name)
+                ordered.append(d)
+    return ordered
 
 
 def _untab_json(text: str) -> str:

@@ -191,6 +191,22 @@ jobs:
         5,
         "Nowhere",
     ),
+    "parent-cycle": (
+        """\
+jobs:
+  - name: Periodic
+    timer: every 5s
+    children: []
+  - name: Left
+    parent: Right
+    children: []
+  - name: Right
+    parent: Left
+    children: []
+""",
+        5,
+        "job 'Left': 'parent' makes a cycle in this file ('Left' under 'Right' -> 'Right' under 'Left')",
+    ),
     "bad-schedule": (
         """\
 jobs:

@@ -341,6 +341,20 @@ REFUSALS = [
         id="parent-nested",
     ),
     pytest.param(
+        "jobs:\n  - name: a\n    parent: b\n    children: []\n"
+        "  - name: b\n    parent: a\n    children: []\n",
+        2,
+        ["job 'a'", "'parent' makes a cycle in this file ('a' under 'b' -> 'b' under 'a')"],
+        id="parent-cycle",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    parent: inner\n    children:\n      - name: inner\n"
+        "        children: []\n",
+        2,
+        ["job 'a'", "'parent' makes a cycle in this file ('a' under 'inner')"],
+        id="parent-inside-itself",
+    ),
+    pytest.param(
         "jobs:\n  - name: a\n    timer: evry 10s\n",
         3,
         ["job 'a'", "invalid schedule 'evry 10s' at position 0: "],
@@ -503,6 +517,20 @@ def test_refusals_name_the_line_the_job_and_the_reason(
     assert str(error).startswith(f"jobs.yaml:{line}: ")
     for fragment in fragments:
         assert fragment in str(error)
+
+
+def test_an_entry_comes_after_the_entry_that_holds_its_parent() -> None:
+    # Decided: the order of a file's entries does not matter; a parent defined later
+    # in the file (even nested in a later entry) is created first.
+    text = (
+        "jobs:\n"
+        "  - name: kid\n    parent: inner\n    command: 'true'\n"
+        "  - name: solo\n    command: 'true'\n"
+        "  - name: Later\n    parent: Top\n    children:\n      - name: inner\n        children: []\n"
+        "  - name: Top\n    children: []\n"
+    )
+    roots = parse_definitions(text, "jobs.yaml")
+    assert [r.name for r in roots] == ["Top", "Later", "kid", "solo"]
 
 
 def test_refusal_message_has_the_documented_shape() -> None:
