@@ -34,7 +34,7 @@ from jobcontrol.api.deps import (
     require,
 )
 from jobcontrol.api.runs import run_json
-from jobcontrol.errors import ValidationError, clip
+from jobcontrol.errors import UnknownJobError, ValidationError, clip
 from jobcontrol.model import RUNS_PAGE_MAX, JobRef, Kind
 from jobcontrol.service.engine import JobChange
 from jobcontrol.service.users import Action, User
@@ -179,7 +179,15 @@ def kill_job(
     run_id = ctx.engine.kill(job, user=user.name)
     # A task's kill stops the run of the nearest sub-tree root above it (spec 8.1): say whose.
     killed = ctx.engine.get_run(run_id)
-    return {"run_id": run_id, "job": killed.job_name if killed is not None else None}
+    if killed is None:
+        return {"run_id": run_id, "job": None}
+    # The job's name now: the run keeps the name it started under, which a rename since
+    # has changed (one that is gone keeps it).
+    try:
+        name = ctx.engine.get_job(killed.job_id).name if killed.job_id is not None else None
+    except UnknownJobError:
+        name = None
+    return {"run_id": run_id, "job": name or killed.job_name}
 
 
 @router.post("/jobs/{job:path}/restart", summary="Re-arm a top-level job's timer")

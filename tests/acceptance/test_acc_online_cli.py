@@ -156,6 +156,15 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     assert wait_until(lambda: api.finished("sleeper"), WAIT)
     assert jc.json("history", "sleeper")[0]["exit_status"] == 255
     jc.assert_no_task_processes(JOBCONTROL_JOB="sleeper")
+    # Renamed while it runs: the kill names the job as it is called now.
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), WAIT)
+    jc.ok("set", "sleeper", "name=dozer")
+    killed = jc.ok("kill", "dozer")
+    assert re.fullmatch(r"killed run \d+ of dozer\n", killed.stdout), describe(killed)
+    assert wait_until(lambda: api.finished("dozer"), WAIT)
+    jc.assert_no_task_processes(JOBCONTROL_JOB="sleeper")
+    jc.ok("set", "dozer", "name=sleeper")
     # A task of a running tree: the tree's run is the one killed, and the CLI says whose.
     jc.ok("activate", "sleeper")  # a manual run of a tree skips its inactive jobs
     tree_run = int(re.search(r"started run (\d+)", jc.ok("run", "Nightly").stdout).group(1))  # type: ignore[union-attr]
