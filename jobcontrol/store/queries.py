@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
     Connection,
+    Integer,
     Row,
     Select,
     Update,
@@ -29,11 +30,15 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
     update,
 )
+from sqlalchemy import Text as SqlText
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobcontrol.model import (
     ACTIVE_RUN_STATES,
@@ -214,18 +219,48 @@ def jobs_named_with(conn: Connection, text: str) -> list[tuple[int, str]]:
 
 _INSERT_JOB = insert(job).returning(job.c.id)
 # SQLite gives a new row the largest id + 1: the id of a job just deleted, and with it the
-# runs that job left (its history, its logs). There a new job's id is past every id a run
-# names too. (PostgreSQL's sequence never goes back; ``db copy`` sets it past both.)
+# runs that job left (its history, its logs), and the edits a client holds for it by id and
+# version (a new job starts at version 1 again). There a new job's id is past every id a
+# run names and past every id a job had when one was deleted (``_ID_MARK`` in jc_meta,
+# set by ``delete_job``). (PostgreSQL's sequence never goes back; ``db copy`` sets it past
+# both.)
+_ID_MARK = "job_id_mark"
 _INSERT_JOB_SQLITE = (
     insert(job)
     .values(
         id=func.max(
             func.coalesce(select(func.max(job.c.id)).scalar_subquery(), 0),
             func.coalesce(select(func.max(run.c.job_id)).scalar_subquery(), 0),
+            func.coalesce(
+                select(sql_cast(meta.c.value, Integer))
+                .where(meta.c.key == _ID_MARK)
+                .scalar_subquery(),
+                0,
+            ),
         )
         + 1
     )
     .returning(job.c.id)
+)
+_MARK_IDS_SQLITE = (
+    sqlite_insert(meta)
+    .from_select(
+        ["key", "value"],
+        select(literal(_ID_MARK), sql_cast(func.max(job.c.id), SqlText)).where(
+            job.c.id.is_not(None)
+        ),
+    )
+    .on_conflict_do_update(
+        index_elements=[meta.c.key],
+        set_={
+            "value": sql_cast(
+                func.max(
+                    sql_cast(meta.c.value, Integer), sql_cast(text("excluded.value"), Integer)
+                ),
+                SqlText,
+            )
+        },
+    )
 )
 
 
@@ -290,6 +325,8 @@ def follow_edit(conn: Connection, job_id: int, values: Mapping[str, Any]) -> lis
 
 
 def delete_job(conn: Connection, job_id: int) -> None:
+    if conn.dialect.name == "sqlite":
+        conn.execute(_MARK_IDS_SQLITE)  # no id up to the largest now is given again
     # Children go by ON DELETE CASCADE.
     conn.execute(delete(job).where(job.c.id == job_id))
 

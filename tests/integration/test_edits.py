@@ -279,6 +279,28 @@ def test_stale_version_is_a_conflict_and_changes_nothing(jc: JC) -> None:
     assert jc.job("t1").description == "mine"
 
 
+def test_an_edit_held_for_a_deleted_job_never_reaches_a_new_job(jc: JC) -> None:
+    # A client holds edits by id and version. A job deleted before it ever ran left no
+    # run naming its id; on SQLite the next job created took that id (at version 1 again),
+    # and a client's edit meant for the deleted job was written to the new one.
+    build_tree(jc)
+    jc.create(task("victim", "echo victim", "Top"), task("later", "true", "Top"))
+    victim = jc.job("victim")
+    later = jc.job("later")
+    jc.engine.delete_jobs(["later"], user=USER)
+    jc.engine.delete_jobs(["victim"], user=USER)
+    jc.create(task("innocent", "echo innocent", "Top"), task("second", "true", "Top"))
+    new_ids = {jc.job("innocent").id, jc.job("second").id}
+    assert not new_ids & {victim.id, later.id}, (new_ids, victim.id, later.id)
+    before = jc.dump()
+
+    held = JobChange(victim.id, {"command": "echo meant for victim"}, version=victim.version)
+    with pytest.raises(UnknownJobError):
+        jc.engine.modify_jobs([held], user=USER)
+    assert jc.dump() == before
+    assert jc.job("innocent").command == "echo innocent"
+
+
 def test_a_good_edit_is_one_reaction_and_leaves_the_tree_idle_and_true(jc: JC) -> None:
     build_tree(jc)
     reactions = jc.dispatcher.stats.reactions
