@@ -6,7 +6,9 @@ line, **OK** and **Cancel**. OK with the text unchanged just closes; otherwise
 it sends the change (with the version the editor opened with) and closes when
 the daemon accepts it. A refusal (an invalid schedule with its position, a
 command the shell rejects, someone else's change) is shown in Status and the
-window stays open with the text as typed.
+window stays open with the text as typed. After someone else's change, Status
+says what the daemon has now, and OK again saves the text over it (Cancel keeps
+theirs); a job deleted meanwhile is said, and OK can no longer save.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from jobcontrol.client import ApiError
 from jobcontrol_admin.session import Session
 
 LABELS = {"timer": "Timer", "command": "Command"}
@@ -51,6 +54,8 @@ class ExpressionEditor(QDialog):
         self.field = field
         self.original = view.get(field) or ""
         self.sending = False
+        self.gone = False  # the job was deleted on the daemon
+        self.latest: dict[str, Any] | None = view  # the job's view as last heard of
         self.setWindowTitle(f"{view['name']} Edit {LABELS[field]}")
         self.resize(500, 285)
 
@@ -93,7 +98,7 @@ class ExpressionEditor(QDialog):
         if text == self.original:
             super().accept()
             return
-        if self.sending:
+        if self.sending or self.gone:
             return
         value: str | None = text if text.strip() else None
         if self.field == "command" and value is None:
@@ -117,7 +122,35 @@ class ExpressionEditor(QDialog):
 
     def _refused(self, exc: Exception) -> None:
         self.sending = False
-        self.ok_button.setEnabled(True)
-        self.status.setText(str(exc))
+        self.ok_button.setEnabled(not self.gone)
+        text = str(exc)
+        if (
+            isinstance(exc, ApiError)
+            and exc.status == 409
+            and exc.body.get("error") == "ConflictError"
+            and self.latest is not None
+        ):
+            # Someone else's change: the next OK is over what the daemon has now.
+            self.version = self.latest.get("version")
+            now = self.latest.get(self.field) or ""
+            text = (
+                f"{text}; the daemon's {self.field} is now {now!r}: "
+                "OK saves your text over it, Cancel keeps it"
+            )
+        self._say(text)
+
+    def job_changed(self, view: dict[str, Any] | None) -> None:
+        """The job as the daemon has it now (None: deleted), from the window's tree."""
+        if view is None:
+            if not self.gone:
+                self.gone = True
+                self.ok_button.setEnabled(False)
+                self.edit_button.setEnabled(False)
+                self._say("the job was deleted on the daemon: nothing to save")
+            return
+        self.latest = view
+
+    def _say(self, text: str) -> None:
+        self.status.setText(text)
         self.status.setCursorPosition(0)
-        self.status.setToolTip(str(exc))
+        self.status.setToolTip(text)

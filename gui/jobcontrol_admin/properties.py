@@ -14,7 +14,7 @@ import builtins
 import functools
 import re
 import zoneinfo
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,7 @@ def with_zone(timer: str, zone: str) -> str:
 @dataclass
 class _JobEdit:
     version: int
+    name: str = ""
     fields: dict[str, Any] = field(default_factory=dict)
     originals: dict[str, Any] = field(default_factory=dict)
 
@@ -86,16 +87,19 @@ class PendingChanges(QObject):
         super().__init__(parent)
         self._jobs: dict[int, _JobEdit] = {}
 
-    def set(self, job_id: int, version: int, key: str, value: Any, *, original: Any) -> None:
+    def set(
+        self, job_id: int, version: int, key: str, value: Any, *, original: Any, name: str = ""
+    ) -> None:
         """Record ``key = value`` (``original``: the stored value); back to the original drops it.
 
-        The version and original kept are those of the first edit of the job (of the field).
+        The version and original kept are those of the first edit of the job (of the field);
+        ``name`` is the job's, to name it when its changes are dropped.
         """
         edit = self._jobs.get(job_id)
         if edit is None:
             if value == original:
                 return
-            edit = self._jobs[job_id] = _JobEdit(version)
+            edit = self._jobs[job_id] = _JobEdit(version, name)
         original = edit.originals.setdefault(key, original)
         if value == original:
             edit.fields.pop(key, None)
@@ -115,6 +119,30 @@ class PendingChanges(QObject):
         elif self._jobs.pop(job_id, None) is None:
             return
         self.changed.emit()
+
+    def forget_gone(self, present: Container[int]) -> list[str]:
+        """Drop the changes of jobs not ``present`` (deleted on the daemon); their names."""
+        gone = [job_id for job_id in self._jobs if job_id not in present]
+        names = [self._jobs.pop(job_id).name or f"#{job_id}" for job_id in gone]
+        if gone:
+            self.changed.emit()
+        return names
+
+    def rebase(self, seen: Mapping[int, Any], now: Mapping[int, Any]) -> list[int]:
+        """This client's own change (a rename, a move, an activation) took jobs from the
+        versions ``seen`` to those ``now``: pending changes made at the version seen count
+        from the new one when that change was the only one (one step). A job changed by
+        others meanwhile stays a conflict. The jobs rebased."""
+        moved = []
+        for job_id, before in seen.items():
+            edit = self._jobs.get(job_id)
+            after = now.get(job_id)
+            if edit is None or before is None or after is None:
+                continue
+            if edit.version == int(before) and int(after) == int(before) + 1:
+                edit.version = int(after)
+                moved.append(job_id)
+        return moved
 
     def fields(self, job_id: int) -> dict[str, Any]:
         """The job's pending fields and their new values."""
@@ -488,8 +516,16 @@ class PropertiesPanel(QWidget):
         self._show_pending()
 
     def _model_changed(self) -> None:
-        """Re-fetch the shown job when the daemon changed it and it has nothing pending."""
-        if self._closed or self.detail is None or self.fetching or self.job_id is None:
+        """Drop the changes of jobs deleted on the daemon (said); re-fetch the shown job
+        when the daemon changed it and it has nothing pending."""
+        if self._closed:
+            return
+        if not self.applying:
+            gone = self.pending.forget_gone(self.model.nodes)
+            if gone:
+                names = ", ".join(repr(name) for name in gone)
+                self._say(f"Changes dropped: {names} deleted on the daemon")
+        if self.detail is None or self.fetching or self.job_id is None:
             return
         if self.job_id in self.pending.jobs():
             return
@@ -521,7 +557,12 @@ class PropertiesPanel(QWidget):
         if self.invalid.pop(key, None) is not None:
             self._say(next(iter(self.invalid.values()), ""))
         self.pending.set(
-            int(detail["id"]), int(detail["version"]), key, value, original=detail.get(key)
+            int(detail["id"]),
+            int(detail["version"]),
+            key,
+            value,
+            original=detail.get(key),
+            name=str(detail.get("name") or ""),
         )
 
     def _zone_edited(self, zone: str) -> None:
@@ -620,6 +661,19 @@ class PropertiesPanel(QWidget):
         else:
             self._say(f"Not applied: {exc}")
         self._show_pending()
+
+    def own_change_applied(self, seen: Mapping[int, Any], now: Mapping[int, Any]) -> None:
+        """The window's own change (rename, move, activation...) took jobs from versions
+        ``seen`` to ``now``: their pending changes count from it, not as a conflict with it,
+        and the job shown is read again (its pending values stay over it)."""
+        if self._closed:
+            return
+        rebased = self.pending.rebase(seen, now)
+        self.conflicts -= set(rebased)
+        if self.job_id is not None and self.job_id in now and not self.applying:
+            self._fetch(self.job_id)
+        else:
+            self._show_pending()
 
     def _done_applying(self) -> None:
         self.applying = False

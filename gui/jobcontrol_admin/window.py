@@ -138,6 +138,7 @@ class MainWindow(QMainWindow):
         self.model.move_requested.connect(self.move_jobs)
         self.model.changed.connect(self.update_actions)
         self.model.changed.connect(self._update_counts)
+        self.model.changed.connect(self._tell_editors)
         self.view.expression_requested.connect(self.edit_expression)
         self.view.expanded.connect(lambda i: self._expanded(i, True))
         self.view.collapsed.connect(lambda i: self._expanded(i, False))
@@ -790,6 +791,19 @@ class MainWindow(QMainWindow):
             return
         self.session.act(title, call, done)
 
+    def _edit_jobs(self, title: str, ids: Sequence[int], call: Callable[[Client], Any]) -> None:
+        """One of the window's own edits of ``ids`` (outside the properties panel's batch):
+        once applied, the panel's pending changes of those jobs count from it instead of
+        being refused as changed by someone else."""
+        seen = {i: (self.model.view(i) or {}).get("version") for i in ids}
+
+        def done(result: Any) -> None:
+            if self.properties is not None and isinstance(result, dict):
+                now = {int(v["id"]): v.get("version") for v in result.get("jobs") or ()}
+                self.properties.own_change_applied(seen, now)
+
+        self._act(title, call, done)
+
     # ------------------------------------------------------------ job actions
 
     def new_job(self, kind: str, *, under_selection: bool = False) -> None:
@@ -873,17 +887,17 @@ class MainWindow(QMainWindow):
             if not self.confirm(text + "?"):
                 return
         word = "Activate" if active else "Deactivate"
-        self._act(word, lambda c: c.activate(ids, active))
+        self._edit_jobs(word, ids, lambda c: c.activate(ids, active))
 
     def set_on_error(self, value: str) -> None:
         ids = [n.id for n in self.selected_nodes() if n.is_box]
         if ids:
-            self._act("On error", lambda c: c.set_on_error(ids, value))
+            self._edit_jobs("On error", ids, lambda c: c.set_on_error(ids, value))
 
     def set_box_type(self, value: str) -> None:
         ids = [n.id for n in self.selected_nodes() if n.is_box]
         if ids:
-            self._act("Box type", lambda c: c.set_box_type(ids, value))
+            self._edit_jobs("Box type", ids, lambda c: c.set_box_type(ids, value))
 
     def restart_selected(self) -> None:
         nodes = self.selected_nodes()
@@ -934,7 +948,7 @@ class MainWindow(QMainWindow):
         if view is None:
             return
         change = {"job": job_id, "version": view.get("version"), "fields": {"name": name}}
-        self._act("Rename", lambda c: c.modify([change]))
+        self._edit_jobs("Rename", [job_id], lambda c: c.modify([change]))
 
     def _rename_current(self) -> None:
         index = self.view.currentIndex()
@@ -958,6 +972,7 @@ class MainWindow(QMainWindow):
         at = row - before
         order = rest[:at] + moving + rest[at:]
         changes = []
+        moved: list[int] = []
         for position, node in enumerate(order):
             fields: dict[str, Any] = {}
             if node in moving and node.view.get("parent") != parent_id:
@@ -970,8 +985,9 @@ class MainWindow(QMainWindow):
                 changes.append(
                     {"job": node.id, "version": node.view.get("version"), "fields": fields}
                 )
+                moved.append(node.id)
         if changes:
-            self._act("Move", lambda c: c.modify(changes))
+            self._edit_jobs("Move", moved, lambda c: c.modify(changes))
 
     # ------------------------------------------------------------ expressions
 
@@ -979,6 +995,11 @@ class MainWindow(QMainWindow):
         job_id = self.current_id()
         if job_id is not None:
             self.edit_expression(job_id, field)
+
+    def _tell_editors(self) -> None:
+        """Each open expression editor hears of its job as the daemon has it now."""
+        for editor in self.editors:
+            editor.job_changed(self.model.view(editor.job_id))
 
     @Slot(int, str)
     def edit_expression(self, job_id: int, field: str) -> None:

@@ -322,6 +322,93 @@ def test_the_expression_editor_refuses_bad_text_with_the_daemons_message(
     assert client.job("report")["timer"] == "daily 22:56"
 
 
+def test_the_expression_editor_after_someone_elses_change_saves_over_it_on_a_second_ok(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("report", "task", command="echo hi")
+    view = wait_shown(qtbot, window, "report")
+    window.edit_expression(view["id"], "command")
+    editor = window.editors[0]
+    editor.edit_button.click()
+    client.modify([{"job": view["id"], "version": 1, "fields": {"command": "echo theirs"}}])
+    wait_shown(qtbot, window, "report", version=2)
+    editor.text.setPlainText("echo mine")
+    editor.ok_button.click()
+    qtbot.waitUntil(lambda: "changed by someone else" in editor.status.text(), timeout=WAIT_MS)
+    # It says what the daemon has now and what OK does; theirs is kept until then.
+    assert "now 'echo theirs'" in editor.status.text(), editor.status.text()
+    assert "OK saves your text over it" in editor.status.text()
+    assert client.job("report")["command"] == "echo theirs"
+    editor.ok_button.click()
+    qtbot.waitUntil(lambda: not window.editors, timeout=WAIT_MS)
+    assert client.job("report")["command"] == "echo mine"
+
+
+def test_the_expression_editor_of_a_job_deleted_meanwhile_cannot_save(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("doomed", "task", command="echo hi")
+    view = wait_shown(qtbot, window, "doomed")
+    window.edit_expression(view["id"], "command")
+    editor = window.editors[0]
+    editor.edit_button.click()
+    editor.text.setPlainText("echo meant for doomed")
+    client.delete([view["id"]])
+    client.create_job("innocent", "task", command="echo innocent")
+    wait_shown(qtbot, window, "innocent")
+    qtbot.waitUntil(lambda: "deleted on the daemon" in editor.status.text(), timeout=WAIT_MS)
+    assert not editor.ok_button.isEnabled()
+    editor.accept()  # even pressed by the keyboard: nothing is sent
+    assert editor.isVisible()
+    assert client.job("innocent")["command"] == "echo innocent"
+    editor.reject()
+
+
+def test_a_rename_in_place_leaves_the_jobs_pending_changes_to_apply(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("render", "task", command="true")
+    view = wait_shown(qtbot, window, "render")
+    select(window, "render")
+    panel = window.properties
+    assert panel is not None
+    qtbot.waitUntil(lambda: (panel.detail or {}).get("id") == view["id"], timeout=WAIT_MS)
+    panel.editors["description"].widget.setPlainText("pending text")
+    assert panel.pending.count() == 1
+    window.rename(view["id"], "render2")
+    qtbot.waitUntil(lambda: (panel.detail or {}).get("name") == "render2", timeout=WAIT_MS)
+    assert panel.title.text() == "render2"
+    assert panel.editors["description"].widget.toPlainText() == "pending text"
+    panel.apply()
+    qtbot.waitUntil(lambda: not panel.applying, timeout=WAIT_MS)
+    assert not panel.message.isVisible(), panel.message.text()
+    stored = client.job("render2")
+    assert (stored["description"], stored["version"]) == ("pending text", 3)
+
+
+def test_pending_changes_of_a_job_deleted_on_the_daemon_are_dropped_and_said(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    client.create_job("DoomA", "task", command="true")
+    client.create_job("KeepB", "task", command="true")
+    doom = wait_shown(qtbot, window, "DoomA")
+    keep = wait_shown(qtbot, window, "KeepB")
+    panel = window.properties
+    assert panel is not None
+    for job in (doom, keep):
+        select(window, job["name"])
+        qtbot.waitUntil(lambda j=job: (panel.detail or {}).get("id") == j["id"], timeout=WAIT_MS)
+        panel.editors["description"].widget.setPlainText(f"edit of {job['name']}")
+    assert panel.pending.jobs() == {doom["id"], keep["id"]}
+    client.delete([doom["id"]])
+    qtbot.waitUntil(lambda: panel.pending.jobs() == {keep["id"]}, timeout=WAIT_MS)
+    assert panel.message.text() == "Changes dropped: 'DoomA' deleted on the daemon"
+    panel.apply()
+    qtbot.waitUntil(lambda: not panel.applying, timeout=WAIT_MS)
+    assert client.job("KeepB")["description"] == "edit of KeepB"
+    assert panel.pending.count() == 0
+
+
 def test_the_magnifier_of_a_timer_cell_opens_the_editor(
     qtbot: Any, window: MainWindow, client: Client
 ) -> None:
