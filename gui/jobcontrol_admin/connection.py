@@ -110,6 +110,9 @@ class ConnectionDialog(QDialog):
         if not url:
             self.message.setText("Enter the daemon's URL (jobcontrol daemon status prints it).")
             return
+        if "://" not in url:  # host:port as typed: the daemon speaks http unless told https
+            url = f"http://{url}"
+            self.url.setText(url)
         if self._trying is not None:
             return
         self.message.setText(f"Connecting to {url}…")

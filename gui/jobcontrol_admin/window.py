@@ -911,8 +911,9 @@ class MainWindow(QMainWindow):
                 self.say(f"{node.name} not armed: {reply.get('reason') or 'no next run'}")
                 return
             paused = " (timers are paused: it fires once they are resumed)"
+            shown = format_time(parse_time(when)) or when  # as the tree shows times
             self.say(
-                f"Restarted {node.name}; next runs {when}" + (paused if reply.get("held") else "")
+                f"Restarted {node.name}; next runs {shown}" + (paused if reply.get("held") else "")
             )
 
         self._act("Restart", lambda c: c.rearm(node.id), restarted)

@@ -65,9 +65,13 @@ def test_the_dialog_connects_and_shows_a_refusal_without_closing(
     qtbot.waitUntil(lambda: "cannot reach" in dialog.message.text(), timeout=WAIT_MS)
     assert dialog.isVisible()
 
-    dialog.url.setText(admin_daemon.url)
+    # host:port as typed, without the scheme: http is meant.
+    bare = admin_daemon.url.removeprefix("http://")
+    assert bare != admin_daemon.url
+    dialog.url.setText(bare)
     with qtbot.waitSignal(dialog.accepted, timeout=WAIT_MS):
         dialog.connect_button.click()
+    assert dialog.url.text() == admin_daemon.url
     assert dialog.session is not None
     assert dialog.daemon_status["tree_state"] == "idle"
     dialog.session.close()

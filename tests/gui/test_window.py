@@ -242,6 +242,9 @@ def test_run_now_kill_and_restart_show_in_place(
         lambda: "Restarted Batch" in window.statusBar().currentMessage(), timeout=WAIT_MS
     )
     assert cell(window, "Batch", "next_runs") != ""
+    # The time as the tree shows it, not the API's ISO text.
+    said = window.statusBar().currentMessage()
+    assert re.search(r"next runs \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d", said), said
     assert not error_texts(window)
 
 
