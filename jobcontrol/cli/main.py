@@ -329,6 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if given is None and from_env is not None and not from_env.strip():
+        # The same for the variable (`JOBCONTROL_DB="$(cat worker.url)"` of a file not there).
+        print(
+            "jobcontrol: $JOBCONTROL_DB is set but empty: give a SQLite file's path or a "
+            "database URL, or unset it for the default database",
+            file=sys.stderr,
+        )
+        return 2
     args.db_given = bool(given or from_env)
     args.db = normalise_url(args.db or from_env or default_db_path())
     _warn_public_secrets(args, given)
@@ -399,6 +407,11 @@ def _slots(slots: int | None, queues: str | None) -> tuple[int, str | None]:
     """The embedded worker's slots and slot groups (``--queues``, in its own words),
     from ``--slots`` or ``--queues``, never both: refused before anything starts."""
     if queues is None:
+        if slots is not None and not 0 <= slots <= slotgroups.MAX_SLOTS:
+            raise JobControlError(
+                f"--slots must be from 0 (workers of their own run the tasks) to "
+                f"{slotgroups.MAX_SLOTS}, not {slots}"
+            )
         return (8 if slots is None else slots), None
     if slots is not None:
         raise JobControlError(
@@ -766,6 +779,11 @@ def _daemon(args: argparse.Namespace) -> int:
     opts = DaemonOptions(db_url=args.db, state_dir=args.state_dir or state_dir_default())
     if cmd in ("run", "start"):
         opts.slots, opts.queues = _slots(args.slots, args.queues)
+        if opts.slots == 0 and args.db.startswith("sqlite"):
+            raise JobControlError(
+                "--slots 0 on SQLite: nothing would run the tasks (workers of their own "
+                "need a PostgreSQL database); give the daemon slots"
+            )
         opts.log_root, opts.log_level = args.log_root, args.log_level
         opts.api, opts.host = not args.no_api, args.listen
         opts.tls_cert, opts.tls_key = args.tls_cert, args.tls_key

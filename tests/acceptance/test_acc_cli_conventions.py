@@ -201,7 +201,14 @@ def test_a_mistyped_db_creates_no_database(
     for empty in ("", " "):
         line = one_line_refusal(jc.bare("--db", empty, "--state-dir", jc.state_dir, *args))
         assert line == "jobcontrol: --db is empty: give a SQLite file's path or a database URL"
+        # The same for the variable (`JOBCONTROL_DB="$(cat worker.url)"`, the file not there).
+        env = {**jc.env, "JOBCONTROL_DB": empty}
+        line = one_line_refusal(jc.bare("--state-dir", jc.state_dir, *args, env=env))
+        assert line.startswith("jobcontrol: $JOBCONTROL_DB is set but empty: "), line
     assert sorted(p.name for p in real.parent.iterdir()) == before
+    # No default database was made in its stead.
+    assert not list(jc.base.glob("home/**/*.db")), list(jc.base.glob("home/**/*"))
+    assert not list(jc.base.glob("xdg-state/**/*.db")), list(jc.base.glob("xdg-state/**/*"))
 
 
 # ---------------------------------------------------------------- shell completion
@@ -465,6 +472,20 @@ def test_a_port_out_of_range_is_refused_before_the_daemon_starts(jc_sqlite: JobC
         env = {**jc.env, "JOBCONTROL_PORT": value}
         line = one_line_refusal(jc.run("daemon", "start", env=env))
         assert line == f"jobcontrol: $JOBCONTROL_PORT='{value}' is not a port number (0 to 65535)"
+    assert not jc.live_daemons()
+
+
+def test_daemon_slots_out_of_range_or_none_on_sqlite_start_nothing(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    for value in ("-1", "1025"):
+        line = one_line_refusal(jc.run("daemon", "start", "--slots", value))
+        assert line == (
+            f"jobcontrol: --slots must be from 0 (workers of their own run the tasks) to 1024, "
+            f"not {value}"
+        ), line
+    # No worker can serve a SQLite database: a daemon without slots would run nothing.
+    line = one_line_refusal(jc.run("daemon", "start", "--slots", "0"))
+    assert line.startswith("jobcontrol: --slots 0 on SQLite: nothing would run the tasks"), line
     assert not jc.live_daemons()
 
 
