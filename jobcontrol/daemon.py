@@ -40,7 +40,7 @@ from jobcontrol.filemodes import LogAccess
 from jobcontrol.logbatch import HoldingStreamHandler
 from jobcontrol.model import MAX_PORT, trees_a_stop_ends
 from jobcontrol.runtime import Runtime
-from jobcontrol.store import Store, pool_size_for, queries, redact
+from jobcontrol.store import Store, driver_message, pool_size_for, queries, redact
 from jobcontrol.taskenv import PassEnv
 
 if TYPE_CHECKING:
@@ -264,7 +264,10 @@ class DatabaseLease:
                 self._conn.commit()
                 return "held"
             except Exception as exc:
-                log.warning("the connection holding the daemon's database lock was lost: %s", exc)
+                log.warning(
+                    "the connection holding the daemon's database lock was lost: %s",
+                    driver_message(exc),
+                )
                 with contextlib.suppress(Exception):
                     self._conn.invalidate()
                 with contextlib.suppress(Exception):

@@ -66,14 +66,17 @@ class Outage:
         self._watchers.append(changed)
 
     def failed(self, exc: BaseException) -> None:
+        # One line, whoever raised it: a driver's own messages have several (a log record
+        # each, and the reason health gives, in one form).
+        error = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         with self._lock:
             self._failures += 1
-            self._error = str(exc)
+            self._error = error
             if self._since is not None:
                 return
             self._since = time.time()
             self._outages += 1
-        log.warning("%s: the database does not answer; retrying until it does: %s", self.who, exc)
+        log.warning("%s: the database does not answer; retrying until it does: %s", self.who, error)
         self._changed()
 
     def recovered(self) -> None:

@@ -252,6 +252,30 @@ class PostgresServer:
             raise PostgresServerError("the server was never started")
         self._start_postmaster(port=self._port)
 
+    def freeze(self) -> list[int]:
+        """Hang the server without failing anything (SIGSTOP to the postmaster and every
+        process of it): connections stay open and every statement waits. Its pids, for
+        ``thaw``."""
+        if self._tmpdir is None:
+            raise PostgresServerError("the server is not started")
+        pid = self._postmaster_pid(self.datadir)
+        if pid is None:
+            raise PostgresServerError("the server is not running")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids = [pid, *map(int, children)]
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        return pids
+
+    @staticmethod
+    def thaw(pids: list[int]) -> None:
+        """Let a frozen server go on (SIGCONT to the pids ``freeze`` stopped)."""
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 

@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES
+from jobcontrol.api.bounded import BoundedReads, DatabaseNotAnswering
 from jobcontrol.diskspace import DiskSpace
 from jobcontrol.errors import (
     AlreadyRunningError,
@@ -38,6 +39,7 @@ from jobcontrol.errors import (
     NotRunningError,
     RunStateError,
     StoreError,
+    StoreUnavailable,
     UnknownJobError,
     UnknownLaneError,
     UnknownRunError,
@@ -50,7 +52,7 @@ from jobcontrol.service import audit
 from jobcontrol.service.engine import Engine
 from jobcontrol.service.eventlog import EventLog
 from jobcontrol.service.metrics import RunMetrics
-from jobcontrol.service.users import Action, User, authenticate
+from jobcontrol.service.users import Action, User, authenticate, hash_token
 from jobcontrol.store import Store
 from jobcontrol.views import masked_env
 
@@ -93,6 +95,8 @@ class ApiContext:
     # Free space of the state directory and log root (``DaemonOptions.disk_space``).
     disk: Callable[[], dict[str, DiskSpace]] | None = None
     connections: ConnectionStats = field(default_factory=ConnectionStats)
+    # Reads that must answer though the database hangs (the token, health, status).
+    reads: BoundedReads = field(default_factory=BoundedReads)
     # How many exports run at once (``api.definitions``), made on first use.
     export_limiter: Any = None
 
@@ -135,7 +139,17 @@ def _bearer(authorization: str | None) -> str:
 
 
 def authenticated_user(ctx: ApiContext, authorization: str | None) -> User:
-    user = authenticate(ctx.store, _bearer(authorization), known=ctx.known_users)
+    token = _bearer(authorization)
+    try:
+        user = ctx.reads.call(
+            lambda: authenticate(ctx.store, token, known=ctx.known_users), "the token"
+        )
+    except DatabaseNotAnswering:
+        # A database that hangs, as one that is away: a token it accepted before reads.
+        known = ctx.known_users.get(hash_token(token)) if token else None
+        if known is None:
+            raise
+        user = known
     if user is None:
         raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     return user
@@ -436,7 +450,13 @@ def refusal_response(exc: JobControlError) -> JSONResponse:
     status = error_status(exc)
     if status >= 500:
         # One line, what it cost included (an audit entry the outage kept out: audit.scope).
-        log.warning("request failed: %s", "; ".join([str(exc), *getattr(exc, "__notes__", ())]))
+        notes = getattr(exc, "__notes__", ())
+        # A read refused for an outage costs nothing: the outage is logged once, by the
+        # parts that meet it, and a line per request would bury those in a polled log.
+        level = (
+            logging.DEBUG if isinstance(exc, StoreUnavailable) and not notes else logging.WARNING
+        )
+        log.log(level, "request failed: %s", "; ".join([str(exc), *notes]))
     return JSONAnswer(error_body(exc), status_code=status)
 
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from jobcontrol import logbatch
+from jobcontrol.api.bounded import DatabaseNotAnswering
 from jobcontrol.api.deps import ApiContext, Context, JsonRoute, NoBody, require
 from jobcontrol.errors import BusyError, StoreUnavailable
 from jobcontrol.service import audit
@@ -85,9 +86,14 @@ def healthz(ctx: Context) -> JSONResponse:
         if alive["timer_late_s"] >= LATE_S
         else []
     )
-    stopped = _stopped_lanes(ctx)
-    troubled = _workers_with_log_problems(ctx)
-    unserved = _unserved(ctx, "/healthz")
+    try:
+        stopped = _stopped_lanes(ctx)
+        troubled = _workers_with_log_problems(ctx)
+        unserved = _unserved(ctx, "/healthz")
+    except DatabaseNotAnswering as exc:  # no outage says it: the database fails nothing
+        return JSONResponse(
+            {"status": "database not answering", "reason": str(exc)}, status_code=503
+        )
     lost = logbatch.lost()
     # The daemon's own log: it goes on without it (every run is in the database).
     unlogged = (
@@ -151,7 +157,9 @@ def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
     the database is away, and the parts that meet it log the outage once, when it begins
     and when it ends; a line per request would bury those two in a polled daemon's log."""
     try:
-        stopped = ctx.engine.lanes.stopped()
+        stopped = ctx.reads.call(ctx.engine.lanes.stopped, "the stopped lanes")
+    except DatabaseNotAnswering:
+        raise
     except StoreUnavailable as exc:  # the outage itself is in /status's `database`
         log.debug("stopped lanes not read for /status: %s", exc)
         return []
@@ -164,7 +172,9 @@ def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
 def _live_workers(ctx: ApiContext, where: str) -> list[dict[str, Any]] | None:
     """The workers not stopped, or None while the database does not answer."""
     try:
-        return ctx.engine.live_workers()
+        return ctx.reads.call(ctx.engine.live_workers, "the workers")
+    except DatabaseNotAnswering:
+        raise
     except StoreUnavailable as exc:
         log.debug("workers not read for %s: %s", where, exc)
         return None
@@ -174,7 +184,9 @@ def _unserved(ctx: ApiContext, where: str) -> list[dict[str, Any]]:
     """Queues whose runs wait with no live worker serving them (JSON-ready); none listed
     while the database does not answer (the outage is said instead)."""
     try:
-        unserved = ctx.engine.unserved_queues()
+        unserved = ctx.reads.call(ctx.engine.unserved_queues, "the queues waiting")
+    except DatabaseNotAnswering:
+        raise
     except StoreUnavailable as exc:
         log.debug("unserved queues not read for %s: %s", where, exc)
         return []
@@ -236,6 +248,12 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
     view = ctx.engine.status()
     now = datetime.now(UTC)
     db = ctx.database_state()
+    hangs: str | None = None
+    try:
+        stopped = _stopped_lanes(ctx)
+        unserved = _unserved(ctx, "/status")
+    except DatabaseNotAnswering as exc:  # said below; the rest is served from memory
+        stopped, unserved, hangs = [], [], str(exc)
     return {
         "database": {
             "ok": db["ok"],
@@ -251,6 +269,9 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
             # lock another process holds, a server that does not answer) before the
             # busy or connect timeout makes it an outage.
             "slow_write": _slow_write(ctx),
+            # A read that the database did not answer within the API's patience: it
+            # hangs without failing (no outage says so until a timeout does).
+            "not_answering": hangs,
         },
         "version": ctx.version,
         "containment": ctx.containment() if ctx.containment is not None else None,
@@ -267,8 +288,8 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
             for r in view["runs_in_flight"]
         ],
         "event_seq": ctx.eventlog.last_seq,
-        "stopped_lanes": _stopped_lanes(ctx),
-        "unserved_queues": _unserved(ctx, "/status"),
+        "stopped_lanes": stopped,
+        "unserved_queues": unserved,
         "disk": {key: d.as_dict() for key, d in ctx.disk().items()} if ctx.disk else None,
         "daemon_log": _daemon_log(),
     }

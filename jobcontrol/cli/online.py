@@ -462,6 +462,8 @@ def _status(client: Client, args: argparse.Namespace) -> int:
             f"database: UNAVAILABLE since {out.when(db['since'])}: {db['error']} "
             "(the daemon retries until it answers; nothing is lost meanwhile)"
         )
+    elif db.get("not_answering"):
+        lines.append(f"database: NOT ANSWERING: {db['not_answering']}")
     elif db.get("slow_write"):
         slow = db["slow_write"]
         lines.append(

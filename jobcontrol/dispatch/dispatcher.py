@@ -350,14 +350,23 @@ class Dispatcher:
             return f"the database has held the dispatcher up for {held_up:.0f}s"
         return "the stop's time is up"
 
-    def look(self, fn: Callable[[], T]) -> T:
+    def look(self, fn: Callable[[], T], patience: float | None = None) -> T:
         """``fn()`` on the tree and timers as they stand between handlers, for another
         thread: through ``read`` while the dispatcher runs; directly while it waits out an
         outage (it changes nothing meanwhile: what it held before is the best answer there
-        is) or once its thread has ended. ``fn`` only reads."""
+        is) or once its thread has ended. ``fn`` only reads.
+
+        With ``patience``: a dispatcher held on one event longer than that (a database
+        that hangs without failing, which no outage says) is read as it stands, mid-event,
+        rather than not at all (status must answer)."""
         if not self.running or self.outage.down:
             return fn()
-        return self.read(fn, self.config.edit_timeout)
+        if patience is None:
+            return self.read(fn, self.config.edit_timeout)
+        try:
+            return self.read(fn, patience)
+        except BusyError:
+            return fn()
 
     def busy_jobs(self) -> list[str]:
         """The top-level trees with a run in flight."""

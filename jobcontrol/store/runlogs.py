@@ -74,6 +74,19 @@ def took_log(store: Store, run_id: int) -> bool:
         return conn.execute(stmt).rowcount == 1
 
 
+def stored_later(store: Store, run_id: int, kept: str, note: str) -> bool:
+    """The run's reason said its output was kept in the spool file ``kept``, not yet
+    stored: it says ``note`` there instead, once that output is stored."""
+    said = f"the output not yet stored is kept in {kept}"
+    with store.write() as conn:
+        stmt = (
+            update(run)
+            .where(run.c.id == run_id, run.c.reason.contains(said, autoescape=True))
+            .values(reason=func.replace(run.c.reason, said, note))
+        )
+        return conn.execute(stmt).rowcount == 1
+
+
 def read(conn: Connection, run_id: int, start: int, length: int) -> bytes:
     """Up to ``length`` bytes of the run's log from byte ``start`` (fewer at its end)."""
     if length <= 0:

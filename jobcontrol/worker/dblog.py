@@ -326,6 +326,11 @@ def store_leftover(store: Store, path: Path, now: Callable[[], datetime]) -> int
             seq, done, added = seq + 1, done + len(data), added + len(data)
     if done:
         runlogs.took_log(store, run_id)
+    # Its reason no longer sends anyone to a file about to go.
+    when = now().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    runlogs.stored_later(
+        store, run_id, str(path), f"the output kept in {path} was stored at {when}"
+    )
     path.unlink()
     return added
 

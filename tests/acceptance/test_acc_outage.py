@@ -396,6 +396,42 @@ def test_an_outage_right_after_a_start_still_lets_known_tokens_read_the_daemon(
     jc.ok("daemon", "stop")
 
 
+def test_a_hung_postgresql_still_gets_answers_from_health_and_status(
+    outage_jc: JobControl, own_server: PostgresServer
+) -> None:
+    """A server frozen by SIGSTOP fails nothing: every statement waits. /healthz and
+    /status (and the token check in front of it) read the database: they gave no answer
+    at all while it hung, so a monitor could not tell it from a dead daemon."""
+    jc = outage_jc
+    jc.upgraded().load(write(jc.base / "trees.yaml", TREES.replace("GATE", "/dev/null")))
+    jc.ok("daemon", "start")
+    status = jc.ok("daemon", "status")
+    match = re.search(r"admin API: (\S+/api/v1)", status.stdout)
+    assert match, describe(status)
+    base = match.group(1)
+    assert wait_until(lambda: _ticks(jc) >= 2, 20), "the ticker does not tick"
+    jc.ok("status")  # the token is known while the database answers
+    pids = own_server.freeze()
+    try:
+        code, body = _health(base)  # answers within its 5 s timeout
+        assert code == 503, (code, body)
+        assert body["status"] == "database not answering", body
+        assert "has not answered a read" in str(body["reason"]), body
+        human = jc.run("status", timeout=30)
+        assert human.returncode == 0, describe(human)
+        assert "database: NOT ANSWERING: " in human.stdout, human.stdout
+        assert "timers:" in human.stdout, human.stdout  # the rest from memory
+        # Polled on, it goes on answering at once (no pile of waiting reads).
+        for _ in range(6):
+            assert _health(base)[0] == 503
+    finally:
+        own_server.thaw(pids)
+    assert wait_until(lambda: _health(base)[0] == 200, 30), _health(base)
+    before = _ticks(jc)
+    assert wait_until(lambda: _ticks(jc) > before + 1, 20), "the ticks did not resume"
+    jc.ok("daemon", "stop")
+
+
 CHATTY = """\
 jobs:
   - name: chat

@@ -459,6 +459,10 @@ def test_output_kept_by_a_worker_stopped_in_an_outage_is_stored_by_its_next_star
         finished = jc.rec.run_finished("late", since=mark)
         assert (finished["state"], finished["exit_status"]) == ("succeeded", 0)
         assert (jc.run(run_id).worker, jc.run(run_id).log_path) == ("remote-first", DB_LOG)
+        # Its reason no longer sends anyone to the spool file, which is gone.
+        reason = jc.run(run_id).reason or ""
+        assert "not yet stored" not in reason, reason
+        assert f"the output kept in {spool} was stored at " in reason, reason
     finally:
         second.stop(30)
 
