@@ -86,10 +86,15 @@ def healthz(ctx: Context) -> JSONResponse:
         if alive["timer_late_s"] >= LATE_S
         else []
     )
-    try:
-        stopped = _stopped_lanes(ctx)
-        troubled = _workers_with_log_problems(ctx)
-        unserved = _unserved(ctx, "/healthz")
+    try:  # one bounded wait for the three reads
+        stopped, troubled, unserved = ctx.reads.call(
+            lambda: (
+                _stopped_lanes(ctx),
+                _workers_with_log_problems(ctx),
+                _unserved(ctx, "/healthz"),
+            ),
+            "health",
+        )
     except DatabaseNotAnswering as exc:  # no outage says it: the database fails nothing
         return JSONResponse(
             {"status": "database not answering", "reason": str(exc)}, status_code=503
@@ -157,9 +162,7 @@ def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
     the database is away, and the parts that meet it log the outage once, when it begins
     and when it ends; a line per request would bury those two in a polled daemon's log."""
     try:
-        stopped = ctx.reads.call(ctx.engine.lanes.stopped, "the stopped lanes")
-    except DatabaseNotAnswering:
-        raise
+        stopped = ctx.engine.lanes.stopped()
     except StoreUnavailable as exc:  # the outage itself is in /status's `database`
         log.debug("stopped lanes not read for /status: %s", exc)
         return []
@@ -172,9 +175,7 @@ def _stopped_lanes(ctx: Context) -> list[dict[str, Any]]:
 def _live_workers(ctx: ApiContext, where: str) -> list[dict[str, Any]] | None:
     """The workers not stopped, or None while the database does not answer."""
     try:
-        return ctx.reads.call(ctx.engine.live_workers, "the workers")
-    except DatabaseNotAnswering:
-        raise
+        return ctx.engine.live_workers()
     except StoreUnavailable as exc:
         log.debug("workers not read for %s: %s", where, exc)
         return None
@@ -184,9 +185,7 @@ def _unserved(ctx: ApiContext, where: str) -> list[dict[str, Any]]:
     """Queues whose runs wait with no live worker serving them (JSON-ready); none listed
     while the database does not answer (the outage is said instead)."""
     try:
-        unserved = ctx.reads.call(ctx.engine.unserved_queues, "the queues waiting")
-    except DatabaseNotAnswering:
-        raise
+        unserved = ctx.engine.unserved_queues()
     except StoreUnavailable as exc:
         log.debug("unserved queues not read for %s: %s", where, exc)
         return []
@@ -250,8 +249,9 @@ def status(ctx: Context, _user: Annotated[User, Depends(require(Action.READ))]) 
     db = ctx.database_state()
     hangs: str | None = None
     try:
-        stopped = _stopped_lanes(ctx)
-        unserved = _unserved(ctx, "/status")
+        stopped, unserved = ctx.reads.call(
+            lambda: (_stopped_lanes(ctx), _unserved(ctx, "/status")), "status"
+        )
     except DatabaseNotAnswering as exc:  # said below; the rest is served from memory
         stopped, unserved, hangs = [], [], str(exc)
     return {
