@@ -52,7 +52,7 @@ def _get_run(ctx: ApiContext, run_id: int) -> RunRecord | None:
 def _known_run(ctx: ApiContext, run_id: int) -> RunRecord:
     run = _get_run(ctx, run_id)
     if run is None:
-        raise HTTPException(404, f"no run {run_id}")
+        raise HTTPException(404, f"run {run_id}: no such run")  # as UnknownRunError says it
     return run
 
 

@@ -81,7 +81,8 @@ def healthz(ctx: Context) -> JSONResponse:
     late = (
         [
             f"timers late: one fired {alive['timer_late_s']:.1f}s after its time within the "
-            "last minute (the dispatcher is behind: too much work at once, or a starved host)"
+            "last minute (the dispatcher is behind: too much work at once, a starved host, or "
+            "a database slow to answer: see the daemon's log)"
         ]
         if alive["timer_late_s"] >= LATE_S
         else []

@@ -60,7 +60,7 @@ def test_unknown_runs_are_404(api: Api) -> None:
     for path in ("/runs/12345", "/runs/12345/log"):
         r = api.client.get(V1 + path, headers=h)
         assert r.status_code == 404
-        assert r.json()["detail"] == "no run 12345"
+        assert r.json()["detail"] == "run 12345: no such run"
     assert api.client.get(f"{V1}/runs/0", headers=h).status_code == 422
     assert api.client.get(f"{V1}/runs/1").status_code == 401
 
