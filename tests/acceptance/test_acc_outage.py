@@ -85,6 +85,16 @@ def _ticks(jc: JobControl) -> int:
     return len(json.loads(result.stdout)) if result.returncode == 0 else -1
 
 
+def _start_ticking(jc: JobControl) -> str:
+    """Start the daemon and wait for the ticker's second tick; the admin API's base URL."""
+    jc.ok("daemon", "start")
+    status = jc.ok("daemon", "status")
+    match = re.search(r"admin API: (\S+/api/v1)", status.stdout)
+    assert match, describe(status)
+    assert wait_until(lambda: _ticks(jc) >= 2, 20), "the ticker does not tick"
+    return match.group(1)
+
+
 @pytest.mark.parametrize("seconds", [2, 20], ids=["2s", "20s"])
 def test_the_daemon_rides_out_a_postgresql_outage(
     outage_jc: JobControl, own_server: PostgresServer, seconds: int
@@ -93,12 +103,7 @@ def test_the_daemon_rides_out_a_postgresql_outage(
     gate = jc.base / "gate.fifo"
     os.mkfifo(gate)
     jc.upgraded().load(write(jc.base / "trees.yaml", TREES.replace("GATE", str(gate))))
-    jc.ok("daemon", "start")
-    status = jc.ok("daemon", "status")
-    match = re.search(r"admin API: (\S+/api/v1)", status.stdout)
-    assert match, describe(status)
-    base = match.group(1)
-    assert wait_until(lambda: _ticks(jc) >= 2, 20), "the ticker does not tick"
+    base = _start_ticking(jc)
 
     jc.ok("run", "Through")
     running = wait_until(lambda: [r["state"] for r in jc.history("through")] == ["running"], 10)
@@ -404,12 +409,7 @@ def test_a_hung_postgresql_still_gets_answers_from_health_and_status(
     at all while it hung, so a monitor could not tell it from a dead daemon."""
     jc = outage_jc
     jc.upgraded().load(write(jc.base / "trees.yaml", TREES.replace("GATE", "/dev/null")))
-    jc.ok("daemon", "start")
-    status = jc.ok("daemon", "status")
-    match = re.search(r"admin API: (\S+/api/v1)", status.stdout)
-    assert match, describe(status)
-    base = match.group(1)
-    assert wait_until(lambda: _ticks(jc) >= 2, 20), "the ticker does not tick"
+    base = _start_ticking(jc)
     jc.ok("status")  # the token is known while the database answers
     pids = own_server.freeze()
     try:

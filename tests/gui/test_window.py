@@ -325,14 +325,22 @@ def test_the_expression_editor_refuses_bad_text_with_the_daemons_message(
     assert client.job("report")["timer"] == "daily 22:56"
 
 
-def test_the_expression_editor_after_someone_elses_change_saves_over_it_on_a_second_ok(
-    qtbot: Any, window: MainWindow, client: Client
-) -> None:
-    client.create_job("report", "task", command="echo hi")
-    view = wait_shown(qtbot, window, "report")
+def editing_command(
+    qtbot: Any, window: MainWindow, client: Client, name: str
+) -> tuple[dict[str, Any], ExpressionEditor]:
+    """A new task ``name`` (``echo hi``) and its command's editor, open and editable."""
+    client.create_job(name, "task", command="echo hi")
+    view = wait_shown(qtbot, window, name)
     window.edit_expression(view["id"], "command")
     editor = window.editors[0]
     editor.edit_button.click()
+    return view, editor
+
+
+def test_the_expression_editor_after_someone_elses_change_saves_over_it_on_a_second_ok(
+    qtbot: Any, window: MainWindow, client: Client
+) -> None:
+    view, editor = editing_command(qtbot, window, client, "report")
     client.modify([{"job": view["id"], "version": 1, "fields": {"command": "echo theirs"}}])
     wait_shown(qtbot, window, "report", version=2)
     editor.text.setPlainText("echo mine")
@@ -350,11 +358,7 @@ def test_the_expression_editor_after_someone_elses_change_saves_over_it_on_a_sec
 def test_the_expression_editor_of_a_job_deleted_meanwhile_cannot_save(
     qtbot: Any, window: MainWindow, client: Client
 ) -> None:
-    client.create_job("doomed", "task", command="echo hi")
-    view = wait_shown(qtbot, window, "doomed")
-    window.edit_expression(view["id"], "command")
-    editor = window.editors[0]
-    editor.edit_button.click()
+    view, editor = editing_command(qtbot, window, client, "doomed")
     editor.text.setPlainText("echo meant for doomed")
     client.delete([view["id"]])
     client.create_job("innocent", "task", command="echo innocent")
