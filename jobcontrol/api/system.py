@@ -399,19 +399,31 @@ def shutdown(
 DISPATCHER_GAUGES = ("timers_armed", "timers_due", "paused", "tree_state_waits", "failures")
 
 
+def _database_gauges(ctx: ApiContext) -> tuple[int, list[dict[str, Any]] | None, int]:
+    """Runs queued, the live workers (None: not read) and runs no live worker serves
+    (-1: not read)."""
+    queued = ctx.engine.count_queued()
+    workers = _live_workers(ctx, "/metrics")
+    try:
+        unserved = sum(u["runs"] for u in ctx.engine.unserved_queues())
+    except StoreUnavailable as exc:
+        log.debug("unserved queues not read for /metrics: %s", exc)
+        unserved = -1
+    return queued, workers, unserved
+
+
 def _gauges(ctx: ApiContext) -> dict[str, tuple[str, float]]:
     db = ctx.database_state()
     up = 1 if db["ok"] else 0
     queued = live = log_problems = unserved = -1  # unknown while the database is away
     if db["ok"]:
-        queued = ctx.engine.count_queued()
-        workers = _live_workers(ctx, "/metrics")
+        try:  # one bounded wait: a database that hangs leaves them unknown, and down
+            queued, workers, unserved = ctx.reads.call(lambda: _database_gauges(ctx), "metrics")
+        except StoreUnavailable as exc:
+            log.debug("the database's gauges not read for /metrics: %s", exc)
+            workers, up = None, 0
         if workers is not None:
             live, log_problems = len(workers), sum(w["log_problems"] for w in workers)
-        try:
-            unserved = sum(u["runs"] for u in ctx.engine.unserved_queues())
-        except StoreUnavailable as exc:
-            log.debug("unserved queues not read for /metrics: %s", exc)
     try:
         d = ctx.engine.dispatcher_gauges()
     except BusyError as exc:  # its handler has held the tree too long: unknown meanwhile

@@ -71,6 +71,9 @@ T = TypeVar("T")
 # How long ``read`` waits at a time for a handler's answer, or for the dispatcher to be
 # parked waiting out an outage, before it looks again at which of the two it is doing.
 LOOK_S = 0.1
+# How long /metrics waits for the dispatcher's turn before it reads the gauges as they
+# stand (a dispatcher held on one event by a database that hangs): metrics must answer.
+GAUGES_PATIENCE_S = 1.0
 
 
 @dataclass
@@ -387,7 +390,7 @@ class Dispatcher:
                 "failures": self.stats.failures,
             }
 
-        return self.look(read)
+        return self.look(read, patience=GAUGES_PATIENCE_S)
 
     # ------------------------------------------------------------ the loop
 

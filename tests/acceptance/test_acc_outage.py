@@ -424,6 +424,15 @@ def test_a_hung_postgresql_still_gets_answers_from_health_and_status(
         # Polled on, it goes on answering at once (no pile of waiting reads).
         for _ in range(6):
             assert _health(base)[0] == 503
+        # So do the metrics, which say the database is down.
+        token = jc.token_file.read_text().strip()
+        metrics = httpx.get(
+            base.removesuffix("/api/v1") + "/metrics",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert metrics.status_code == 200, metrics.text
+        assert re.search(r"^jobcontrol_database_up 0$", metrics.text, re.M), metrics.text
     finally:
         own_server.thaw(pids)
     assert wait_until(lambda: _health(base)[0] == 200, 30), _health(base)
