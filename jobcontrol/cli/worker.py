@@ -160,6 +160,11 @@ def run(args: argparse.Namespace) -> int:
         configure_logging("DEBUG" if args.verbose else args.log_level, fmt=args.log_format)
         RemoteWorker(opts).run_forever()
         return 0
+    running = live_pid(opts.pid_file)
+    if running is not None:  # said here: the new process would say it in the live one's log
+        raise JobControlError(
+            f"worker {name} is running already here (pid {running}, log {opts.log_file})"
+        )
     store = Store(opts.db_url)  # refused here in one line, before anything is started
     try:
         refuse_unusable(store)

@@ -109,6 +109,15 @@ def test_a_remote_worker_runs_the_tasks_of_a_daemon_with_no_slots(jcpg: JobContr
 
     status = jc.ok("worker", "status", "--name", "build-1")
     assert re.search(r"worker build-1 running: pid \d+", status.stdout), describe(status)
+    # A second start of the same worker is refused here, and writes nothing in its log.
+    log_file = next(jc.state_dir.glob("worker-build-1-*.log"))
+    logged = log_file.read_bytes()
+    again = jc.run("worker", "start", "--name", "build-1", "--slots", "2")
+    assert again.returncode == 1, describe(again)
+    assert re.fullmatch(
+        r"jobcontrol: worker build-1 is running already here \(pid \d+, log .+\)\n", again.stderr
+    ), describe(again)
+    assert log_file.read_bytes() == logged
     stopped = jc.ok("worker", "stop", "--name", "build-1")
     assert "worker build-1 stopped" in stopped.stdout
     gone = jc.run("worker", "status", "--name", "build-1")
