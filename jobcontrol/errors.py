@@ -5,6 +5,12 @@ from __future__ import annotations
 ECHO_MAX = 200  # characters of a caller's value an error message repeats
 
 
+def one_line(text: str) -> str:
+    """A message of several lines (a driver's error, with its tabbed hints) on one, for a
+    log record of its own and one form of a reason."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def clip(text: str, limit: int = ECHO_MAX) -> str:
     """``text`` as an error may repeat it: at most ``limit`` characters, saying how many
     more, and any lone half of a surrogate pair written out (``visible``)."""

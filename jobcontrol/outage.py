@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from jobcontrol.errors import one_line
+
 log = logging.getLogger(__name__)
 
 # The waits between tries at a database that does not answer: from RETRY_FIRST,
@@ -68,7 +70,7 @@ class Outage:
     def failed(self, exc: BaseException) -> None:
         # One line, whoever raised it: a driver's own messages have several (a log record
         # each, and the reason health gives, in one form).
-        error = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        error = one_line(str(exc))
         with self._lock:
             self._failures += 1
             self._error = error

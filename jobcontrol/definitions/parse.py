@@ -131,26 +131,26 @@ def _parents_first(roots: list[JobDef], source: str) -> list[JobDef]:
     file defines comes after the entry that holds that parent (decided: the order of a
     file's entries does not matter). Refuses a cycle of ``parent:`` with the file's line."""
     root_of = {d.name: root for root in roots for d, _ in iter_defs([root])}
+    roots_by_name = {root.name: root for root in roots}
     done: set[str] = set()
     ordered: list[JobDef] = []
     for first in roots:
-        path: list[JobDef] = []  # entries whose parent's entry is being placed first
+        path: dict[str, int] = {}  # entries whose parent's entry goes first: their places
         entry: JobDef | None = first
         while entry is not None and entry.name not in done:
-            if any(d is entry for d in path):
-                cycle = path[next(i for i, d in enumerate(path) if d is entry) :]
+            if entry.name in path:
+                cycle = [roots_by_name[n] for n in path][path[entry.name] :]
                 chain = " -> ".join(f"{d.name!r} under {d.parent!r}" for d in cycle)
                 raise DefinitionError(
                     source,
                     cycle[0].line,
                     f"job {cycle[0].name!r}: 'parent' makes a cycle in this file ({chain})",
                 )
-            path.append(entry)
+            path[entry.name] = len(path)
             entry = root_of.get(entry.parent) if entry.parent is not None else None
-        for d in reversed(path):
-            if d.name not in done:
-                done.add(d.name)
-                ordered.append(d)
+        for name in reversed(path):  # distinct, and none placed yet
+            done.add(name)
+            ordered.append(roots_by_name[name])
     return ordered
 
 

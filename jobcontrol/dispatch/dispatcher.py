@@ -71,9 +71,10 @@ T = TypeVar("T")
 # How long ``read`` waits at a time for a handler's answer, or for the dispatcher to be
 # parked waiting out an outage, before it looks again at which of the two it is doing.
 LOOK_S = 0.1
-# How long /metrics waits for the dispatcher's turn before it reads the gauges as they
-# stand (a dispatcher held on one event by a database that hangs): metrics must answer.
-GAUGES_PATIENCE_S = 1.0
+# How long a status or metrics read waits for the dispatcher's turn before it reads the
+# tree and timers as they stand (a dispatcher held on one event by a database that hangs):
+# status and metrics must answer (``look``'s ``as_it_stands``).
+AS_IT_STANDS_S = 1.0
 
 
 @dataclass
@@ -353,21 +354,21 @@ class Dispatcher:
             return f"the database has held the dispatcher up for {held_up:.0f}s"
         return "the stop's time is up"
 
-    def look(self, fn: Callable[[], T], patience: float | None = None) -> T:
+    def look(self, fn: Callable[[], T], *, as_it_stands: bool = False) -> T:
         """``fn()`` on the tree and timers as they stand between handlers, for another
         thread: through ``read`` while the dispatcher runs; directly while it waits out an
         outage (it changes nothing meanwhile: what it held before is the best answer there
         is) or once its thread has ended. ``fn`` only reads.
 
-        With ``patience``: a dispatcher held on one event longer than that (a database
-        that hangs without failing, which no outage says) is read as it stands, mid-event,
-        rather than not at all (status must answer)."""
+        With ``as_it_stands``: a dispatcher held on one event longer than
+        ``AS_IT_STANDS_S`` (a database that hangs without failing, which no outage says)
+        is read as it stands, mid-event, rather than not at all (status must answer)."""
         if not self.running or self.outage.down:
             return fn()
-        if patience is None:
+        if not as_it_stands:
             return self.read(fn, self.config.edit_timeout)
         try:
-            return self.read(fn, patience)
+            return self.read(fn, AS_IT_STANDS_S)
         except BusyError:
             return fn()
 
@@ -390,7 +391,7 @@ class Dispatcher:
                 "failures": self.stats.failures,
             }
 
-        return self.look(read, patience=GAUGES_PATIENCE_S)
+        return self.look(read, as_it_stands=True)
 
     # ------------------------------------------------------------ the loop
 

@@ -31,10 +31,6 @@ from jobcontrol.store import queries
 
 log = logging.getLogger("jobcontrol.dispatch.dispatcher")
 
-# How long a status read waits for the dispatcher's turn before it reads the timers as
-# they stand (a dispatcher held by a database that hangs): status must answer.
-STATUS_PATIENCE_S = 1.0
-
 
 @dataclass
 class Armed:
@@ -214,7 +210,7 @@ class TreeTimers:
                 "runs_in_flight": sorted(runs, key=lambda r: r["run_id"] or 0),
             }
 
-        return self.d.look(handler, patience=STATUS_PATIENCE_S)
+        return self.d.look(handler, as_it_stands=True)
 
     def disarm(self, top: Node) -> None:
         if self.armed.pop(top.id, None) is not None:

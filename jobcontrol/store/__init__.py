@@ -33,7 +33,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import NullPool
 
 from jobcontrol import filemodes
-from jobcontrol.errors import StoreError, StoreUnavailable
+from jobcontrol.errors import StoreError, StoreUnavailable, one_line
 from jobcontrol.places import normalise_url
 from jobcontrol.store import schema
 from jobcontrol.store.checkpoint import SAFETY_PAGES, SQLITE_DEFAULT_PAGES, WalCheckpointer
@@ -118,7 +118,7 @@ def wrap_error(exc: Exception) -> StoreError:
 def driver_message(exc: Exception) -> str:
     """A driver's error in one line (its messages have several)."""
     cause = getattr(exc, "orig", None) or exc
-    return "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+    return one_line(str(cause))
 
 
 def redact(url: str) -> str:

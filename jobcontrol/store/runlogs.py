@@ -74,15 +74,14 @@ def took_log(store: Store, run_id: int) -> bool:
         return conn.execute(stmt).rowcount == 1
 
 
-def stored_later(store: Store, run_id: int, kept: str, note: str) -> bool:
-    """The run's reason said its output was kept in the spool file ``kept``, not yet
-    stored: it says ``note`` there instead, once that output is stored."""
-    said = f"the output not yet stored is kept in {kept}"
+def replace_in_reason(store: Store, run_id: int, said: str, instead: str) -> bool:
+    """The run's reason says ``instead`` where it said ``said`` (a worker's note on its
+    output, out of date once the output is stored); whether it said it."""
     with store.write() as conn:
         stmt = (
             update(run)
             .where(run.c.id == run_id, run.c.reason.contains(said, autoescape=True))
-            .values(reason=func.replace(run.c.reason, said, note))
+            .values(reason=func.replace(run.c.reason, said, instead))
         )
         return conn.execute(stmt).rowcount == 1
 

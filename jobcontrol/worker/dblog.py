@@ -298,9 +298,14 @@ class DatabaseLog:
         if complete:
             self.spool_path.unlink(missing_ok=True)
         else:
-            problems.append(f"the output not yet stored is kept in {self.spool_path}")
+            problems.append(_kept_in(self.spool_path))
         problem = "; ".join(problems) if problems else None
         return StoredLog(size, stored, problem)
+
+
+def _kept_in(path: Path) -> str:
+    """What a run's reason says of output its worker could not store yet."""
+    return f"the output not yet stored is kept in {path}"
 
 
 def spool_run_id(path: Path) -> int | None:
@@ -328,8 +333,8 @@ def store_leftover(store: Store, path: Path, now: Callable[[], datetime]) -> int
         runlogs.took_log(store, run_id)
     # Its reason no longer sends anyone to a file about to go.
     when = now().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
-    runlogs.stored_later(
-        store, run_id, str(path), f"the output kept in {path} was stored at {when}"
+    runlogs.replace_in_reason(
+        store, run_id, _kept_in(path), f"the output kept in {path} was stored at {when}"
     )
     path.unlink()
     return added
