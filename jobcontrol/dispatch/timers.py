@@ -190,9 +190,13 @@ class TreeTimers:
             armed = [(when, name) for when, name in scheduled if when > now]
             runs = []
             for tr in list(self.d.runs.tree_runs.values()):
-                frame = (
-                    self.d.runs.frames.get(tr.root_run_id) if tr.root_run_id is not None else None
-                )
+                if tr.root_run_id is None:
+                    # Read mid-event (a handler held by a database that hangs): its first
+                    # row is not written. A timer's is due, as when an outage cut it off.
+                    if tr.fired_at is not None:
+                        due.append((tr.fired_at, tr.root.job.name))
+                    continue
+                frame = self.d.runs.frames.get(tr.root_run_id)
                 runs.append(
                     {
                         "job": tr.root.job.name,

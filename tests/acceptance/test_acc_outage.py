@@ -421,6 +421,7 @@ def test_a_hung_postgresql_still_gets_answers_from_health_and_status(
         assert human.returncode == 0, describe(human)
         assert "database: NOT ANSWERING: " in human.stdout, human.stdout
         assert "timers:" in human.stdout, human.stdout  # the rest from memory
+        assert "run None" not in human.stdout, human.stdout  # a tree run not written yet
         # Polled on, it goes on answering at once (no pile of waiting reads).
         for _ in range(6):
             assert _health(base)[0] == 503
