@@ -37,6 +37,7 @@ from jobcontrol.diskspace import DEFAULT_LOW, LOG_ROOM, DiskSpace, LowMark, avai
 from jobcontrol.dispatch.dispatcher import Dispatcher, DispatcherConfig
 from jobcontrol.errors import AlreadyRunningError, JobControlError, StoreUnavailable
 from jobcontrol.filemodes import LogAccess
+from jobcontrol.hangwatch import HangWatch
 from jobcontrol.logbatch import HoldingStreamHandler
 from jobcontrol.model import MAX_PORT, trees_a_stop_ends
 from jobcontrol.runtime import Runtime
@@ -465,6 +466,7 @@ class Daemon:
         # Set when another daemon took the database while this one's lock was lost.
         self.lease_lost = False
         self._lease_watch: threading.Thread | None = None
+        self.hang_watch: HangWatch | None = None
         self._stopping = threading.Event()
 
     def _watch_lease(self) -> None:
@@ -516,6 +518,13 @@ class Daemon:
                 spool_dir=self.opts.state_dir / "spool",
             )
             self.dispatcher = self.runtime.start()
+            dispatcher = self.dispatcher
+            self.hang_watch = HangWatch(
+                self.store.longest_write,
+                lambda: dispatcher.liveness()["handler_s"],
+                lambda: dispatcher.outage.state().down,
+            )
+            self.hang_watch.start()
             if self.opts.api:
                 self._start_api(self.runtime, port, api_connections)
         except BaseException:
@@ -658,6 +667,8 @@ class Daemon:
         self._stopping.set()
         if self._lease_watch is not None and self._lease_watch is not threading.current_thread():
             self._lease_watch.join(LEASE_CHECK_EVERY + 5)
+        if self.hang_watch is not None:
+            self.hang_watch.stop()
         try:
             if self.runtime is not None:
                 # Nothing starts while the API closes: a stop that found no job running

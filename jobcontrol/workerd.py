@@ -47,6 +47,7 @@ from jobcontrol.daemon import PidFile, StopSignals, serve
 from jobcontrol.dispatch.recovery import worker_alive
 from jobcontrol.errors import JobControlError
 from jobcontrol.filemodes import LogAccess
+from jobcontrol.hangwatch import HangWatch
 from jobcontrol.slotgroups import SlotGroup
 from jobcontrol.store import Store, driver_message, pool_size_for, queries, redact
 from jobcontrol.store.relay import Relay
@@ -170,6 +171,7 @@ class RemoteWorker:
         self.host = socket.gethostname()
         self.runqueue = RunQueue(self.store)
         self.pid_file = PidFile(opts.pid_file, what="worker of this name and database")
+        self.hang_watch: HangWatch | None = None
         self.relay: Relay | None = None
         self.worker: Worker | None = None
         self.containment: Containment | None = None
@@ -232,6 +234,11 @@ class RemoteWorker:
         )
         self.worker.start()
         self.worker.wake()  # runs queued before it listened
+        worker = self.worker
+        self.hang_watch = HangWatch(
+            self.store.longest_write, lambda: 0.0, lambda: worker.outage.state().down
+        )
+        self.hang_watch.start()
         log.info(
             "worker %s (pid %s on %s) serving %s with %s on %s",
             self.opts.name,
@@ -305,6 +312,8 @@ class RemoteWorker:
                 events.task_finished.send(self.store, run_id=run.id)
 
     def stop(self, *, kill_running: bool = False, timeout: float = 3600.0) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.stop()
         try:
             if self.worker is not None:
                 if kill_running:

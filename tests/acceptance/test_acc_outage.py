@@ -434,9 +434,17 @@ def test_a_hung_postgresql_still_gets_answers_from_health_and_status(
         )
         assert metrics.status_code == 200, metrics.text
         assert re.search(r"^jobcontrol_database_up 0$", metrics.text, re.M), metrics.text
+        # The daemon's log says it too (once), where before it went quiet.
+        assert wait_until(
+            lambda: "the database has not answered for" in jc.daemon_log(4000), 30
+        ), jc.daemon_log()
     finally:
         own_server.thaw(pids)
     assert wait_until(lambda: _health(base)[0] == 200, 30), _health(base)
+    assert wait_until(
+        lambda: "the database answers again, after" in jc.daemon_log(4000), 30
+    ), jc.daemon_log()
+    assert jc.daemon_log(4000).count("the database has not answered for") == 1, jc.daemon_log()
     before = _ticks(jc)
     assert wait_until(lambda: _ticks(jc) > before + 1, 20), "the ticks did not resume"
     jc.ok("daemon", "stop")
