@@ -225,6 +225,9 @@ class _Active:
     # The thread killing its processes (a kill asked while it ran): the end is recorded
     # once it is done, not when the task's shell died of the first signal.
     killer: threading.Thread | None = None
+    # When it was claimed (the worker's monotonic): its lease was renewed then, and at
+    # each beat since (``_unvouched``).
+    since: float = 0.0
 
 
 class Worker:
@@ -350,6 +353,7 @@ class Worker:
         self._hearing = False  # whether it heard others at its last beat (``_hears_others``)
         self.version = version
         self.outage = Outage(f"worker {self.name}")
+        self.outage.watch(self._on_outage_changed)
         self._follow_groups(None)
         self._reported: str | None = None
         self._stopping = False
@@ -361,6 +365,12 @@ class Worker:
         self._watch: ChangeWatch | None = None
         self.lane_looks = 0  # looks at the lane table so far (what the tests watch)
         self.beats = 0  # heartbeats recorded so far
+        self._beat_tries = 0  # heartbeats tried so far, recorded or not
+        self._beat_asked = False  # a beat wanted now, before any claim (``_vouch``)
+        # When a beat last went through (the worker's monotonic): the leases of the runs
+        # it held then were renewed.
+        self._vouched_at = monotonic()
+        self._heartbeat_ident: int | None = None
         self._threads: list[threading.Thread] = []
         self._active: dict[int, _Active] = {}
         self._kill_first: dict[int, str] = {}
@@ -788,7 +798,44 @@ class Worker:
             self._busy_news = True
             self._bell.set()
 
+    def _on_outage_changed(self) -> None:
+        """An outage ended, met again by a claim, a finish or a read: a beat now, which
+        learns of the runs settled meanwhile and kills them before any claim
+        (``_vouch``). The beat's own end of an outage asks for none."""
+        if self.outage.down or threading.get_ident() == self._heartbeat_ident:
+            return
+        with self._cond:
+            self._beat_asked = True
+        self._bell.set()
+
+    def _unvouched(self) -> bool:
+        """Whether it holds a run whose lease may have run out: no beat went through for
+        more than half a lease since it claimed that run (a cut link, an outage, a
+        SIGSTOP). The dispatcher may have settled it meanwhile and run its tree on: its
+        process is to be killed (``_beat``) before this worker claims more. With the
+        lock held."""
+        now = self._mono()
+        limit = 1.5 * self.heartbeat_interval  # a lease is three beats
+        if now - self._vouched_at <= limit:
+            return False
+        return any(now - a.since > limit for a in self._active.values() if not a.finishing)
+
+    def _vouch(self) -> bool:
+        """A beat before a claim, while ``_unvouched``: asked of the heartbeat thread now
+        and waited for (at most a beat). Whether claims may go on."""
+        with self._cond:
+            if not self._unvouched():
+                return True
+            tries = self._beat_tries
+            self._beat_asked = True
+            self._bell.set()
+            self._cond.wait_for(
+                lambda: self._beat_tries > tries or self._stopping, self.heartbeat_interval
+            )
+            return not self._unvouched()
+
     def _heartbeat_loop(self) -> None:
+        self._heartbeat_ident = threading.get_ident()
         next_beat = next_lanes = time.monotonic()
         beaten = looked = float("-inf")  # when it last beat, last looked at the lane table
         while True:
@@ -799,6 +846,9 @@ class Worker:
                 announced, self._lanes_told = self._lanes_told and not stopping, False
                 hurried, self._busy_news = self._busy_news, False
                 busy = not self._beating_idle
+                asked, self._beat_asked = self._beat_asked, False
+            if asked:
+                next_beat = time.monotonic()  # a claim waits for it (``_vouch``)
             if hurried or busy:
                 # Runs claimed since an idle beat, or runs held: their leases want the
                 # busy beat, as the lanes say now (a lease shortened since the last beat,
@@ -933,6 +983,9 @@ class Worker:
             )
         except StoreUnavailable as exc:
             self.outage.failed(exc)
+            with self._cond:
+                self._beat_tries += 1
+                self._cond.notify_all()  # a claim waiting for it (``_vouch``) gives up
             return
         self.outage.recovered()
         with self._cond:
@@ -955,6 +1008,11 @@ class Worker:
                 self.name,
             )
             self.kill(run_id, "settled while its worker was away")
+        with self._cond:
+            # Vouched for what it holds, its settled runs being killed: claims may go on.
+            self._vouched_at = self._mono()
+            self._beat_tries += 1
+            self._cond.notify_all()
 
     def _release_strays(self, held: list[int]) -> None:
         """Runs the database says this worker holds that it does not know of: claimed in
@@ -1096,6 +1154,8 @@ class Worker:
         self.outage.recovered()
 
     def _claim(self, g: _Group, run_id: int | None, limit: int) -> list[RunRecord]:
+        if not self._vouch():
+            return []  # backs off: the next look tries again, and its beat with it
         try:
             claimed = self.runqueue.claim(
                 self.name,
@@ -1199,7 +1259,7 @@ class Worker:
         ``announce``, ``spent``: the run before this one in its sequence, whose end is
         announced and whose cgroup is removed once this one started (``_announce``).
         """
-        active = _Active(run, announce=announce, spent=spent)
+        active = _Active(run, announce=announce, spent=spent, since=self._mono())
         with self._cond:
             self._active[run.id] = active
             active.kill_reason = self._kill_first.pop(run.id, None)
@@ -1480,7 +1540,11 @@ class Worker:
             # Work waits for the group: runs announced and not yet claimed, or, with every
             # slot held, whatever its queues have (its workloop stopped claiming at
             # capacity). The slot that frees takes the next itself, with this end.
-            waiting = not self._stopping and (bool(g.offers) or g.free <= 0)
+            waiting = (
+                not self._stopping
+                and (bool(g.offers) or g.free <= 0)
+                and not self._unvouched()  # a beat first: its workloop's claim waits for it
+            )
             announced = self._announced
         then = ThenClaim(self.host, self.clock.now, g.claim_queues) if waiting else None
 
