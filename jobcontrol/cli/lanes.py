@@ -149,12 +149,20 @@ def _seconds(value: Any) -> str:
     return format_duration(float(value)) if value else "-"
 
 
+def _state(lane: Mapping[str, Any]) -> str:
+    """A drained lane is ``draining`` while runs of it still finish, then ``drained`` (as
+    the admin client says it); ``--json`` keeps the lane's ``state`` as stored."""
+    if lane["state"] == "draining" and not lane.get("running"):
+        return "drained"
+    return str(lane["state"])
+
+
 def table_lanes(lanes: Sequence[Mapping[str, Any]]) -> str:
     headers = ["LANE", "STATE", "MAX", "RUNNING", "QUEUED", "OLDEST WAIT", "POLL", "STALE"]
     rows = [
         [
             x["name"],
-            x["state"] + (f" ({x['stopped_reason']})" if x.get("stopped_reason") else ""),
+            _state(x) + (f" ({x['stopped_reason']})" if x.get("stopped_reason") else ""),
             "-" if x["max_slots"] is None else str(x["max_slots"]),
             str(x.get("running", 0)),
             str(x.get("queued", 0)),

@@ -59,6 +59,9 @@ def test_a_lane_change_reaches_the_running_worker_without_a_restart(jc: JobContr
     assert re.search(rf"^batch +1 +{run_id} +batchjob +batch +0 ", table.stdout, re.M), describe(
         table
     )
+    # Nothing of it runs: drained, as the admin client says it, not still "draining".
+    lanes = jc.ok("lanes")
+    assert re.search(r"^batch +drained +- +0 +1 ", lanes.stdout, re.M), describe(lanes)
     # history's STARTED says it has not started: when it was queued, marked as such.
     listed = jc.ok("history", "batchjob").stdout
     row = next(line for line in listed.splitlines() if line.startswith(f"{run_id} "))
