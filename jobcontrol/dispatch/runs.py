@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from jobcontrol import events
+from jobcontrol import events, procs
 from jobcontrol.dispatch.tree import Node, sort_key
 from jobcontrol.model import (
     ACTIVE_RUN_STATES,
@@ -763,11 +763,14 @@ class TreeRuns:
         committed, ``events.runs_lost`` names those of this host, to be collected."""
         conn, now = self.d.tx.conn, self.d.clock.now()
         settled: list[RunRecord] = []
+        gone: dict[str | None, str] = {}  # what is known of a worker of this host
         for row in runqueue.expired_leases(conn, now):
             local = row.host == local_host
+            if local and row.worker not in gone:
+                gone[row.worker] = _process_gone(conn, row.worker)
             expired = (
                 f"worker {row.worker} stopped renewing its lease "
-                f"(expired {row.lease_until:%Y-%m-%d %H:%M:%S} UTC)"
+                f"(expired {row.lease_until:%Y-%m-%d %H:%M:%S} UTC{gone.get(row.worker, '')})"
             )
             state = RunState.LOST
             if not row.kill_requested:
@@ -1063,3 +1066,18 @@ def _tree_run_of(root: RunRecord, node: Node, killed: bool) -> TreeRun:
         fired_at=root.created,
         killed=killed,
     )
+
+
+def _process_gone(conn: Connection, name: str | None) -> str:
+    """``: its process N is gone`` for a worker of this host whose process no longer runs
+    (killed with SIGKILL, crashed): what the operator wants to hear first, rather than
+    the lease alone. '' when it runs (stopped by SIGSTOP, stuck) or is not known."""
+    row = runqueue.get_worker(conn, name) if name is not None else None
+    if row is None or row.get("pid") is None:
+        return ""
+    pid = int(row["pid"])
+    if procs.pid_alive(pid):
+        start = procs.start_time(pid)
+        if start is None or row.get("proc_start") is None or start == row["proc_start"]:
+            return ""
+    return f"; its process {pid} is gone"

@@ -243,6 +243,7 @@ def test_a_worker_killed_with_sigkill_loses_its_runs_when_the_lease_expires(
     assert run is not None
     assert (run["state"], run["exit_status"]) == ("lost", 255), run
     assert "worker w2 stopped renewing its lease" in run["reason"], run
+    assert f"its process {pid} is gone" in run["reason"], run  # what is known of it, said
     # The worker was on this host: what it left running is killed with the lost run,
     # and the run's cgroup removed (the worker may never come back to remove it).
     jc.assert_no_task_processes()
