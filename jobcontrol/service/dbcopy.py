@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,7 +23,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, func, select, text, update
 
-from jobcontrol import filemodes
 from jobcontrol.errors import JobControlError
 from jobcontrol.store import Store, redact, schema
 
@@ -58,6 +58,8 @@ def target_problem(target: Store) -> str | None:
     where = redact(target.url)
     path = target.sqlite_file
     if path is not None:
+        if os.path.islink(path):  # the copy would be written wherever it points
+            return f"{path} is a symbolic link: give the database file itself"
         if not os.path.exists(path) or os.path.getsize(path) == 0:
             return None
         uri = f"{Path(path).resolve().as_uri()}?mode=ro"
@@ -208,11 +210,21 @@ def backup_sqlite(store: Store, dest: Path) -> int:
             f"{redact(store.url)} is not a SQLite file: back up PostgreSQL with pg_dump "
             "(pg_dump -Fc DBNAME > FILE), which is safe while the daemon runs"
         )
-    if dest.exists():
-        raise JobControlError(f"{dest} exists: give a new file (nothing was written)")
+    if os.path.lexists(dest):  # a symbolic link too, even one that points nowhere
+        kind = "is a symbolic link" if dest.is_symlink() else "exists"
+        raise JobControlError(f"{dest} {kind}: give a new file (nothing was written)")
     if not dest.parent.is_dir():
         raise JobControlError(f"{dest.parent} is not a directory (nothing was written)")
-    filemodes.create_file(str(dest))
+    if (problem := _open_to_others(dest.parent)) is not None:
+        raise JobControlError(f"{problem} (nothing was written)")
+    # Made here, never through a link; and whatever SQLite makes beside it (a journal)
+    # is the caller's alone too.
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise JobControlError(f"{dest}: {exc.strerror} (nothing was written)") from exc
+    os.close(fd)
+    umask = os.umask(0o077)
     try:
         source = sqlite3.connect(path)
         with contextlib.closing(source), contextlib.closing(sqlite3.connect(dest)) as copy:
@@ -228,4 +240,23 @@ def backup_sqlite(store: Store, dest: Path) -> int:
         if isinstance(exc, JobControlError):
             raise
         raise JobControlError(f"backup of {path} to {dest} failed: {exc}") from exc
+    finally:
+        os.umask(umask)
     return pages
+
+
+def _open_to_others(directory: Path) -> str | None:
+    """Why another user could swap a file made in ``directory`` for a link of theirs
+    (a backup would then be written where they read it), or None. A directory of this
+    user's or root's that nobody else may write to is safe; so is one with the sticky
+    bit (``/tmp``), where only a file's owner may rename or remove it."""
+    st = directory.stat()
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return f"{directory} belongs to another user (uid {st.st_uid}), who could redirect the file"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"{directory} may be written by others (mode {stat.S_IMODE(st.st_mode):04o}) and "
+            "has no sticky bit: another user could redirect the file"
+        )
+    return None

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import sqlite3
+import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -290,6 +291,49 @@ def test_backup_while_the_daemon_runs(history_db: JobControl, tmp_path: Path) ->
     again = jc.fails("db", "backup", str(dest))
     assert f"{dest} exists" in again.stderr, describe(again)
     assert dest.read_bytes() == kept
+
+
+@pytest.mark.timeout(60)
+def test_a_backup_is_never_written_through_a_link_or_where_another_user_can_redirect_it(
+    history_db: JobControl, tmp_path: Path
+) -> None:
+    """Another local user planted a link that points nowhere yet where the backup is to
+    go: followed, it wrote the database (every job's env, every token hash) to a file
+    of theirs, world-readable."""
+    jc = history_db
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    planted = tmp_path / "backups" / "jc.db"
+    planted.parent.mkdir()
+    planted.symlink_to(theirs / "stolen.db")
+    refused = jc.fails("db", "backup", str(planted))
+    assert f"{planted} is a symbolic link" in refused.stderr, describe(refused)
+    assert not (theirs / "stolen.db").exists()
+
+    # A directory another user owns (or may write to without the sticky bit): they could
+    # swap the new file for such a link while it is written.
+    other = tmp_path / "other"
+    other.mkdir(mode=0o755)
+    os.chown(other, 54321, 54321)
+    refused = jc.fails("db", "backup", str(other / "jc.db"))
+    assert "belongs to another user (uid 54321)" in refused.stderr, describe(refused)
+    assert list(other.iterdir()) == []
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    refused = jc.fails("db", "backup", str(shared / "jc.db"))
+    assert "may be written by others (mode 0777) and has no sticky bit" in refused.stderr
+    assert list(shared.iterdir()) == []
+    shared.chmod(0o1777)  # as /tmp: only a file's owner may rename or remove it
+    made = jc.ok("db", "backup", str(shared / "jc.db"))
+    assert stat.S_IMODE((shared / "jc.db").stat().st_mode) == 0o600, describe(made)
+
+    # A copy's target likewise.
+    link = tmp_path / "copy.db"
+    link.symlink_to(theirs / "copied.db")
+    copy = jc.fails("db", "copy", "--to", f"sqlite:///{link}")
+    assert f"{link} is a symbolic link" in copy.stderr, describe(copy)
+    assert not (theirs / "copied.db").exists()
 
 
 @pytest.mark.postgres
