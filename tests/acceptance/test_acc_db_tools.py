@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import sqlite3
 import os
+import sqlite3
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
