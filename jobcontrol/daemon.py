@@ -158,7 +158,8 @@ class DaemonOptions:
         """
         asked = self.asked_port()
         if asked is not None:
-            if asked and _port_taken(self.host, asked):
+            # Port 0 too: an address this host cannot listen on is refused here, in one line.
+            if _port_taken(self.host, asked):
                 running = places.live_pid(self.pid_file)
                 if running is not None:  # most likely this database's own daemon
                     raise JobControlError(
@@ -172,6 +173,22 @@ class DaemonOptions:
                 )
             return asked
         return 0 if _port_taken(self.host, DEFAULT_PORT) else DEFAULT_PORT
+
+    def check_tls(self) -> None:
+        """A certificate without its key (or the other way round), or a pair that cannot be
+        read or is not PEM, refused before anything is made (the API loads them again)."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = (
+                ("--tls-cert", "--tls-key") if self.tls_key is None else ("--tls-key", "--tls-cert")
+            )
+            raise JobControlError(
+                f"{given} without {missing}: TLS needs both the certificate and its key "
+                "(nothing was started)"
+            )
+        if self.tls_cert is not None and self.tls_key is not None:
+            from jobcontrol.api.server import tls_context
+
+            tls_context(self.tls_cert, self.tls_key)
 
     def asked_port(self) -> int | None:
         """``--port``, else ``$JOBCONTROL_PORT``, else None."""

@@ -811,6 +811,7 @@ def _daemon(args: argparse.Namespace) -> int:
         # file that is no database. (A SQLite file not there yet is the daemon's to make.)
         if opts.api:
             opts.api_port()
+            opts.check_tls()
         sqlite_file = _sqlite_file(args.db)
         if sqlite_file is None or sqlite_file.exists():
             _refuse_unprepared(args.db)  # read-only: a file without the schema stays as it is

@@ -475,6 +475,39 @@ def test_a_port_out_of_range_is_refused_before_the_daemon_starts(jc_sqlite: JobC
     assert not jc.live_daemons()
 
 
+def test_tls_and_the_listen_address_are_refused_before_anything_is_made(
+    jc_sqlite: JobControl,
+) -> None:
+    """A certificate without its key was dropped silently (the API served plain HTTP);
+    a bad pair, or an address this host cannot listen on, was refused only after the
+    database, the state directory and a log had been made."""
+    jc = jc_sqlite  # no database yet
+    (jc.base / "junk.pem").write_text("not a certificate\n")
+    junk = str(jc.base / "junk.pem")
+    alone = one_line_refusal(jc.run("daemon", "start", "--port", "0", "--tls-cert", junk))
+    assert alone == (
+        "jobcontrol: --tls-cert without --tls-key: TLS needs both the certificate and its key "
+        "(nothing was started)"
+    ), alone
+    key_alone = one_line_refusal(jc.run("daemon", "start", "--port", "0", "--tls-key", junk))
+    assert key_alone.startswith("jobcontrol: --tls-key without --tls-cert: "), key_alone
+    bad = one_line_refusal(
+        jc.run("daemon", "start", "--port", "0", "--tls-cert", junk, "--tls-key", junk)
+    )
+    assert "not a PEM certificate and its private key" in bad, bad
+    missing = one_line_refusal(
+        jc.run("daemon", "run", "--port", "0", "--tls-cert", "/nonexistent", "--tls-key", junk)
+    )
+    assert "could not be read: No such file or directory" in missing, missing
+    listen = one_line_refusal(jc.run("daemon", "start", "--port", "0", "--listen", "999.1.1.1"))
+    assert listen.startswith("jobcontrol: the admin API cannot listen on 999.1.1.1 port 0: "), (
+        listen
+    )
+    assert not jc.live_daemons()
+    assert not jc.state_dir.exists(), "nothing is created for a refused start"
+    assert not Path(jc.url.removeprefix("sqlite:///")).exists(), "no database either"
+
+
 def test_daemon_slots_out_of_range_or_none_on_sqlite_start_nothing(jc_sqlite: JobControl) -> None:
     jc = jc_sqlite.upgraded()
     for value in ("-1", "1025"):
