@@ -8,12 +8,14 @@ the daemon of one database, or a worker process of it.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobcontrol.errors import JobControlError
 from jobcontrol.store import redact, url_password
 
 DEFAULT_USER = "jobcontrol"
@@ -81,8 +83,25 @@ def _database(db_url: str | None, env_file: str, notes: list[str]) -> bool:
     return True
 
 
-def _process(user: str, words: list[str], env_file: str) -> list[str]:
-    """The [Service] lines of a Type=notify process running as ``user``."""
+# What systemd takes for User= and Group=: a name of letters, digits, '_', '.', '-' (not
+# starting with a digit, '.' or '-'), at most 31 characters; or a number (a uid).
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,30}|[0-9]+")
+
+
+def check_user(user: str) -> str:
+    """``user`` as the unit's User= and Group=, or refused naming why."""
+    if not _USER_NAME.fullmatch(user):
+        raise JobControlError(
+            f"--user {user!r}: not a user name systemd takes (letters, digits, '_', '.' and "
+            "'-', not starting with a digit, '.' or '-', at most 31 characters; or a uid)"
+        )
+    return user
+
+
+def _process(user: str, words: list[str], env_file: str, *, env_needed: bool) -> list[str]:
+    """The [Service] lines of a Type=notify process running as ``user``. ``env_needed``:
+    the database URL is in ``env_file`` (it holds a password), so the unit fails to start
+    without it rather than run on a default database."""
     return [
         "Type=notify",
         "NotifyAccess=main",
@@ -92,7 +111,7 @@ def _process(user: str, words: list[str], env_file: str) -> list[str]:
         f"ExecStart={' '.join(_quote(w) for w in words)}",
         "# Secrets (JOBCONTROL_DB with a password, JOBCONTROL_PASS_ENV, ...) go here, mode 0600;",
         "# a JOBCONTROL_* variable never reaches a task.",
-        f"EnvironmentFile=-{env_file}",
+        f"EnvironmentFile={'' if env_needed else '-'}{env_file}",
     ]
 
 
@@ -143,7 +162,9 @@ def service_unit(
     words = [*shlex.split(command or this_command()), "--state-dir", str(state)]
     url = make_url(db_url) if db_url else None
     postgres = url is not None and url.get_backend_name() == "postgresql"
-    if _database(db_url, ENV_FILE, notes):
+    check_user(user)
+    in_env_file = not _database(db_url, ENV_FILE, notes)
+    if not in_env_file:
         words += ["--db", db_url or str(state / "jobcontrol.db")]
     words += ["daemon", "run"]
     lines = [
@@ -157,7 +178,7 @@ def service_unit(
         "[Service]",
         "# READY=1 once the schema is up to date, crash recovery done and the timers armed;",
         "# STOPPING=1 when it stops.",
-        *_process(user, words, ENV_FILE),
+        *_process(user, words, ENV_FILE, env_needed=in_env_file),
         "# The admin token file: <state directory>/jobcontrol/token-<id>, private to the user.",
         f"Environment={_assignment('XDG_CONFIG_HOME', str(state))}",
         "# SIGTERM to the daemon alone: it kills its running tasks itself and records them",
@@ -188,7 +209,9 @@ def worker_unit(
     state = state_dir or DEFAULT_STATE_DIR
     drain = drain_timeout or DEFAULT_DRAIN_S
     words = [*shlex.split(command or this_command()), "--state-dir", str(state)]
-    if _database(db_url, WORKER_ENV_FILE, notes):
+    check_user(user)
+    in_env_file = not _database(db_url, WORKER_ENV_FILE, notes)
+    if not in_env_file:
         words += ["--db", db_url]
     words += ["worker", "run", "--name", name, "--queues", groups, "--drain-timeout", f"{drain:g}"]
     words += ["--log-root", str(log_root)] if log_root is not None else []
@@ -208,7 +231,7 @@ def worker_unit(
         "[Service]",
         "# READY=1 once it has joined the worker registry (what an earlier life of it left",
         "# running killed and recorded); STOPPING=1 when it stops.",
-        *_process(user, words, WORKER_ENV_FILE),
+        *_process(user, words, WORKER_ENV_FILE, env_needed=in_env_file),
         "# It waits for the database to join: starting lasts as long as an outage does.",
         "TimeoutStartSec=infinity",
         "# SIGTERM to the worker alone: it claims nothing more and lets the runs in hand end;",

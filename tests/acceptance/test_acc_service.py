@@ -221,7 +221,9 @@ def test_daemon_unit_keeps_the_database_password_out_of_the_unit(
     assert "/etc/jobcontrol/jobcontrol.env" in made.stderr, describe(made)
     settings = verified_settings(made.stdout, tmp_path / "jobcontrol-pg.service")
     assert settings["User"] == ["batch"]
-    assert settings["EnvironmentFile"] == ["-/etc/jobcontrol/jobcontrol.env"]
+    # Required, not optional ('-'): without it the daemon ran on a new default SQLite
+    # database, and systemd said the service was active.
+    assert settings["EnvironmentFile"] == ["/etc/jobcontrol/jobcontrol.env"]
     assert "postgresql.service" in settings["After"][0]
     assert "StateDirectory" not in settings, "a state directory of the user's own is theirs"
     (exec_start,) = settings["ExecStart"]
@@ -230,6 +232,25 @@ def test_daemon_unit_keeps_the_database_password_out_of_the_unit(
     assert shlex.split(exec_start)[1:3] == ["--state-dir", f"{tmp_path}/state dir %%d"]
     assert settings["Environment"] == [f'"XDG_CONFIG_HOME={tmp_path}/state dir %%d"']
     assert not state.exists(), "printing a unit makes nothing"
+
+
+def test_a_unit_for_a_user_name_systemd_cannot_take_is_refused(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    for command in (
+        ["daemon", "unit"],
+        ["--db", "postgresql+psycopg://w@db.example/jobs", "worker", "unit", "--name", "b1"],
+    ):
+        for user in ("bad user;x", "x y", "-rf", "1abc", "a" * 32):
+            made = jc.bare(*command, f"--user={user}")
+            assert made.returncode == 1, describe(made)
+            assert made.stdout == "", describe(made)
+            assert made.stderr.startswith(
+                f"jobcontrol: --user {user!r}: not a user name systemd takes"
+            ), describe(made)
+        for user in ("batch", "svc.jobs", "_jc", "1001"):
+            made = jc.bare(*command, "--user", user)
+            assert made.returncode == 0, describe(made)
+            assert f"\nUser={user}\n" in made.stdout, describe(made)
 
 
 def test_the_shipped_unit_is_what_daemon_unit_prints(jc_sqlite: JobControl) -> None:
@@ -270,7 +291,7 @@ def test_worker_unit_prints_a_unit_that_drains_then_kills_and_keeps_the_password
         settings,
         {
             **SERVICE,
-            "EnvironmentFile": "-/etc/jobcontrol/worker.env",
+            "EnvironmentFile": "/etc/jobcontrol/worker.env",  # holds the database: needed
             "TimeoutStartSec": "infinity",
             # The drain, then the kill's grace and the recording, before systemd's SIGKILL.
             "TimeoutStopSec": "660",
