@@ -500,9 +500,9 @@ def test_tls_and_the_listen_address_are_refused_before_anything_is_made(
     )
     assert "could not be read: No such file or directory" in missing, missing
     listen = one_line_refusal(jc.run("daemon", "start", "--port", "0", "--listen", "999.1.1.1"))
-    assert listen.startswith("jobcontrol: the admin API cannot listen on 999.1.1.1 port 0: "), (
-        listen
-    )
+    assert listen.startswith(
+        "jobcontrol: the admin API cannot listen on 999.1.1.1 port 0: "
+    ), listen
     assert not jc.live_daemons()
     assert not jc.state_dir.exists(), "nothing is created for a refused start"
     assert not Path(jc.url.removeprefix("sqlite:///")).exists(), "no database either"
