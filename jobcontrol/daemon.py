@@ -209,8 +209,10 @@ class DaemonOptions:
         found.append(filemodes.looser_than(self.task_logs, self.log_access.dir_mode))
         if gid is not None:
             reach = "reach the task logs"
-            if inside:
-                found.append(filemodes.group_cannot(self.state_dir, gid, 0o010, reach))
+            # Every directory on the way must let the group pass: the state directory
+            # (the logs' default home) or whatever holds a --log-root elsewhere.
+            for above in reversed(self.task_logs.absolute().parents):
+                found.append(filemodes.group_cannot(above, gid, 0o010, reach))
             found.append(filemodes.group_cannot(self.task_logs, gid, 0o050, reach))
         return [w for w in found if w]
 

@@ -17,6 +17,7 @@ import errno
 import grp
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +33,8 @@ GROUP_PASS_DIR = 0o710
 # O_NOFOLLOW: a log's name that is a symbolic link is refused, never written through.
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# An existing log whose mode and group are set (never through a link, never blocking).
+_SET_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def make_dir(path: Path, mode: int = PRIVATE_DIR, gid: int | None = None) -> bool:
@@ -164,7 +167,13 @@ class LogAccess:
         make_dir(log_root, self.dir_mode, self.gid)
         problems = []
         for entry in os.scandir(log_root):
-            if entry.name.startswith("job-") and entry.is_dir(follow_symlinks=False):
+            if not entry.name.startswith("job-"):
+                continue
+            if entry.is_symlink():  # its job's runs are refused (127): said at start too
+                problems.append(f"{entry.path} is a symbolic link")
+            elif not entry.is_dir(follow_symlinks=False):
+                problems.append(f"{entry.path} is not a directory")
+            else:
                 try:
                     self.make_job_dir(Path(entry.path))
                 except OSError as exc:
@@ -203,8 +212,35 @@ class LogAccess:
             if self.gid is not None:
                 os.fchown(fd, -1, self.gid)
             os.fchmod(fd, self.dir_mode)
+            self._set_logs(fd)
         finally:
             os.close(fd)
+
+    def _set_logs(self, dir_fd: int) -> None:
+        """The logs already in a job's directory (open by ``dir_fd``) given this mode and
+        group, as new ones get: a change of ``--log-group`` reaches older logs too. Only
+        the daemon's user's regular files, each through a descriptor that follows no
+        link; one already right is only looked at."""
+        me, gid, mode = os.geteuid(), self.gid, self.file_mode
+        for entry in os.scandir(dir_fd):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # pruned meanwhile
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+                continue
+            if stat.S_IMODE(st.st_mode) == mode and (gid is None or st.st_gid == gid):
+                continue
+            try:
+                fd = os.open(entry.name, _SET_FLAGS, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+            try:
+                if gid is not None:
+                    os.fchown(fd, -1, gid)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
 
     def open_log(self, path: Path | str) -> BinaryIO:
         """A new task log, mode 0600 (0640 of the group) from the first byte.

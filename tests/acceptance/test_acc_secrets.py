@@ -270,6 +270,13 @@ def test_what_exists_keeps_its_mode_and_the_daemon_says_so(jc_sqlite: JobControl
     job_dir.mkdir(parents=True)
     for path, was in ((db, 0o644), (state, 0o755), (logs, 0o700), (job_dir, 0o755)):
         path.chmod(was)
+    old_log = job_dir / "20261201-120000-run1.log"  # written before --log-group
+    old_log.write_text("older output\n")
+    old_log.chmod(0o600)
+    elsewhere = jc.base / "not-a-log"
+    elsewhere.write_text("someone's file\n")
+    elsewhere.chmod(0o600)
+    (job_dir / "20261201-120001-run2.log").symlink_to(elsewhere)  # never followed
 
     started = jc.ok("daemon", "start", "--log-group", group.gr_name)
     warnings = started.stderr
@@ -285,6 +292,35 @@ def test_what_exists_keeps_its_mode_and_the_daemon_says_so(jc_sqlite: JobControl
     kept = {path: oct(mode(path)) for path in (db, state, logs)}
     assert kept == {db: oct(0o644), state: oct(0o755), logs: oct(0o700)}
     assert (oct(mode(job_dir)), job_dir.stat().st_gid) == (oct(0o750), group.gr_gid)
+    # ...and so do the logs already in it: the group reads them too.
+    assert (oct(mode(old_log)), old_log.stat().st_gid) == (oct(0o640), group.gr_gid)
+    assert (oct(mode(elsewhere)), elsewhere.stat().st_gid) == (oct(0o600), os.getgid())
+    # Without --log-group again, they are the daemon's user's alone again.
+    jc.ok("daemon", "stop")
+    jc.ok("daemon", "start")
+    assert oct(mode(old_log)) == oct(0o600)
+    assert oct(mode(job_dir)) == oct(0o700)
+    jc.ok("daemon", "stop")
+
+
+def test_a_log_root_elsewhere_behind_a_closed_directory_is_warned_about(
+    jc_sqlite: JobControl,
+) -> None:
+    """The group could not pass a private directory above a --log-root elsewhere, and no
+    start said so (the state directory's own case was said)."""
+    jc = jc_sqlite.upgraded()
+    group = _a_group_of_ours()
+    closed = jc.base / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    root = closed / "sub"
+    started = jc.ok("daemon", "start", "--log-group", group.gr_name, "--log-root", str(root))
+    assert (
+        f"members of group {group.gr_name} cannot reach the task logs: {closed} is mode 0700"
+        in started.stderr
+    ), describe(started)
+    assert f"{closed} is mode 0700" in next(jc.state_dir.glob("daemon-*.log")).read_text()
+    jc.ok("daemon", "stop")
 
 
 # ---------------------------------------------------------------- the CLI's --token

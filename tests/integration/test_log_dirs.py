@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import RunRecord, RunState
 from tests.conftest import MakeJC
 from tests.integration.helpers import JC, task
@@ -97,6 +98,25 @@ def test_a_log_directory_that_is_a_link_is_refused_and_its_target_untouched(
     assert f"{job_dir} is a symbolic link" in (refused.reason or "")
     assert list(target.iterdir()) == []
     assert target.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_start_names_a_job_log_entry_that_is_a_link_or_no_directory(tmp_path: Path) -> None:
+    """Its job's runs are refused (127) when they come; a start says so beforehand, as it
+    does for a directory another user owns."""
+    root = tmp_path / "logs"
+    root.mkdir(mode=0o1777)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    (root / "job-1").symlink_to(target)
+    (root / "job-2").write_text("")
+    (root / "job-3").mkdir()
+    problems = LogAccess().make_root(root)
+    assert sorted(problems) == [
+        f"{root / 'job-1'} is a symbolic link",
+        f"{root / 'job-2'} is not a directory",
+    ]
+    assert target.stat().st_mode & 0o777 == 0o755  # never followed
+    assert (root / "job-3").stat().st_mode & 0o777 == 0o700
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make another user's directory")
