@@ -214,6 +214,13 @@ def add_user(
         with store.write() as conn:
             if q.user_row(conn, name) is not None:
                 raise DuplicateUserError(name)
+            clash = next(
+                (u.name for u in q.all_users(conn) if u.name.lower() == name.lower()), None
+            )
+            if clash is not None:  # in the audit trail, `ADMIN` would pass for `admin`
+                raise UserError(
+                    name, f"user {clash!r} has the same name in another case: choose another"
+                )
             q.insert_user(
                 conn,
                 {

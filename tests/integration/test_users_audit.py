@@ -206,6 +206,8 @@ def test_default_config_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_pat
 BAD = [
     ("duplicate", lambda s: users.add_user(s, "alice", "viewer", by="root"), DuplicateUserError,
      "user 'alice': a user with this name already exists", "user.add"),
+    ("same name in another case", lambda s: users.add_user(s, "ALICE", "admin", by="root"),
+     UserError, "user 'ALICE': user 'alice' has the same name in another case", "user.add"),
     ("unknown role", lambda s: users.add_user(s, "dave", "boss", by="root"), BadRoleError,
      "user 'dave': unknown role 'boss' (one of viewer, operator, admin)", "user.add"),
     ("empty name", lambda s: users.add_user(s, "", "viewer", by="root"), BadUserNameError,
