@@ -45,6 +45,22 @@ def store(db_url: str) -> Iterator[Store]:
     s.dispose()
 
 
+def _worker(store: Store, tmp_path: Path, mono: ManualMonotonic | None = None) -> Worker:
+    """A started worker ``w1`` of two slots that beats only when asked (or idle)."""
+    worker = Worker(
+        RunQueue(store),
+        clock=SystemClock(),
+        log_root=tmp_path / "logs",
+        instance_id="test",
+        name="w1",
+        slots=2,
+        heartbeat_interval=BEAT,
+        **({"monotonic": mono} if mono is not None else {}),
+    )
+    worker.start()
+    return worker
+
+
 def _run(store: Store, run_id: int) -> RunRecord:
     with store.read() as conn:
         row = queries.get_run(conn, run_id)
@@ -57,17 +73,7 @@ def test_a_worker_silent_past_its_leases_kills_its_settled_run_before_it_claims(
 ) -> None:
     mono = ManualMonotonic()
     gate = Gate(tmp_path / "held.fifo")
-    worker = Worker(
-        RunQueue(store),
-        clock=SystemClock(),
-        log_root=tmp_path / "logs",
-        instance_id="test",
-        name="w1",
-        slots=2,
-        heartbeat_interval=BEAT,
-        monotonic=mono,
-    )
-    worker.start()
+    worker = _worker(store, tmp_path, mono)
     try:
         held = queue_run(store, "held", gate.command, queue="default")
         events.runs_queued.send(store, run_ids=[held])
@@ -112,17 +118,7 @@ def test_a_worker_that_beat_lately_claims_without_a_beat_first(
     runs it vouched for lately claims at once, and asks no beat."""
     mono = ManualMonotonic()
     gate = Gate(tmp_path / "held.fifo")
-    worker = Worker(
-        RunQueue(store),
-        clock=SystemClock(),
-        log_root=tmp_path / "logs",
-        instance_id="test",
-        name="w1",
-        slots=2,
-        heartbeat_interval=BEAT,
-        monotonic=mono,
-    )
-    worker.start()
+    worker = _worker(store, tmp_path, mono)
     try:
         held = queue_run(store, "held", gate.command, queue="default")
         events.runs_queued.send(store, run_ids=[held])
@@ -149,16 +145,7 @@ def test_the_end_of_an_outage_brings_a_beat_that_kills_what_was_settled_meanwhil
     store = Store(sqlite_url, busy_timeout=0.2)
     store.upgrade()
     gates = {name: Gate(tmp_path / f"{name}.fifo") for name in ("first", "second")}
-    worker = Worker(
-        RunQueue(store),
-        clock=SystemClock(),
-        log_root=tmp_path / "logs",
-        instance_id="test",
-        name="w1",
-        slots=2,
-        heartbeat_interval=BEAT,
-    )
-    worker.start()
+    worker = _worker(store, tmp_path)
     blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=10)
     try:
         runs = {n: queue_run(store, n, g.command, queue="default") for n, g in gates.items()}
