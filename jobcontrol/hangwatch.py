@@ -78,8 +78,8 @@ class HangWatch:
             log.warning(
                 "the database has not answered for %.0fs (%s): it hangs (a stopped or "
                 "overloaded server, a storage that does not answer, a lock another process "
-                "holds); nothing is scheduled "
-                "or recorded until it answers, and the daemon waits for it",
+                "holds); nothing is scheduled or recorded until it answers, and this "
+                "process waits for it",
                 seconds,
                 what,
             )

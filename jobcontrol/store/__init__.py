@@ -351,14 +351,19 @@ class Store:
         of this process or another holds the write lock (or the disk is full), instead of
         waiting out the busy timeout. For bookkeeping that must never hold up what it
         rides on, such as a request recording its token's last use."""
+        yield from self._tracked(self._write(wait), wait)
+
+    def _tracked(self, write: Iterator[Connection], wait: bool) -> Iterator[Connection]:
+        """``write`` (a transaction's generator) counted as a write under way while it
+        lasts: what ``longest_write``, ``held_up_within`` and ``unavailable`` say."""
         me = threading.get_ident()
         writes = self._writes
         if me in writes:  # a write within a write (the lock is re-entrant): the outer counts
-            yield from self._write(wait)
+            yield from write
             return
         writes[me] = began = time.monotonic()
         try:
-            yield from self._write(wait)
+            yield from write
         except StoreUnavailable as exc:
             self._held_up_at = time.monotonic()
             if wait:
@@ -496,7 +501,8 @@ class Store:
             with self.write() as conn:
                 yield conn
             return
-        yield from self._transaction(_AUTOCOMMIT)
+        # A write all the same (a claim, a finish): one that waits is said (``longest_write``).
+        yield from self._tracked(self._transaction(_AUTOCOMMIT), True)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from jobcontrol.hangwatch import HangWatch
 from jobcontrol.store import Store
+from tests.pgserver import PostgresServer
 
 pytestmark = pytest.mark.timeout(60)
 WAIT = 20.0
@@ -112,3 +113,35 @@ def test_a_hang_already_said_as_an_outage_is_not_said_again(lines: _Lines) -> No
     waited[0] = ("jc-dispatcher", 0.5)
     watch.look()  # the dispatcher's event still waits
     assert len(lines.lines) == 1, lines.lines
+
+
+@pytest.mark.postgres
+def test_a_frozen_postgresql_is_said_for_a_claim_or_finish_too(
+    own_server: PostgresServer, lines: _Lines
+) -> None:
+    """A worker's claims and finishes on PostgreSQL are single statements in autocommit,
+    not write transactions: they waited for a frozen server, and the watch did not see
+    them (a worker process logged nothing)."""
+    own_server.create_database("hang")
+    store = Store(own_server.url("hang"))
+    store.upgrade()
+    watch = HangWatch(store.longest_write, lambda: 0.0, lambda: False, hang_s=0.3, check_s=0.05)
+    watch.start()
+    wrote = threading.Event()
+
+    def finish() -> None:
+        with store.single() as conn:
+            conn.execute(text("INSERT INTO jc_meta (key, value) VALUES ('hang', 'x')"))
+        wrote.set()
+
+    pids = own_server.freeze()
+    try:
+        threading.Thread(target=finish, name="jc-slot-0-0", daemon=True).start()
+        said = lines.wait_for("has not answered")
+        assert "a write of thread jc-slot-0-0 waits for it" in said, said
+    finally:
+        own_server.thaw(pids)
+    lines.wait_for("answers again")
+    assert wrote.wait(WAIT)
+    watch.stop()
+    store.dispose()
