@@ -82,8 +82,14 @@ def worker_pid(jc: JobControl, name: str) -> int | None:
 def test_a_remote_worker_runs_the_tasks_of_a_daemon_with_no_slots(jcpg: JobControl) -> None:
     jc = jcpg
     jc.ok("daemon", "start", "--slots", "0")
-    started = jc.ok("worker", "start", "--name", "build-1", "--slots", "2")
+    started = jc.ok(
+        "worker", "start", "--name", "build-1", "--slots", "2", "--pass-env", "PATH,JOBCONTROL_DB"
+    )
     assert re.search(r"worker build-1 started: pid \d+", started.stdout), describe(started)
+    # What its tasks get is in its log, as in the daemon's, and a name never passed is said.
+    said = next(jc.state_dir.glob("worker-build-1-*.log")).read_text()
+    assert "tasks get these of the worker's variables: PATH,JOBCONTROL_DB" in said, said
+    assert "names JOBCONTROL_DB, which is never passed to tasks" in said, said
     workers = {w["name"]: w for w in jc.json("workers")}
     assert (workers["build-1"]["slots"], workers["build-1"]["stopped"]) == (2, None)
 
