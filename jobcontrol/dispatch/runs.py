@@ -537,12 +537,15 @@ class TreeRuns:
         queries.write_job_result(conn, job.id, frame.started, status, duration)
         state = recorded or final_state(status, tr.killed)
         if job.kind is Kind.BOX:
-            queries.transition_run(
-                conn,
-                frame.run_id,
-                [RunState.RUNNING, RunState.WAITING],
-                {"state": state, "exit_status": status, "ended": now, "duration_ms": duration},
-            )
+            values: dict[str, Any] = {
+                "state": state,
+                "exit_status": status,
+                "ended": now,
+                "duration_ms": duration,
+            }
+            if tr.killed and tr.kill_reason is not None:
+                values["reason"] = tr.kill_reason  # who killed it, as its task's row says
+            queries.transition_run(conn, frame.run_id, [RunState.RUNNING, RunState.WAITING], values)
         self.frames.pop(frame.run_id, None)
         self.d.set_job_state(node, JobState.IDLE, None, None)
         info = run_info(frame.run_id, node, tr, state, exit_status=status, duration_ms=duration)

@@ -479,6 +479,49 @@ def test_kill_while_waiting_in_a_timed_box_ends_the_run_at_once(jc_sqlite: JC) -
     assert jc.view("Absolute")["state"] == "idle"
 
 
+def test_a_killed_box_run_says_who_killed_it_as_its_task_does(jc_sqlite: JC) -> None:
+    """``history`` of a killed tree: the box rows carried no reason while the task's said
+    "killed by tester"; each row of the tree run says who killed it (BY stays who
+    started it: the timer)."""
+    jc = jc_sqlite
+    jc.create(
+        box("Top", timer="every 10s", active=True),
+        box("Box", "Top", active=True),
+        task("long", "sleep 1000", "Box", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(10)
+    jc.wait_task_process(first_started(jc, "long", mark))
+    root = jc.engine.kill("long", user=USER)
+    jc.rec.run_finished("Top", since=mark)
+    runs = jc.tree_run(root)
+    assert {n: r.reason for n, r in runs.items()} == dict.fromkeys(
+        ("Top", "Box", "long"), f"killed by {USER}"
+    )
+    assert {r.requested_by for r in runs.values()} == {"timer"}
+
+
+def test_a_killed_waiting_timed_box_says_who_killed_it(jc_sqlite: JC) -> None:
+    jc = jc_sqlite
+    jc.create(
+        box("Absolute", box_type="timed", active=True),
+        task("foo", "true", "Absolute", timer="daily 22:56", active=True),
+        task("bar", "true", "Absolute", timer="daily 22:59", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(to=FOO_AT)
+    jc.rec.wait_for(
+        lambda s: s.name == "state_changed"
+        and s.data["name"] == "Absolute"
+        and s.data["state"] is JobState.WAITING,
+        since=mark,
+    )
+    root = jc.engine.kill("Absolute", user=USER)
+    jc.rec.run_finished("Absolute", since=mark)
+    assert jc.run(root).reason == f"killed by {USER}"
+    assert jc.tree_run(root)["foo"].reason is None  # it ended before the kill
+
+
 def test_timeout_gives_124_and_the_box_rules_apply(jc_sqlite: JC) -> None:
     jc = jc_sqlite
     jc.create(
