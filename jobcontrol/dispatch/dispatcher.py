@@ -864,9 +864,16 @@ class Dispatcher:
 
     def busy_reason(self, busy: Node) -> str:
         """Why a tree is busy (``busy_job``), for a refusal or a skipped run: a task whose
-        run waits in the queue (a drained or full lane) says so, not "running". In a
-        handler's transaction."""
+        run waits in the queue (a drained or full lane) says so, not "running", and so
+        does a TIMED box that waits for a child's time. In a handler's transaction."""
         name = busy.job.name
+        if busy.state is JobState.WAITING:
+            # A TIMED box waiting for a child's time (``ls`` shows it waiting): nothing runs.
+            frame = self.runs.frames.get(busy.run_id) if busy.run_id is not None else None
+            if frame is not None and frame.index < len(frame.children):
+                child = frame.children[frame.index].job.name
+                return f"tree busy: {name!r} is waiting for the time of {child!r}"
+            return f"tree busy: {name!r} is waiting"
         if busy.run_id is not None and busy.job.kind is Kind.TASK:
             run = queries.get_run(self.tx.conn, busy.run_id)
             if run is not None and run.state is RunState.QUEUED:

@@ -522,6 +522,25 @@ def test_a_killed_waiting_timed_box_says_who_killed_it(jc_sqlite: JC) -> None:
     assert jc.tree_run(root)["foo"].reason is None  # it ended before the kill
 
 
+def test_a_timer_of_a_tree_whose_timed_box_waits_says_it_waits_not_runs(jc: JC) -> None:
+    """A timer that fires while its tree's TIMED box waits for a child's time records a
+    skipped run; its reason said the box "is running" while ``ls`` showed it waiting."""
+    jc.create(
+        box("TW", box_type="timed", active=True),
+        task("foo", "true", "TW", timer="every 3s", active=True),
+        task("bar", "true", "TW", timer="every 2m", active=True),
+    )
+    mark = jc.rec.mark()
+    jc.advance(3)
+    jc.rec.run_finished("foo", since=mark)
+    assert jc.view("TW")["state"] == "waiting"
+    jc.modify("foo", timer="every 4s")  # re-arms the tree: foo's time comes first
+    assert jc.armed_at("TW") == T0 + timedelta(seconds=7)
+    assert jc.advance(4) == 1
+    (skipped,) = [r for r in jc.runs("TW") if r.state == "skipped"]
+    assert skipped.reason == "tree busy: 'TW' is waiting for the time of 'bar'"
+
+
 def test_timeout_gives_124_and_the_box_rules_apply(jc_sqlite: JC) -> None:
     jc = jc_sqlite
     jc.create(
