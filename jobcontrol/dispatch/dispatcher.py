@@ -245,6 +245,7 @@ class Dispatcher:
         # As stored: what the daemon before armed. An inactive tree's was never armed: it
         # shows its schedule evaluated now (spec 4.2, 4.5), in this daemon's zone.
         armed = {top.id: top.job.next_runs if top.job.active else None for top in self.tree.roots}
+        ev.keep_armed(self.tree.roots)
         ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
         dues = {top.id: ev.start_due(top, armed[top.id]) for top in self.tree.roots}
         self.tree_timers.write_evaluation(ev)

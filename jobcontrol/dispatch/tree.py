@@ -176,6 +176,28 @@ class Evaluator:
     # Evaluating a tree whose time was missed under ``misfire: skip`` (``skip_missed``):
     # each of its timers that is past moves to its own next occurrence after now.
     skipping: bool = False
+    # At a daemon's start: the times the daemon before armed the timed jobs inside the
+    # active trees for (their ``next_runs``), by job id (``keep_armed``).
+    armed: dict[int, datetime] = field(default_factory=dict)
+
+    def keep_armed(self, tops: Iterable[Node]) -> None:
+        """At a daemon's start, before the first evaluation: each timed job inside an armed
+        tree keeps the time it was armed for, as its top does (``start_due``). A time still
+        ahead was not missed, whatever its schedule counted from its last run says (a
+        never-run ``every`` counts from now, and would move at each start); a time past was
+        missed, and its tree's ``misfire`` decides (skip: its next occurrence on the
+        schedule's grid, as a top-level ``every``'s). One the job ran for (its run ended by
+        the crash's recovery) counts from that run, as after any end."""
+        for top in tops:
+            if not top.job.active or top.job.next_runs is None:
+                continue  # never armed, or an edit with no daemon cleared it: from now
+            for node in top.walk():
+                stored, ran = node.job.next_runs, node.job.last_ran
+                if node is top or node.job.timer is None or stored is None:
+                    continue
+                if stored <= self.now and ran is not None and ran >= stored:
+                    continue
+                self.armed[node.id] = stored
 
     def own_due(self, node: Node) -> datetime | None:
         job = node.job
@@ -188,6 +210,7 @@ class Evaluator:
         due = schedule.next_fire(
             now=self.now, last_ran=job.last_ran, last_end=job.last_end, default_tz=self.default_tz
         )
+        due = self.armed.get(node.id, due)
         if self.from_now and due is not None and schedule.kind == "every":
             # A child's ``every`` counts from its own end, which may be long past when
             # the rest of its tree completes: never sooner than the interval from now.

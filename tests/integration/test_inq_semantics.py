@@ -613,3 +613,70 @@ def test_an_inactive_tree_shows_its_schedule_evaluated_at_each_start(
     assert second.job("Idle").next_runs == T0 + timedelta(minutes=5, seconds=10)
     assert second.armed_at("Idle") is None
     assert second.advance(0) == 0
+
+
+def test_a_skip_at_a_start_moves_only_the_timed_childrens_times_that_passed(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """README "Missed runs": a skip moves the timers of the tree that are past, each to
+    its own next occurrence; a time still ahead when the daemon starts keeps the time it
+    was armed for. A never-run ``every`` child counts from now: a start moved bar's
+    10-minute time by the whole downtime, and foo's missed time to now + 5 s, off the
+    grid a top-level ``every`` that missed its time is moved on."""
+    first = make_jc(db_url)
+    first.create(
+        box("T", box_type="timed", misfire="skip", active=True),
+        task("foo", "true", "T", timer="every 5s", active=True),
+        task("bar", "true", "T", timer="every 10m", active=True),
+        task("Top", "true", timer="every 5s", misfire="skip", active=True),
+    )
+    assert first.job("bar").next_runs == T0 + timedelta(minutes=10)
+    assert first.armed_at("T") == first.armed_at("Top") == T0 + timedelta(seconds=5)
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(seconds=8))  # down while foo's and Top's time came
+    second.start()
+    on_grid = T0 + timedelta(seconds=10)
+    shown = {n: second.job(n).next_runs for n in ("T", "foo", "bar", "Top")}
+    assert shown == {
+        "T": on_grid,
+        "foo": on_grid,
+        "bar": T0 + timedelta(minutes=10),  # not missed: kept
+        "Top": on_grid,
+    }
+    assert second.armed_at("T") == on_grid
+    assert second.advance(0) == 0
+
+
+def test_a_run_once_at_a_start_runs_the_missed_child_and_keeps_the_others_time(
+    db_url: str, make_jc: MakeJC
+) -> None:
+    """``misfire: run-once``: the missed time runs at once (foo, even though a never-run
+    ``every`` counted from now is 5 s ahead), and the TIMED box then waits for bar's
+    time as it was armed, not for now + 10 minutes."""
+    first = make_jc(db_url)
+    first.create(
+        box("T", box_type="timed", misfire="run-once", active=True),
+        task("foo", "true", "T", timer="every 5s", active=True),
+        task("bar", "true", "T", timer="every 10m", active=True),
+    )
+    first.close()
+
+    second = make_jc(db_url, start=False)
+    second.clock.set(T0 + timedelta(seconds=8))
+    second.start()
+    mark = second.rec.mark()
+    assert second.advance(0) == 1
+    second.rec.run_finished("foo", since=mark)
+    second.rec.wait_for(
+        lambda s: s.name == "state_changed"
+        and s.data["name"] == "T"
+        and s.data["state"] is JobState.WAITING,
+        since=mark,
+    )
+    assert second.job("bar").next_runs == T0 + timedelta(minutes=10)
+    assert second.runs("bar") == []
+    second.advance(to=T0 + timedelta(minutes=10))
+    assert second.rec.run_finished("T", since=mark)["exit_status"] == 0
+    assert [r.started for r in second.runs("bar")] == [T0 + timedelta(minutes=10)]
