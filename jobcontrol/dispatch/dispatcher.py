@@ -23,7 +23,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import ExitStack, contextmanager
@@ -223,7 +223,7 @@ class Dispatcher:
                     )
                 steps = self.runs.resume_tree_runs()
                 steps += self.runs.resume_unreacted()
-                self._arm_idle_trees()
+                self._arm_idle_trees(*self._ended_by_recovery())
                 for step in steps:
                     step()
                 tx.log(log, "Root timers started")  # after the timers' lines
@@ -239,15 +239,36 @@ class Dispatcher:
         for after in tx.after_commit:
             after()
 
-    def _arm_idle_trees(self) -> None:
-        """Evaluate every tree and arm the timer of each active one not running on a timer."""
+    def _ended_by_recovery(self) -> tuple[set[int], set[int]]:
+        """The top-level trees a run of which start-up recovery ended (lost), and the jobs
+        that ran in those runs, by id."""
+        tops: set[int] = set()
+        ran: set[int] = set()
+        for run in self.recovery.lost:
+            node = self.tree.get(run.job_id) if run.job_id is not None else None
+            if run.parent_run_id is None and node is not None:
+                tops.add(node.top().id)
+                ran.update(
+                    r.job_id
+                    for r in queries.runs_of_tree_run(self.tx.conn, run.id)
+                    if r.job_id is not None and r.state is not RunState.SKIPPED
+                )
+        return tops, ran
+
+    def _arm_idle_trees(self, ended: Collection[int] = (), ran: Collection[int] = ()) -> None:
+        """Evaluate every tree and arm the timer of each active one not running on a timer.
+        ``ended``: the trees whose run start-up recovery ended, ``ran``: the jobs that ran
+        in those runs (``Evaluator.keep_armed``, ``Evaluator.start_due``)."""
         ev = self.tree_timers.evaluator()
         # As stored: what the daemon before armed. An inactive tree's was never armed: it
         # shows its schedule evaluated now (spec 4.2, 4.5), in this daemon's zone.
         armed = {top.id: top.job.next_runs if top.job.active else None for top in self.tree.roots}
-        ev.keep_armed(self.tree.roots)
+        ev.keep_armed(self.tree.roots, ran)
         ev.evaluate_level(self.tree.roots)  # also sorts the top level, once
-        dues = {top.id: ev.start_due(top, armed[top.id]) for top in self.tree.roots}
+        dues = {
+            top.id: ev.start_due(top, armed[top.id], ended=top.id in ended)
+            for top in self.tree.roots
+        }
         self.tree_timers.write_evaluation(ev)
         timer_runs = {tr.top.id for tr in self.runs.tree_runs.values() if not tr.immediate}
         for top in self.tree.roots:

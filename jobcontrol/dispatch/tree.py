@@ -8,7 +8,7 @@ node's own or inherited schedule and the node whose schedule supplies it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
@@ -180,22 +180,23 @@ class Evaluator:
     # active trees for (their ``next_runs``), by job id (``keep_armed``).
     armed: dict[int, datetime] = field(default_factory=dict)
 
-    def keep_armed(self, tops: Iterable[Node]) -> None:
+    def keep_armed(self, tops: Iterable[Node], ran: Collection[int] = ()) -> None:
         """At a daemon's start, before the first evaluation: each timed job inside an armed
         tree keeps the time it was armed for, as its top does (``start_due``). A time still
         ahead was not missed, whatever its schedule counted from its last run says (a
         never-run ``every`` counts from now, and would move at each start); a time past was
         missed, and its tree's ``misfire`` decides (skip: its next occurrence on the
         schedule's grid, as a top-level ``every``'s). One the job ran for (its run ended by
-        the crash's recovery) counts from that run, as after any end."""
+        the crash's recovery) counts from that run, as after any end, and so does the time
+        of a job in ``ran`` (by id: it ran in a tree run recovery ended, a manual one too)."""
         for top in tops:
             if not top.job.active or top.job.next_runs is None:
                 continue  # never armed, or an edit with no daemon cleared it: from now
             for node in top.walk():
-                stored, ran = node.job.next_runs, node.job.last_ran
+                stored, last = node.job.next_runs, node.job.last_ran
                 if node is top or node.job.timer is None or stored is None:
                     continue
-                if stored <= self.now and ran is not None and ran >= stored:
+                if node.id in ran or (stored <= self.now and last is not None and last >= stored):
                     continue
                 self.armed[node.id] = stored
 
@@ -210,12 +211,14 @@ class Evaluator:
         due = schedule.next_fire(
             now=self.now, last_ran=job.last_ran, last_end=job.last_end, default_tz=self.default_tz
         )
-        due = self.armed.get(node.id, due)
         if self.from_now and due is not None and schedule.kind == "every":
             # A child's ``every`` counts from its own end, which may be long past when
             # the rest of its tree completes: never sooner than the interval from now.
             floor = schedule.next_after(self.now, default_tz=self.default_tz)
             due = max(due, floor) if floor is not None else due
+        # Armed before this start, and not run for since: kept, even where a run of its
+        # tree that recovery ended counts as an end (a TIMED box's child not reached).
+        due = self.armed.get(node.id, due)
         if self.skipping and due is not None and due <= self.now:
             due = schedule.skip_missed(due, now=self.now, default_tz=self.default_tz)
         return due
@@ -267,7 +270,9 @@ class Evaluator:
             return due
         return self.skip_missed(top, due)
 
-    def start_due(self, top: Node, stored: datetime | None) -> datetime | None:
+    def start_due(
+        self, top: Node, stored: datetime | None, *, ended: bool = False
+    ) -> datetime | None:
         """When an evaluated top-level tree's timer fires at a daemon's start, given the
         time ``stored`` that it was armed for (``next_runs``):
 
@@ -285,6 +290,14 @@ class Evaluator:
           not missed. The schedule counts from that run, as after any end; a time of it
           past since, while no daemon ran, is missed (``misfire``). Armed for the time it
           ran for, it ran that time twice, ``retries`` or not.
+        * ``ended``: start-up recovery ended a run of the tree (lost), a manual one too:
+          that end counts as any end of a run of it does (``TreeTimers.tree_done``),
+          whatever time was stored.
+
+        A tree whose run recovery ended is evaluated from that end, now, as after any
+        end: an ``every`` of it at least its interval after it. Counted from its own
+        end, long before, a child's ``every`` showed (and fired at) a time past, before
+        its last run.
         """
         due = top.timer_due
         if due is None:
@@ -292,7 +305,12 @@ class Evaluator:
         if stored is None:
             return due if due > self.now else self.skip_missed(top, due)
         ran = top.job.last_ran
-        if stored <= self.now and ran is not None and ran >= stored:
+        if ended or (stored <= self.now and ran is not None and ran >= stored):
+            self.from_now = True
+            try:
+                self.evaluate_level([top], sort=False)
+            finally:
+                self.from_now = False
             return self.tree_due(top)
         top.timer_due = stored
         self._set(top, stored)

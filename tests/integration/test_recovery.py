@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from jobcontrol import RunState
+from jobcontrol import JobState, RunState
 from jobcontrol.procs import find_marked, pid_alive
 from tests.integration.conftest import MakeJC
 from tests.integration.helpers import JC, T0, WAIT, box, poll_until, task
@@ -54,6 +54,37 @@ CRASHING_DAEMON_MANY = CRASHING_DAEMON.replace(
     'print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)',
     'for job in jobs:\n    print(Engine(store, dispatcher).run_now(job, user="doomed"), flush=True)',
 )
+
+# The daemon to crash while a TIMED box waits: its timers moved on, so the tree's timer
+# fires; says "waiting" once the box waits for a later child, then blocks.
+CRASHING_TIMER_DAEMON = """\
+import sys, threading
+from datetime import UTC, timedelta
+from pathlib import Path
+from jobcontrol import DispatcherConfig, JobState, Store, events
+from jobcontrol.runtime import Runtime
+from jobcontrol.clock import ManualClock, ManualTimers
+from tests.integration.helpers import T0
+
+url, log_root, box, seconds = sys.argv[1:5]
+store = Store(url)
+clock = ManualClock(T0)
+timers = ManualTimers(clock)
+config = DispatcherConfig(log_root=Path(log_root), default_tz=UTC)
+dispatcher = Runtime(store, config, clock=clock, timers=timers).start()
+waits = threading.Event()
+
+
+def on_state(sender, name, state, **_):
+    if name == box and state is JobState.WAITING:
+        waits.set()
+
+
+events.state_changed.connect(on_state, weak=False)
+timers.advance(timedelta(seconds=float(seconds)))
+print("waiting" if waits.wait(30) else "not waiting", flush=True)
+threading.Event().wait()
+"""
 
 ESCAPE = "setsid sh -c 'echo $$ > \"$PIDFILE\"; exec sleep 1000' & sleep 1000"
 
@@ -360,3 +391,108 @@ def test_a_run_started_by_a_clock_ahead_of_the_daemons_is_lost_with_no_negative_
         assert row.reason == "lost: its worker gone-worker is gone"
     finally:
         store.dispose()
+
+
+def crash(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)  # no stop, no finally, nothing
+    proc.wait(WAIT)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def test_a_timed_box_waiting_when_the_daemon_died_is_armed_from_its_lost_runs_end(
+    db_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    """``kill -9`` while a TIMED box waits for bar, and a start a minute later: foo, which
+    ran in the lost run, counted its ``every 3s`` from its own end, and showed (and fired
+    at) a time a minute past, before its last run; the tree ran again at once as if it
+    had missed it. The lost run's end counts as any end: foo 3 s after it, and bar keeps
+    the time it was armed for, not reached."""
+    jc = make_jc(db_url, start=False)
+    jc.create(
+        box("TW", box_type="timed", active=True),
+        task("foo", "true", "TW", timer="every 3s", active=True),
+        task("bar", "true", "TW", timer="every 2m", active=True),
+    )
+    root_dir = Path(__file__).resolve().parents[2]
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_TIMER_DAEMON, jc.url, str(tmp_path / "logs"), "TW", "3"],
+        cwd=root_dir,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "daemon.err").open("w"),
+        text=True,
+    )
+    try:
+        line = read_line(daemon, 30)
+        assert line.strip() == "waiting", (line, (tmp_path / "daemon.err").read_text())
+    finally:
+        crash(daemon)
+    assert [r.state for r in jc.runs("foo")] == [RunState.SUCCEEDED]
+    bar_at = T0 + timedelta(minutes=2)
+    assert jc.job("bar").next_runs == bar_at
+
+    restart = T0 + timedelta(minutes=1)
+    jc.clock.set(restart)
+    jc.start()
+    (lost,) = jc.runs("TW")
+    assert lost.state is RunState.LOST
+    foo_at = restart + timedelta(seconds=3)
+    shown = {n: jc.job(n).next_runs for n in ("TW", "foo", "bar")}
+    assert shown == {"TW": foo_at, "foo": foo_at, "bar": bar_at}
+    assert all(when is not None and when > restart for when in shown.values())
+    assert jc.armed_at("TW") == foo_at
+    assert jc.advance(0) == 0, "nothing was missed: the tree does not run at once"
+
+    mark = jc.rec.mark()
+    jc.advance(3)
+    jc.rec.run_finished("foo", since=mark)
+    jc.rec.wait_for(
+        lambda s: s.name == "state_changed"
+        and s.data["name"] == "TW"
+        and s.data["state"] is JobState.WAITING,
+        since=mark,
+    )
+    assert jc.job("foo").last_ran == foo_at
+    jc.advance(to=bar_at)
+    assert jc.rec.run_finished("TW", since=mark)["exit_status"] == 0
+    assert [r.started for r in jc.runs("bar")] == [bar_at]
+
+
+def test_a_manual_run_lost_to_a_crash_arms_its_every_from_the_lost_end(
+    db_url: str, make_jc: MakeJC, tmp_path: Path
+) -> None:
+    """README: ``every`` is at least its interval after the tree's run completed, after a
+    manual run too. A manual run that start-up recovery ended lost left the time the
+    tree was armed for before it (at the load), as if it had not run."""
+    jc = make_jc(db_url)
+    jc.create(
+        box("Crashy", timer="every 10m", on_error="continue", active=True),
+        task("long", "exec sleep 1000", "Crashy", active=True),
+    )
+    assert jc.armed_at("Crashy") == T0 + timedelta(minutes=10)
+    jc.close()
+
+    root_dir = Path(__file__).resolve().parents[2]
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_DAEMON, jc.url, str(tmp_path / "logs"), "Crashy"],
+        cwd=root_dir,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "daemon.err").open("w"),
+        text=True,
+    )
+    try:
+        line = read_line(daemon, 30)
+        assert line.strip().isdigit(), (line, (tmp_path / "daemon.err").read_text())
+        root_run = int(line)
+        poll_until("long to run", lambda: jc.runs("long") and jc.runs("long")[0].pid)
+    finally:
+        crash(daemon)
+
+    again = make_jc(db_url, start=False)
+    restart = T0 + timedelta(minutes=1)
+    again.clock.set(restart)
+    again.start()
+    assert again.run(root_run).state is RunState.LOST
+    assert again.armed_at("Crashy") == restart + timedelta(minutes=10)
+    assert again.job("Crashy").next_runs == restart + timedelta(minutes=10)
+    assert again.advance(0) == 0
