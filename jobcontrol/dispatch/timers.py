@@ -21,7 +21,6 @@ from jobcontrol.dispatch.runs import TreeRun
 from jobcontrol.dispatch.tree import Evaluator, Node
 from jobcontrol.model import (
     TIMER_USER,
-    Misfire,
     OnError,
     Restarted,
     RunState,
@@ -158,16 +157,27 @@ class TreeTimers:
                 return len(self.armed)
             queries.set_meta(self.d.tx.conn, queries.TIMERS_PAUSED, None)
             self._timers_paused = False
-            now = self.d.clock.now()
-            for top_id, armed in list(self.armed.items()):
-                top = self.d.tree.get(top_id)
-                if top is None:
-                    continue
-                if armed.when <= now and top.job.misfire is Misfire.RUN_ONCE:
-                    # Missed while paused: a re-evaluation from now could lose it.
-                    self.arm(top, armed.when, armed.trigger, armed.by)
-                else:
-                    self.restart_subtree_timer(top)
+            # As at a daemon's start (``Evaluator.start_due``): a time still ahead was not
+            # missed and is kept, a child's too (a never-run ``every`` evaluated from now
+            # moved); one past was missed while paused, and the tree's ``misfire`` decides.
+            held = [
+                (top, armed)
+                for top_id, armed in list(self.armed.items())
+                if (top := self.d.tree.get(top_id)) is not None
+            ]
+            self.d.stats.reevaluations += len(held)
+            ev = self.evaluator()
+            ev.keep_armed([top for top, _ in held])
+            dues = []
+            for top, armed in held:
+                self.disarm(top)
+                ev.evaluate_level([top], sort=False)
+                dues.append((top, armed, ev.start_due(top, armed.when)))
+            self.write_evaluation(ev)
+            for top, armed, due in dues:
+                if top.job.active and due is not None:
+                    # A restart-armed timer keeps its trigger (and its user) until it fires.
+                    self.arm(top, due, armed.trigger, armed.by)
             self.d.tx.log(log, "Timers resumed (%d armed)", len(self.armed))  # after the arms
             return len(self.armed)
 

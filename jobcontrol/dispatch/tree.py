@@ -176,12 +176,12 @@ class Evaluator:
     # Evaluating a tree whose time was missed under ``misfire: skip`` (``skip_missed``):
     # each of its timers that is past moves to its own next occurrence after now.
     skipping: bool = False
-    # At a daemon's start: the times the daemon before armed the timed jobs inside the
-    # active trees for (their ``next_runs``), by job id (``keep_armed``).
+    # At a daemon's start (and a resume of paused timers): the times the timed jobs inside
+    # the active trees were armed for (their ``next_runs``), by job id (``keep_armed``).
     armed: dict[int, datetime] = field(default_factory=dict)
 
     def keep_armed(self, tops: Iterable[Node], ran: Collection[int] = ()) -> None:
-        """At a daemon's start, before the first evaluation: each timed job inside an armed
+        """At a daemon's start or a resume, before the evaluation: each timed job in an armed
         tree keeps the time it was armed for, as its top does (``start_due``). A time still
         ahead was not missed, whatever its schedule counted from its last run says (a
         never-run ``every`` counts from now, and would move at each start); a time past was

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.integration.helpers import JC, T0, task
+from tests.integration.helpers import JC, T0, box, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,3 +95,27 @@ def test_pause_and_resume_are_idempotent(jc_sqlite: JC) -> None:
     assert jc.dispatcher.resume_timers() == 1
     assert jc.dispatcher.resume_timers() == 1
     assert jc.armed_at("nightly") == AT
+
+
+def test_a_resume_keeps_the_times_not_missed_and_skips_on_the_grid(jc_sqlite: JC) -> None:
+    """README: a time missed while the timers were paused follows ``misfire``; a time
+    still ahead was not missed. A resume evaluated every tree from now: a never-run
+    ``every 10m`` armed for 12:10 moved to 12:10:08, top-level or a TIMED box's child,
+    and foo's missed ``every 5s`` went to now + 5 s, off its grid."""
+    jc = jc_sqlite
+    jc.create(
+        task("Top", "true", timer="every 10m", misfire="skip", active=True),
+        box("T", box_type="timed", misfire="skip", active=True),
+        task("foo", "true", "T", timer="every 5s", active=True),
+        task("bar", "true", "T", timer="every 10m", active=True),
+    )
+    ten = T0 + timedelta(minutes=10)
+    assert (jc.armed_at("Top"), jc.job("bar").next_runs) == (ten, ten)
+    jc.dispatcher.pause_timers()
+    assert jc.advance(8) == 0  # foo's 12:00:05 passes while paused
+    jc.dispatcher.resume_timers()
+    on_grid = T0 + timedelta(seconds=10)
+    shown = {n: jc.job(n).next_runs for n in ("Top", "T", "foo", "bar")}
+    assert shown == {"Top": ten, "T": on_grid, "foo": on_grid, "bar": ten}
+    assert (jc.armed_at("Top"), jc.armed_at("T")) == (ten, on_grid)
+    assert jc.advance(0) == 0
