@@ -370,11 +370,15 @@ def set_log_level(
 
 @router.post("/api/v1/shutdown", status_code=202, tags=["system"])
 def shutdown(
-    body: ShutdownBody, ctx: Context, user: Annotated[User, Depends(require(Action.MODIFY))]
+    ctx: Context,
+    user: Annotated[User, Depends(require(Action.MODIFY))],
+    body: ShutdownBody | None = None,
 ) -> JSONResponse:
     """Stop the daemon; refused (409) while jobs run unless ``force`` (which kills them).
     A tree whose task waits in the queue, or runs on a worker of its own, is not in the
-    way: it goes on, for the next start or its worker."""
+    way: it goes on, for the next start or its worker. No body (or ``null``) is
+    ``{"force": false}``."""
+    body = body or ShutdownBody()
     running = ctx.engine.busy_jobs() if body.force else ctx.engine.trees_a_stop_ends()[0]
     if running and not body.force:
         message = (

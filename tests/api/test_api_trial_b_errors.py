@@ -1,0 +1,34 @@
+"""Error answers an outside trial (B) found wrong: a shutdown without a body, the order
+of the role and size refusals, the permission a refusal names, echoed values, JSON
+error positions, wording, and the answers uvicorn gives itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.conftest import Api
+from tests.integration.helpers import task
+
+pytestmark = pytest.mark.timeout(60)
+
+V1 = "/api/v1"
+
+
+@pytest.mark.parametrize("body", [None, b"null", b""], ids=["none", "null", "empty"])
+def test_a_shutdown_without_a_body_is_one_without_force(api: Api, body: bytes | None) -> None:
+    headers = {**api.headers(), "Content-Type": "application/json"} if body else api.headers()
+    r = api.client.post(f"{V1}/shutdown", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    assert r.json() == {"shutting_down": True, "force": False}
+    assert api.shutdown_requests == [False]
+
+
+def test_a_shutdown_without_a_body_is_still_refused_while_a_job_runs(api: Api) -> None:
+    api.jc.create(task("sleeper", "sleep 1000"))
+    mark = api.jc.rec.mark()
+    api.jc.run_now("sleeper")
+    api.jc.rec.wait_for(lambda s: s.name == "run_started", since=mark)
+    r = api.client.post(f"{V1}/shutdown", headers=api.headers())
+    assert r.status_code == 409, r.text
+    assert r.json()["jobs"] == ["sleeper"]
+    assert api.shutdown_requests == []
