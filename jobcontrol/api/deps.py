@@ -189,18 +189,19 @@ class TokenGate:
             await refusal_response(exc)(scope, receive, send)
             return
         scope[USER_KEY] = user
+        least = _least_action(request.app, scope)
+        if least is not None and not user.can(least[0]):
+            # Refused before its body is read whole: a role that may not make the request
+            # cannot hold a connection by never sending the body it announced. Before the
+            # size too: a request it may never make is a 403 (audited) whatever its body.
+            await _refuse_early(ctx, user, least, scope, receive, send)
+            return
         size = request.headers.get("content-length", "")
         if size.isdigit() and int(size) > MAX_BODY_BYTES:
             # Starlette's own answer to this is plain text: the API's errors are JSON.
             message = f"the request body is {int(size)} bytes; {_TAKES_AT_MOST}"
             too_large = HTTPException(413, message, headers={"connection": "close"})
             await http_error_response(too_large)(scope, receive, send)
-            return
-        least = _least_action(request.app, scope)
-        if least is not None and not user.can(least[0]):
-            # Refused before its body is read whole: a role that may not make the request
-            # cannot hold a connection by never sending the body it announced.
-            await _refuse_early(ctx, user, least, scope, receive, send)
             return
         await self.app(scope, receive, send)
 

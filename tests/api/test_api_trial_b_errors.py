@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobcontrol.service.audit import list_entries
 from tests.api.conftest import Api
 from tests.integration.helpers import task
 
@@ -32,3 +33,21 @@ def test_a_shutdown_without_a_body_is_still_refused_while_a_job_runs(api: Api) -
     assert r.status_code == 409, r.text
     assert r.json()["jobs"] == ["sleeper"]
     assert api.shutdown_requests == []
+
+
+def test_a_forbidden_request_announcing_a_huge_body_is_403_and_audited(api: Api) -> None:
+    before = api.jc.dump()
+    r = api.client.post(
+        f"{V1}/jobs",
+        content=b"{}",
+        headers={
+            **api.headers("operator"),
+            "Content-Type": "application/json",
+            "Content-Length": "20000000",
+        },
+    )
+    assert r.status_code == 403, r.text
+    assert "has role operator, which may not create jobs" in r.json()["message"]
+    (entry,) = list_entries(api.jc.store, user="operator-user")
+    assert (entry.operation, entry.result) == (f"POST {V1}/jobs", "refused")
+    assert api.jc.dump() == before
