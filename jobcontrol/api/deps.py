@@ -190,7 +190,7 @@ class TokenGate:
             return
         scope[USER_KEY] = user
         least = _least_action(request.app, scope)
-        if least is not None and not user.can(least[0]):
+        if least is not None and not user.can(least[0][0]):
             # Refused before its body is read whole: a role that may not make the request
             # cannot hold a connection by never sending the body it announced. Before the
             # size too: a request it may never make is a 403 (audited) whatever its body.
@@ -213,17 +213,22 @@ _TAKES_AT_MOST = f"the API takes at most {MAX_BODY_BYTES} ({MAX_BODY_BYTES // (1
 EARLY_BODY_WAIT, EARLY_BODY_MAX = 2.0, 64 * 1024
 
 
-def _least_action(app: Any, scope: Scope) -> tuple[Action, dict[str, Any]] | None:
+# The least action a route's user must be allowed, and what a refusal says it does
+# (None: the action's own words).
+Need = tuple[Action, str | None]
+
+
+def _least_action(app: Any, scope: Scope) -> tuple[Need, dict[str, Any]] | None:
     """The least a user must be allowed to make the request ``scope`` (``role_table``),
     with its path's parameters; None for a request no route takes (answered 404 or 405
     as usual) or one that asks no more than a token."""
-    for regex, methods, action in app.state.least_actions:
+    for regex, methods, need in app.state.least_actions:
         if scope["method"] in methods and (match := regex.match(scope["path"])):
-            return action, match.groupdict()
+            return need, match.groupdict()
     return None
 
 
-def role_table(routes: Iterable[Any]) -> list[tuple[Any, set[str], Action]]:
+def role_table(routes: Iterable[Any]) -> list[tuple[Any, set[str], Need]]:
     """Each route's path, methods and the least action its user must be allowed: its
     ``require`` or, for a route that checks its role itself, the endpoint's mark
     (``least_action``). Made once, with the app."""
@@ -231,17 +236,20 @@ def role_table(routes: Iterable[Any]) -> list[tuple[Any, set[str], Action]]:
     for route in routes:
         dependant = getattr(route, "dependant", None)
         action = getattr(getattr(route, "endpoint", None), "least_action", None)
-        action = action or _required(dependant)
-        if action is not None and action is not Action.READ:
-            table.append((route.path_regex, set(route.methods), action))
+        need = (action, None) if action is not None else _required(dependant)
+        if need is not None and need[0] is not Action.READ:
+            table.append((route.path_regex, set(route.methods), need))
     return table
 
 
-def _required(dependant: Any) -> Action | None:
+def _required(dependant: Any) -> Need | None:
     for sub in getattr(dependant, "dependencies", ()):
-        action = getattr(sub.call, "required_action", None) or _required(sub)
+        action = getattr(sub.call, "required_action", None)
         if action is not None:
-            return typing.cast(Action, action)
+            return typing.cast(Action, action), getattr(sub.call, "required_doing", None)
+        need = _required(sub)
+        if need is not None:
+            return need
     return None
 
 
@@ -259,12 +267,12 @@ def least_action(action: Action) -> Callable[[Callable[..., Any]], Callable[...,
 async def _refuse_early(
     ctx: ApiContext,
     user: User,
-    least: tuple[Action, dict[str, Any]],
+    least: tuple[Need, dict[str, Any]],
     scope: Scope,
     receive: Receive,
     send: Send,
 ) -> None:
-    action, params = least
+    (action, doing), params = least
     jobs: list[Any] = [params["job"]] if "job" in params else []
     fields: set[str] = set()
     body = await _read_some(receive, EARLY_BODY_WAIT, EARLY_BODY_MAX)
@@ -276,8 +284,8 @@ async def _refuse_early(
     if fields:
         # A batch's fields say what it asks (``modify_jobs``): a viewer that changes a
         # timer may not modify jobs, whatever the least the route could be allowed.
-        action = Action.for_fields(fields)
-    message = may_not(user, action, fields)
+        action, doing = Action.for_fields(fields), None
+    message = may_not(user, action, fields, doing)
     operation = f"{scope['method']} {scope['path']}"  # never READ: every role may read
     try:
         await run_in_threadpool(ctx.engine.record_refusal, user.name, operation, jobs, message)
@@ -338,14 +346,19 @@ def _named(body: bytes, *, new_job: bool) -> tuple[list[Any], set[str]]:
     return jobs[:100], set(sorted(fields)[:50])
 
 
-def may_not(user: User, action: Action, fields: Iterable[str] = ()) -> str:
-    """What a 403 says: who, with which role, may not do what (and which fields)."""
-    message = f"user {user.name!r} has role {user.role}, which may not {action.says}"
+def may_not(
+    user: User, action: Action, fields: Iterable[str] = (), doing: str | None = None
+) -> str:
+    """What a 403 says: who, with which role, may not do what (``doing``, or the action's
+    own words; and which fields)."""
+    message = f"user {user.name!r} has role {user.role}, which may not {doing or action.says}"
     return f"{message} (fields: {', '.join(sorted(fields))})" if fields else message
 
 
-def require(action: Action) -> Callable[..., User]:
-    """A dependency: the authenticated user, who must be allowed ``action`` (401 / 403 otherwise)."""
+def require(action: Action, doing: str | None = None) -> Callable[..., User]:
+    """A dependency: the authenticated user, who must be allowed ``action`` (401 / 403
+    otherwise). ``doing`` is what a 403 says the request does, when the action's own
+    words ("modify jobs or settings") are not it."""
 
     def dependency(
         request: Request, ctx: Context, authorization: Annotated[str | None, Header()] = None
@@ -354,7 +367,7 @@ def require(action: Action) -> Callable[..., User]:
         if user is None:  # an app without the TokenGate
             user = authenticated_user(ctx, authorization)
         if not user.can(action):
-            message = may_not(user, action)
+            message = may_not(user, action, doing=doing)
             if action is not Action.READ:  # a refused change belongs in the audit trail
                 audit.record(
                     ctx.store,
@@ -368,6 +381,7 @@ def require(action: Action) -> Callable[..., User]:
         return user
 
     dependency.required_action = action  # type: ignore[attr-defined]
+    dependency.required_doing = doing  # type: ignore[attr-defined]
     return dependency
 
 

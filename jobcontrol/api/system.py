@@ -371,7 +371,8 @@ def set_log_level(
 @router.post("/api/v1/shutdown", status_code=202, tags=["system"])
 def shutdown(
     ctx: Context,
-    user: Annotated[User, Depends(require(Action.MODIFY))],
+    # Stopping the daemon is an admin's, as modifying is: the refusal says what it asked.
+    user: Annotated[User, Depends(require(Action.MODIFY, doing="stop the daemon"))],
     body: ShutdownBody | None = None,
 ) -> JSONResponse:
     """Stop the daemon; refused (409) while jobs run unless ``force`` (which kills them).

@@ -51,3 +51,17 @@ def test_a_forbidden_request_announcing_a_huge_body_is_403_and_audited(api: Api)
     (entry,) = list_entries(api.jc.store, user="operator-user")
     assert (entry.operation, entry.result) == (f"POST {V1}/jobs", "refused")
     assert api.jc.dump() == before
+
+
+def test_an_operators_shutdown_is_refused_naming_stopping_the_daemon(api: Api) -> None:
+    r = api.client.post(f"{V1}/shutdown", headers=api.headers("operator"))
+    assert r.status_code == 403, r.text
+    message = r.json()["message"]
+    assert message == "user 'operator-user' has role operator, which may not stop the daemon"
+    (entry,) = list_entries(api.jc.store, user="operator-user")
+    assert (entry.operation, entry.result, entry.detail) == (
+        f"POST {V1}/shutdown",
+        "refused",
+        message,
+    )
+    assert api.shutdown_requests == []
