@@ -425,11 +425,11 @@ def error_status(exc: JobControlError) -> int:
 
 
 def error_body(exc: JobControlError) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": type(exc).__name__, "message": clip(str(exc), MESSAGE_MAX)}
+    body: dict[str, Any] = {"error": type(exc).__name__, "message": capped(str(exc))}
     for attr in ("job", "lane", "field", "run_id", "reason", "line"):
         value = getattr(exc, attr, None)
         if value is not None:
-            body[attr] = clip(value, MESSAGE_MAX) if isinstance(value, str) else value
+            body[attr] = capped(value) if isinstance(value, str) else value
     return body
 
 
@@ -437,6 +437,16 @@ def error_body(exc: JobControlError) -> dict[str, Any]:
 MAX_PROBLEMS = 50
 # Longer messages are cut (a safety net: each value a message repeats is clipped already).
 MESSAGE_MAX = 4000
+
+
+def capped(text: str) -> str:
+    """``text`` cut so that it, with the note of what was cut, is at most ``MESSAGE_MAX``
+    characters (``clip`` alone would add its note past the limit)."""
+    text = visible(text)
+    if len(text) <= MESSAGE_MAX:
+        return text
+    keep = MESSAGE_MAX - len(f"... ({len(text)} more characters)")
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
 
 
 class JSONAnswer(JSONResponse):
@@ -478,7 +488,7 @@ def refusal_response(exc: JobControlError) -> JSONResponse:
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
     body = {
         "error": HTTPStatus(exc.status_code).phrase.replace(" ", ""),
-        "message": clip(str(exc.detail), MESSAGE_MAX),
+        "message": capped(str(exc.detail)),
         "detail": _clipped(exc.detail),
     }
     return JSONAnswer(body, status_code=exc.status_code, headers=exc.headers)
@@ -529,7 +539,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if len(errors) > MAX_PROBLEMS:
             problems.append(f"and {len(errors) - MAX_PROBLEMS} more problems")
         problems.extend(f"allowed: {fields}" for fields in allowed)
-        message = "; ".join(problems)
+        message = capped("; ".join(problems))
         if request.method not in ("GET", "HEAD", "OPTIONS"):
             _audit_invalid(request, message)
         # The caller's values are echoed clipped: a 9 MB name must not come back whole.

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from jobcontrol.api.deps import Context, JsonRoute, authenticated_user, require
-from jobcontrol.errors import JobControlError
+from jobcontrol.errors import JobControlError, clip
 from jobcontrol.service.eventlog import Event, EventGap, EventLog
 from jobcontrol.service.users import Action, User
 
@@ -104,7 +104,8 @@ def _after(last_event_id: str | None, after: int | None) -> int | None:
         value = int(last_event_id)
     except ValueError:
         raise HTTPException(
-            422, f"Last-Event-ID must be an event's sequence number, not {last_event_id!r}"
+            422,
+            f"Last-Event-ID must be an event's sequence number, not {clip(repr(last_event_id))}",
         ) from None
     if value < 0:
         raise HTTPException(422, "Last-Event-ID cannot be negative")

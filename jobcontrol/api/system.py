@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from jobcontrol import logbatch
 from jobcontrol.api.bounded import DatabaseNotAnswering
-from jobcontrol.api.deps import ApiContext, Context, JsonRoute, NoBody, require
+from jobcontrol.api.deps import ApiContext, Context, JsonRoute, NoBody, capped, require
 from jobcontrol.errors import BusyError, StoreUnavailable
 from jobcontrol.service import audit
 from jobcontrol.service.metrics import CONTENT_TYPE
@@ -388,7 +388,7 @@ def shutdown(
         )
         audit.record(ctx.store, user.name, "daemon.shutdown", running, "refused", message)
         return JSONResponse(
-            {"error": "JobsRunning", "message": message, "jobs": sorted(running)},
+            {"error": "JobsRunning", "message": capped(message), "jobs": sorted(running)},
             status_code=409,
         )
     with audit.scope(ctx.store, user.name, "daemon.shutdown", running) as note:

@@ -26,6 +26,7 @@ from jobcontrol.errors import (
     RunStateError,
     UnknownLaneError,
     UnknownRunError,
+    clip,
 )
 from jobcontrol.model import RunState
 from jobcontrol.service import audit
@@ -64,7 +65,7 @@ def parse_fields(lane: str, given: Mapping[str, Any]) -> dict[str, Any]:
         column = ALIASES.get(key, key)
         if column not in FIELDS:
             known = ", ".join(FIELDS + tuple(ALIASES))
-            raise LaneError(lane, f"unknown setting {key!r} (one of {known})", key)
+            raise LaneError(lane, f"unknown setting {clip(repr(key))} (one of {known})", key)
         if column in values:
             raise LaneError(lane, f"{column} given twice", column)
         values[column] = _value(lane, column, value)
@@ -79,13 +80,13 @@ def _value(lane: str, column: str, value: Any) -> Any:
             return value
         text = str(value).strip().lower()
         if text not in _TRUE | _FALSE:
-            raise LaneError(lane, f"enabled must be true or false, not {value!r}", column)
+            raise LaneError(lane, f"enabled must be true or false, not {clip(repr(value))}", column)
         return text in _TRUE
     low, high = POLL_RANGE if column == "poll_interval_s" else STALE_RANGE
     try:
         seconds = parse_duration(value)
     except (ValueError, TypeError) as exc:
-        raise LaneError(lane, f"{column}: {exc}", column) from None
+        raise LaneError(lane, f"{column}: {clip(str(exc))}", column) from None
     if not low <= seconds <= high:
         raise LaneError(
             lane,
@@ -101,7 +102,7 @@ def _slots(lane: str, value: Any) -> int | None:
         return None
     if isinstance(value, bool):
         raise LaneError(
-            lane, f"max_slots must be a whole number or none, not {value!r}", "max_slots"
+            lane, f"max_slots must be a whole number or none, not {clip(repr(value))}", "max_slots"
         )
     try:
         slots = int(value) if not isinstance(value, float) or value.is_integer() else None
@@ -109,7 +110,7 @@ def _slots(lane: str, value: Any) -> int | None:
         slots = None
     if slots is None:
         raise LaneError(
-            lane, f"max_slots must be a whole number or none, not {value!r}", "max_slots"
+            lane, f"max_slots must be a whole number or none, not {clip(repr(value))}", "max_slots"
         )
     if slots < 1:
         raise LaneError(

@@ -65,3 +65,44 @@ def test_an_operators_shutdown_is_refused_naming_stopping_the_daemon(api: Api) -
         message,
     )
     assert api.shutdown_requests == []
+
+
+def test_no_refusal_message_runs_past_4000_characters(api: Api) -> None:
+    before = api.jc.dump()
+    r = api.client.post(f"{V1}/definitions", json={"text": "a" * 20000}, headers=api.headers())
+    assert r.status_code == 422, r.text
+    body = r.json()
+    for key in ("message", "reason"):
+        assert len(body[key]) <= 4000, (key, len(body[key]))
+        assert body[key].endswith(" more characters)"), body[key][-60:]
+    assert api.jc.dump() == before
+
+
+def test_a_malformed_batch_message_is_at_most_4000_characters(api: Api) -> None:
+    changes = [{"job": "t", "fields": {f"unknown_{'x' * 150}_{i}": 1}} for i in range(60)]
+    r = api.client.patch(f"{V1}/jobs", json={"changes": changes}, headers=api.headers())
+    assert r.status_code == 422, r.text
+    message = r.json()["message"]
+    assert len(message) <= 4000
+    assert message.startswith("changes.0.fields.unknown_")
+
+
+def test_a_bad_last_event_id_is_echoed_cut_to_200_characters(api: Api) -> None:
+    r = api.client.get(f"{V1}/events", headers={**api.headers(), "Last-Event-ID": "x" * 5000})
+    assert r.status_code == 422, r.text
+    message = r.json()["message"]
+    assert "x" * 201 not in message
+    assert "... (4802 more characters)" in message, message
+
+
+@pytest.mark.parametrize("setting", ["max_slots", "enabled", "poll_interval_s"])
+def test_a_bad_lane_setting_is_echoed_cut_to_200_characters(api: Api, setting: str) -> None:
+    r = api.client.post(
+        f"{V1}/lanes", json={"name": "gpu", setting: "y" * 1000}, headers=api.headers()
+    )
+    assert r.status_code == 422, r.text
+    message = r.json()["message"]
+    assert "y" * 201 not in message, message
+    assert "more characters)" in message, message
+    lanes = api.client.get(f"{V1}/lanes", headers=api.headers()).json()["lanes"]
+    assert "gpu" not in [lane["name"] for lane in lanes]
