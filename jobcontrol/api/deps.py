@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -523,7 +524,9 @@ def install_error_handlers(app: FastAPI) -> None:
         for err in errors[:MAX_PROBLEMS]:
             if err.get("type") == "json_invalid":
                 why = clip(str(err.get("ctx", {}).get("error", err["msg"])))
-                problems.append(f"body: not valid JSON at character {err['loc'][-1]}: {why}")
+                at = err["loc"][-1]
+                where = f" at character {at}" if isinstance(at, int) and at >= 0 else ""
+                problems.append(f"body: not valid JSON{where}: {why}")
                 continue
             where = clip(".".join(str(p) for p in err["loc"] if p != "body") or "body")
             fields = _fields_beside(request, err)
@@ -618,8 +621,11 @@ def _once_each(doc: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
                 quoted = json.dumps(key)
                 first = doc.find(quoted)
                 at = doc.find(quoted, first + 1) if first >= 0 else -1
+                # Not found (a key written with escapes): say no place rather than a wrong one.
                 raise DuplicateKeyError(
-                    f"key {clip(key)!r} is given twice in one object", doc, max(at, 0)
+                    f"key {clip(key)!r} is given twice in one object",
+                    doc,
+                    at if at >= 0 else NO_POSITION,
                 )
             made[key] = value
         return made
@@ -627,9 +633,20 @@ def _once_each(doc: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     return pairs_hook
 
 
+# The position a JSON error gives when the reader cannot say where (too deep a nesting).
+NO_POSITION = -1
+# A JSON string, or one of the constants Python's ``json`` takes and JSON has not.
+_STRING_OR_CONSTANT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(NaN|-?Infinity)')
+
+
 def _not_json(doc: str) -> Callable[[str], Any]:
     def constant(name: str) -> Any:
-        raise json.JSONDecodeError(f"{name} is not JSON (RFC 8259 has no such number)", doc, 0)
+        # ``json`` calls this with the name only: the first one outside a string is it.
+        where = next(
+            (m.start() for m in _STRING_OR_CONSTANT.finditer(doc) if m.group(1)), NO_POSITION
+        )
+        why = f"{name} is not JSON (RFC 8259 has no such number)"
+        raise json.JSONDecodeError(why, doc, where)
 
     return constant
 
@@ -647,13 +664,16 @@ class _StrictJsonRequest(Request):
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 why = f"not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start})"
-                raise json.JSONDecodeError(why, "", 0) from None
+                text = raw[: exc.start].decode("utf-8")  # what comes before it is UTF-8
+                raise json.JSONDecodeError(why, text, len(text)) from None
             try:
                 self._json = json.loads(
                     text, object_pairs_hook=_once_each(text), parse_constant=_not_json(text)
                 )
             except RecursionError:
-                raise json.JSONDecodeError("nested too deeply", text, 0) from None
+                # Python's reader gives up at a depth its stack sets, saying not where.
+                why = "nested too deeply (arrays and objects inside each other)"
+                raise json.JSONDecodeError(why, text, NO_POSITION) from None
         return self._json
 
 

@@ -106,3 +106,38 @@ def test_a_bad_lane_setting_is_echoed_cut_to_200_characters(api: Api, setting: s
     assert "more characters)" in message, message
     lanes = api.client.get(f"{V1}/lanes", headers=api.headers()).json()["lanes"]
     assert "gpu" not in [lane["name"] for lane in lanes]
+
+
+def _patch_raw(api: Api, raw: bytes) -> str:
+    headers = {**api.headers(), "Content-Type": "application/json"}
+    r = api.client.patch(f"{V1}/jobs", content=raw, headers=headers)
+    assert r.status_code == 422, r.text
+    message: str = r.json()["message"]
+    return message
+
+
+@pytest.mark.parametrize("constant", ["NaN", "-Infinity"])
+def test_a_json_nan_is_refused_saying_where_it_is(api: Api, constant: str) -> None:
+    api.jc.create(task("t1", "true"))
+    before = api.jc.dump()
+    text = '{"changes":[{"job":"NaN","fields":{"priority":' + constant + "}}]}"
+    message = _patch_raw(api, text.encode())
+    at = text.index(constant, text.index("priority"))
+    assert message == (
+        f"body: not valid JSON at character {at}: "
+        f"{constant} is not JSON (RFC 8259 has no such number)"
+    )
+    assert api.jc.dump() == before
+
+
+def test_invalid_utf8_is_refused_saying_where_it_is(api: Api) -> None:
+    raw = '{"changes":[{"job":"é'.encode() + b"\xff" + b'","fields":{}}]}'
+    message = _patch_raw(api, raw)
+    assert message == "body: not valid JSON at character 21: not UTF-8 (byte 0xff at byte 22)"
+
+
+def test_too_deep_a_nesting_is_refused_without_a_made_up_position(api: Api) -> None:
+    message = _patch_raw(api, b"[" * 100_000 + b"]" * 100_000)
+    assert message == (
+        "body: not valid JSON: nested too deeply (arrays and objects inside each other)"
+    )
