@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobcontrol.api.bodies import MAX_BODY_BYTES
 from jobcontrol.api.bounded import BoundedReads, DatabaseNotAnswering
+from jobcontrol.api.problems import readable_errors
 from jobcontrol.diskspace import DiskSpace
 from jobcontrol.errors import (
     AlreadyRunningError,
@@ -487,8 +488,10 @@ def refusal_response(exc: JobControlError) -> JSONResponse:
 
 
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
+    # Every 422 is InvalidRequest, whichever part of the request was refused.
+    phrase = HTTPStatus(exc.status_code).phrase.replace(" ", "")
     body = {
-        "error": HTTPStatus(exc.status_code).phrase.replace(" ", ""),
+        "error": "InvalidRequest" if exc.status_code == 422 else phrase,
         "message": capped(str(exc.detail)),
         "detail": _clipped(exc.detail),
     }
@@ -518,7 +521,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        errors = exc.errors()
+        errors = readable_errors(exc.errors())
         problems: list[str] = []
         allowed: list[str] = []  # each model's fields, once, for the unknown ones named
         for err in errors[:MAX_PROBLEMS]:
@@ -550,8 +553,9 @@ def install_error_handlers(app: FastAPI) -> None:
         body = {"error": "InvalidRequest", "message": message, "detail": detail}
         return JSONAnswer(body, status_code=422)
 
-    async def on_http(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        exc = _routing_said(request, exc)
         if exc.status_code == 413 and not str(exc.detail).startswith("the request body"):
             # A body sent without its length (chunked) stopped at the limit as it came.
             exc = StarletteHTTPException(
@@ -562,6 +566,21 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(JobControlError, on_refusal)
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _routing_said(request: Request, exc: StarletteHTTPException) -> StarletteHTTPException:
+    """The router's own 404 and 405 (its detail the bare status phrase) say the method
+    and the path, and for a 405 the methods the path takes."""
+    path = clip(request.url.path)
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        message = f"no route {path} in this API (its routes: /api/v1/openapi.json)"
+        return StarletteHTTPException(404, message, exc.headers)
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        allow = (exc.headers or {}).get("Allow", "")
+        takes = f"; it takes {allow}" if allow else ""
+        message = f"method {clip(request.method)} is not allowed on {path}{takes}"
+        return StarletteHTTPException(405, message, exc.headers)
+    return exc
 
 
 def _fields_beside(request: Request, err: Mapping[str, Any]) -> str | None:

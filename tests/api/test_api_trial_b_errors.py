@@ -4,6 +4,8 @@ error positions, wording, and the answers uvicorn gives itself."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jobcontrol.service.audit import list_entries
@@ -141,3 +143,60 @@ def test_too_deep_a_nesting_is_refused_without_a_made_up_position(api: Api) -> N
     assert message == (
         "body: not valid JSON: nested too deeply (arrays and objects inside each other)"
     )
+
+
+def _patch_json(api: Api, body: object) -> str:
+    return _patch_raw(api, json.dumps(body).encode())
+
+
+def test_a_lone_surrogate_as_a_job_is_refused_without_pydantic_internals(api: Api) -> None:
+    message = _patch_json(api, {"changes": [{"job": "\ud800", "fields": {}}]})
+    assert message == (
+        "changes.0.job: Input should be a valid integer or must be text: "
+        "a lone UTF-16 surrogate (\\u escape) is not a character"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"changes": [{"job": [1], "fields": {"timeout": [1]}}]},
+            "changes.0.job: Input should be a valid integer or a valid string; "
+            "changes.0.fields.timeout: Input should be a valid number or a valid string",
+        ),
+        (
+            {"changes": [{"job": 0, "fields": {"env": {"A-B": 1}}}]},
+            "changes.0.job: Input should be greater than or equal to 1 or a valid string; "
+            "changes.0.fields.env.A-B: Input should be a valid string",
+        ),
+    ],
+)
+def test_a_value_no_member_of_a_union_takes_is_one_problem_in_words(
+    api: Api, body: object, message: str
+) -> None:
+    assert _patch_json(api, body) == message
+
+
+def test_an_unknown_route_is_a_404_naming_its_path(api: Api) -> None:
+    r = api.client.get(f"{V1}/nowhere", headers=api.headers("viewer"))
+    assert r.status_code == 404
+    assert r.json()["error"] == "NotFound"
+    assert r.json()["message"] == (
+        "no route /api/v1/nowhere in this API (its routes: /api/v1/openapi.json)"
+    )
+
+
+def test_a_method_a_route_does_not_take_is_a_405_naming_it(api: Api) -> None:
+    r = api.client.delete(f"{V1}/status", headers=api.headers())
+    assert r.status_code == 405
+    assert r.json()["error"] == "MethodNotAllowed"
+    assert r.json()["message"] == "method DELETE is not allowed on /api/v1/status; it takes GET"
+
+
+@pytest.mark.parametrize("value", ["abc", "-5"])
+def test_a_bad_last_event_id_is_an_invalid_request_as_every_422(api: Api, value: str) -> None:
+    r = api.client.get(f"{V1}/events", headers={**api.headers(), "Last-Event-ID": value})
+    assert r.status_code == 422
+    assert r.json()["error"] == "InvalidRequest"
+    assert "Last-Event-ID" in r.json()["message"]
