@@ -12,6 +12,7 @@ import ssl
 import threading
 import time
 from email.utils import formatdate
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,14 @@ class _Guard:
         self.header_timeout = header_timeout
         self.tls = tls
         self._logged = {"refused": -LOG_EVERY, "timeout": -LOG_EVERY}
+        self._unlogged: dict[str, tuple[float, int]] = {}  # uvicorn's lines: last logged, count
         message = f"the admin API is at its limit of {stats.limit} connections; try again shortly"
-        body = json.dumps({"error": "ServiceUnavailable", "message": message}).encode()
-        self.full = (
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"retry-after: 1\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        self.full = _answer(503, "ServiceUnavailable", message, b"retry-after: 1\r\n")
+        self.too_slow = _answer(
+            408,
+            "RequestTimeout",
+            f"the request line and headers did not all arrive within {header_timeout:g}s "
+            "(the server's --api-header-timeout)",
         )
 
     def _now_and_then(self, kind: str) -> bool:
@@ -98,6 +101,19 @@ class _Guard:
                 self.stats.refused,
             )
 
+    def uvicorn_said(self, line: str) -> None:
+        """A line uvicorn logs for each bad request (malformed HTTP, an upgrade it does not
+        do): anyone who can connect may send those, so each is logged at most once a
+        minute, with how many there were."""
+        now = time.monotonic()
+        last, count = self._unlogged.get(line, (-LOG_EVERY, 0))
+        count += 1
+        if now - last < LOG_EVERY:
+            self._unlogged[line] = (last, count)
+            return
+        self._unlogged[line] = (now, count)
+        log.warning("the admin API: %s (%d so far; said at most once a minute)", line, count)
+
     def timed_out(self) -> None:
         self.stats.header_timeouts += 1
         if self._now_and_then("timeout"):
@@ -109,7 +125,47 @@ class _Guard:
             )
 
 
-_TIMEOUT_ANSWER = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+def _answer(status: int, error: str, message: str, headers: bytes = b"") -> bytes:
+    """A whole HTTP/1.1 answer that closes its connection, with the API's JSON error body,
+    for what the server answers before (or without) the app."""
+    body = json.dumps({"error": error, "message": message}).encode()
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n%sconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s"
+        % (status, HTTPStatus(status).phrase.encode(), headers, len(body), body)
+    )
+
+
+# What uvicorn's HTTP/1.1 protocol logs, as a warning, for a request anyone may send.
+_PER_REQUEST_LINES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+_BAD_REQUEST = _answer(
+    400,
+    "BadRequest",
+    "the request is not valid HTTP/1.1 (a malformed request line or header, or a "
+    "Content-Length that is not a number or is given twice with different values)",
+)
+
+
+class _CountedLog(logging.LoggerAdapter):
+    """uvicorn's logger for one connection, with its per-request warnings (a malformed
+    request, an unsupported upgrade) handed to the guard, which logs them rate-limited:
+    unauthenticated clients must not write a line to the daemon's log each."""
+
+    def __init__(self, logger: logging.Logger, guard: _Guard) -> None:
+        super().__init__(logger, {})
+        self.guard = guard
+
+    @property
+    def level(self) -> int:  # uvicorn reads it to skip its trace lines
+        return self.logger.level
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if isinstance(msg, str) and not args and msg in _PER_REQUEST_LINES:
+            self.guard.uvicorn_said(msg)
+            return
+        if msg is not None and str(msg).startswith("No supported WebSocket library"):
+            return  # said with "Unsupported upgrade request.", counted there
+        super().log(level, msg, *args, **kwargs)
 
 
 class _GuardedH11(H11Protocol):
@@ -135,6 +191,7 @@ class _GuardedH11(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.logger = _CountedLog(self.logger, self.guard)  # type: ignore[assignment]
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
         self._sent_bytes = False
@@ -217,7 +274,16 @@ class _GuardedH11(H11Protocol):
             return  # still answering the previous request
         self.guard.timed_out()
         if self._sent_bytes:
-            self.transport.write(_TIMEOUT_ANSWER)
+            self.transport.write(self.guard.too_slow)
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse, as the API's JSON error (its
+        own is text/plain). h11 is in its ERROR state by then, so the answer is written
+        straight to the transport, as the 503 over the limit is."""
+        del msg  # "Invalid HTTP request received.": said in the body in the API's words
+        self._disarm()
+        self.transport.write(_BAD_REQUEST)
         self.transport.close()
 
 

@@ -5,9 +5,13 @@ error positions, wording, and the answers uvicorn gives itself."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 
+import httpx
 import pytest
 
+from jobcontrol.api.server import ApiServer
 from jobcontrol.service.audit import list_entries
 from tests.api.conftest import Api
 from tests.integration.helpers import task
@@ -200,3 +204,93 @@ def test_a_bad_last_event_id_is_an_invalid_request_as_every_422(api: Api, value:
     assert r.status_code == 422
     assert r.json()["error"] == "InvalidRequest"
     assert "Last-Event-ID" in r.json()["message"]
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def _json_answer(answer: bytes, status: int) -> dict[str, str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), answer[:300]
+    assert b"content-type: application/json" in head.lower(), head
+    parsed: dict[str, str] = json.loads(body)
+    return parsed
+
+
+MALFORMED = [
+    b"NOT A REQUEST LINE\r\n\r\n",
+    b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n",
+]
+
+
+def test_malformed_http_is_a_json_400_logged_at_most_once_a_minute(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ApiServer(api.ctx, port=0)
+    url = server.start()
+    caplog.set_level(logging.WARNING)
+    try:
+        for raw in MALFORMED * 3:
+            sock = _connect(url)
+            sock.sendall(raw)
+            body = _json_answer(_read_until_closed(sock, 10), 400)
+            assert body["error"] == "BadRequest"
+            assert body["message"].startswith("the request is not valid HTTP/1.1")
+            sock.close()
+    finally:
+        server.stop()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "Invalid HTTP request received." not in lines
+    said = [line for line in lines if "Invalid HTTP request received." in line]
+    assert said == [
+        "the admin API: Invalid HTTP request received. (1 so far; said at most once a minute)"
+    ]
+
+
+def test_an_unsupported_upgrade_is_logged_at_most_once_a_minute(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ApiServer(api.ctx, port=0)
+    url = server.start()
+    caplog.set_level(logging.WARNING)
+    try:
+        for _ in range(5):
+            r = httpx.get(
+                f"{url}/healthz", headers={"Connection": "upgrade", "Upgrade": "h2c"}, timeout=10
+            )
+            assert r.status_code in (200, 503)
+    finally:
+        server.stop()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [line for line in lines if "upgrade" in line.lower() or "WebSocket" in line] == [
+        "the admin API: Unsupported upgrade request. (1 so far; said at most once a minute)"
+    ]
+
+
+def test_a_header_timeout_is_a_json_408(api: Api) -> None:
+    server = ApiServer(api.ctx, port=0, header_timeout=0.5)
+    url = server.start()
+    try:
+        sock = _connect(url)
+        sock.sendall(b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\n")
+        body = _json_answer(_read_until_closed(sock, 10), 408)
+        assert body == {
+            "error": "RequestTimeout",
+            "message": "the request line and headers did not all arrive within 0.5s "
+            "(the server's --api-header-timeout)",
+        }
+        sock.close()
+    finally:
+        server.stop()
