@@ -563,6 +563,15 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         return http_error_response(exc)
 
+    async def on_bug(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's answer is plain text; it logs the traceback itself after this.
+        message = (
+            f"the daemon failed to answer {request.method} {clip(request.url.path)}: "
+            f"{type(exc).__name__} (a bug; the daemon's log has the traceback)"
+        )
+        return JSONAnswer({"error": "InternalServerError", "message": message}, status_code=500)
+
+    app.add_exception_handler(Exception, on_bug)
     app.add_exception_handler(JobControlError, on_refusal)
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -141,8 +141,9 @@ _PER_REQUEST_LINES = frozenset({"Invalid HTTP request received.", "Unsupported u
 _BAD_REQUEST = _answer(
     400,
     "BadRequest",
-    "the request is not valid HTTP/1.1 (a malformed request line or header, or a "
-    "Content-Length that is not a number or is given twice with different values)",
+    "the request is not valid HTTP/1.1 (a malformed request line or header, a "
+    "Content-Length that is not a number or is given twice with different values, or a "
+    "request line and headers over 16 KiB)",
 )
 
 

@@ -10,6 +10,7 @@ import socket
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from jobcontrol.api.server import ApiServer
 from jobcontrol.service.audit import list_entries
@@ -294,3 +295,20 @@ def test_a_header_timeout_is_a_json_408(api: Api) -> None:
         sock.close()
     finally:
         server.stop()
+
+
+def test_a_bug_is_a_json_500_and_changes_nothing(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> set[str]:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(api.ctx.engine, "trees_a_stop_ends", broken)
+    client = TestClient(api.client.app, raise_server_exceptions=False)
+    r = client.post(f"{V1}/shutdown", headers=api.headers())
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {
+        "error": "InternalServerError",
+        "message": "the daemon failed to answer POST /api/v1/shutdown: RuntimeError "
+        "(a bug; the daemon's log has the traceback)",
+    }
+    assert api.shutdown_requests == []
