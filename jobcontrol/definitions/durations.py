@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 
+from jobcontrol.errors import clip
+
 __all__ = ["format_duration", "parse_duration"]
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -39,12 +41,12 @@ def _sum_duration_parts(text: str) -> float:
         match = _DURATION_PART.match(text, pos)
         if match is None:
             raise ValueError(
-                f"cannot read {text!r} as a duration (like 90s, 5m, 1h30m, 2.5s or seconds)"
+                f"cannot read {clip(repr(text))} as a duration (like 90s, 5m, 1h30m, 2.5s or seconds)"
             )
         number, unit = match.groups()
         # Units largest first, each once: "30m1h" or "5m5m" is more likely a typo than meant.
         if units_seen and "dhms".index(unit) <= "dhms".index(units_seen[-1]):
-            raise ValueError(f"units out of order or repeated in duration {text!r}")
+            raise ValueError(f"units out of order or repeated in duration {clip(repr(text))}")
         units_seen += unit
         total += float(number) * _UNIT_SECONDS[unit]
         pos = match.end()

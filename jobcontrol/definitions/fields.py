@@ -45,7 +45,7 @@ def _bool(job: str, key: str, value: Any) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise JobError(job, f"{key} must be true or false, not {value!r}")
+    raise JobError(job, f"{key} must be true or false, not {clip(repr(value))}")
 
 
 def _int(job: str, key: str, value: Any, low: int, high: int) -> int:
@@ -54,7 +54,7 @@ def _int(job: str, key: str, value: Any, low: int, high: int) -> int:
             raise ValueError
         number = int(value)
     except (TypeError, ValueError):
-        raise JobError(job, f"{key} must be a whole number, not {value!r}") from None
+        raise JobError(job, f"{key} must be a whole number, not {clip(repr(value))}") from None
     if not low <= number <= high:
         raise JobError(job, f"{key} must be between {low} and {high}, not {number}")
     return number
@@ -65,7 +65,7 @@ def _choice(job: str, key: str, value: Any, enum: type[Any]) -> Any:
         return enum(str(value).strip().lower())
     except ValueError:
         allowed = ", ".join(m.value for m in enum)
-        raise JobError(job, f"{key} must be one of {allowed}, not {value!r}") from None
+        raise JobError(job, f"{key} must be one of {allowed}, not {clip(repr(value))}") from None
 
 
 def _optional_text(value: Any) -> str | None:
@@ -190,7 +190,7 @@ def _env(job: str, value: Any) -> dict[str, str]:
         if problem is not None:
             raise JobError(job, f"env name {key!r} {problem}")
         if not isinstance(val, str | int | float) or isinstance(val, bool):
-            raise JobError(job, f"env {key} must be a string, not {val!r}")
+            raise JobError(job, f"env {key} must be a string, not {clip(repr(val))}")
         text = str(val)
         if len(text) > MAX_ENV_VALUE:
             raise JobError(job, f"env {key} has {len(text)} characters; at most {MAX_ENV_VALUE}")
@@ -234,7 +234,7 @@ def normalise_field(job: str, key: str, value: Any) -> Any:
         return None if value in (None, "") else _int(job, key, value, 1, MAX_LOG_FILES)
     if key == "retries":
         if isinstance(value, float) and not value.is_integer():
-            raise JobError(job, f"retries must be a whole number, not {value!r}")
+            raise JobError(job, f"retries must be a whole number, not {clip(repr(value))}")
         return _int(job, key, value, 0, MAX_RETRIES)
     if key == "timeout_s":
         return _timeout(job, value)

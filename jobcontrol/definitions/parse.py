@@ -230,14 +230,14 @@ def _node_kind(node: Node) -> str:
         return "a list"
     if node.tag == "tag:yaml.org,2002:null":
         return "null"
-    return f"{node.value!r}"
+    return clip(repr(node.value))
 
 
 def _unknown_key(key_node: Node, allowed: Sequence[str], what: str) -> str:
     key = str(key_node.value) if isinstance(key_node, ScalarNode) else _node_kind(key_node)
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown {what} {key!r}{hint}; allowed: {', '.join(allowed)}"
+    return f"unknown {what} {clip(repr(key))}{hint}; allowed: {', '.join(allowed)}"
 
 
 def _describe(value: Any) -> str:
@@ -249,7 +249,7 @@ def _describe(value: Any) -> str:
         return _number(value)
     if isinstance(value, date):
         return f"date {value.isoformat()}"
-    return repr(value)
+    return clip(repr(value))
 
 
 def _number(value: float, *, bare: bool = False) -> str:
@@ -341,7 +341,9 @@ class _Parser:
                 self.fail(key_node, name, _unknown_key(key_node, JOB_KEYS, "key"))
             if key in given:
                 first = _line(given[key][0])
-                self.fail(key_node, name, f"key {key!r} given twice (first at line {first})")
+                self.fail(
+                    key_node, name, f"key {clip(repr(key))} given twice (first at line {first})"
+                )
             given[key] = (key_node, value_node)
         return given
 

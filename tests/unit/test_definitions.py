@@ -426,6 +426,31 @@ REFUSALS = [
         ["invalid job name 'nnn", "(99802 more characters)"],
         id="huge-name-clipped",
     ),
+    # Whatever the field, a value repeated in a refusal is cut (an API request's too).
+    pytest.param(
+        "jobs:\n  - name: a\n    text: " + "t" * 90_000 + "\n",
+        3,
+        ["unknown key 'text'", "allowed: name"],
+        id="unknown-field-not-echoed",
+    ),
+    pytest.param(
+        "a" * 90_000 + "\n",
+        1,
+        ["'aaa", "(89802 more characters)"],
+        id="huge-document-clipped",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    retries: " + "r" * 90_000 + "\n",
+        4,
+        ["'retries' must be", "'rrr", "(89802 more characters)"],
+        id="huge-wrong-value-clipped",
+    ),
+    pytest.param(
+        "jobs:\n  - name: a\n    command: 'true'\n    timeout: " + "9" * 300 + "x\n",
+        4,
+        ["cannot read '999", "(103 more characters) as a duration"],
+        id="huge-duration-clipped",
+    ),
     # A file and a request are the same call: the API's limits hold for a file too.
     pytest.param(
         "jobs:\n  - name: a\n    command: echo " + "y" * 131_000 + "\n",
