@@ -57,8 +57,11 @@ def clean_env(base: Path, **extra: str) -> dict[str, str]:
         # Tests run many daemons side by side: each admin API on a free port.
         "JOBCONTROL_PORT": "0",
     }
-    if "TZ" in os.environ:
-        env["TZ"] = os.environ["TZ"]
+    # The code under test: a checkout put first on the path (a clone beside an
+    # editable install of another) is the one the commands run.
+    for name in ("TZ", "PYTHONPATH"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     env.update(extra)
     return env
 
