@@ -496,11 +496,7 @@ def _offline(args: argparse.Namespace, store: Store) -> int | None:
     if args.command == "export":
         from jobcontrol.service.loader import export_definitions
 
-        text = export_definitions(engine, args.job)
-        if args.output:
-            Path(args.output).write_text(text)
-        else:
-            sys.stdout.write(text)
+        cli_online.write_export(export_definitions(engine, args.job), args.output)
         return 0
     if args.command == "ls":
         jobs = engine.list_jobs()

@@ -556,12 +556,21 @@ def _load(client: Client, args: argparse.Namespace) -> int:
 
 
 def _export(client: Client, args: argparse.Namespace) -> int:
-    text = client.export(args.job)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_export(client.export(args.job), args.output)
     return 0
+
+
+def write_export(text: str, output: str | None) -> None:
+    """``export``'s YAML to standard output or ``-o FILE``; a file that cannot be written
+    is refused in one line, as ``load`` refuses one it cannot read."""
+    if not output:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise JobControlError(f"cannot write {output}: {exc.strerror}") from None
 
 
 COMMAND_HANDLERS = {
