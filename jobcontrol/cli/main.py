@@ -373,6 +373,7 @@ def _has_password(db: str) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
+    cli_online.refuse_unnamed_jobs(args)
     if args.command == "completion":
         from jobcontrol.cli.completion import script
 

@@ -26,7 +26,7 @@ from jobcontrol.cli import argtypes
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import Target, find_token
-from jobcontrol.errors import JobControlError
+from jobcontrol.errors import JobControlError, clip
 from jobcontrol.model import RUNS_PAGE_MAX, RunState
 from jobcontrol.store import redact
 
@@ -137,6 +137,35 @@ def _no_daemon(args: argparse.Namespace) -> str:
         f"no daemon is running for {redact(args.db)} and no --url was given: {needs} "
         "(start the daemon with `jobcontrol daemon start`)"
     )
+
+
+def refuse_unnamed_jobs(args: argparse.Namespace) -> None:
+    """A job name no job can have, whatever the command and wherever it would be looked
+    up: a line break (the API's path would drop it, or not match at all) or bytes that
+    are not UTF-8 (no name can hold them). Answered as every unknown name is."""
+    names = getattr(args, "jobs", None) or [getattr(args, "job", None)]
+    for name in names:
+        if isinstance(name, str) and (_undecodable(name) or "\n" in name):
+            raise JobControlError(f"job {_quoted(name)}: no such job")
+
+
+def _undecodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a refusal repeats it, as ``repr`` would, with each byte of the command
+    line that was not UTF-8 written as that byte (``'\\xff'``), not as the surrogate
+    Python read it as."""
+    shown = (
+        f"\\x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else repr(ch)[1:-1]
+        for ch in name
+    )
+    return clip(f"'{''.join(shown)}'")
 
 
 def read_source(file: str) -> tuple[str, str]:

@@ -44,3 +44,33 @@ def test_export_to_a_file_that_cannot_be_written_is_refused_in_one_line(
     written = target / "ok.yaml"
     jc.ok("export", "-o", str(written))
     assert "name: flaky" in written.read_text()
+
+
+NAMED = ["show", "run", "kill", "restart", "history", "logs", "rm", "activate", "set"]
+
+
+def test_a_name_with_a_line_break_or_bytes_not_utf8_is_no_such_job_for_every_command(
+    jc_sqlite: JobControl,
+) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(jc.base / "tree.yaml", TREE))
+    # Offline first (history reads the database itself), then through the daemon.
+    offline = jc.fails("history", "\udcff")
+    assert offline.stderr == "jobcontrol: job '\\xff': no such job\n", describe(offline)
+    jc.ok("daemon", "start")
+    before = jc.ok("export").stdout
+    cases = [
+        (command, name, shown)
+        for command in NAMED
+        for name, shown in (("\udcff", "'\\xff'"), ("a\nb", "'a\\nb'"), ("flaky\n", "'flaky\\n'"))
+    ]
+    argvs = [
+        jc.argv(command, name, *(["retries=1"] if command == "set" else []))
+        for command, name, _ in cases
+    ]
+    for (_, _, shown), result in zip(cases, jc.run_all(*argvs), strict=True):
+        assert result.returncode == 1, describe(result)
+        assert result.stderr == f"jobcontrol: job {shown}: no such job\n", describe(result)
+    # `flaky\n` never meant `flaky`: nothing ran, nothing changed.
+    assert jc.history("flaky") == []
+    assert jc.ok("export").stdout == before
