@@ -100,6 +100,7 @@ KILLED_STATUS = 255
 MAX_RETRIES = 100  # a task run again more often than this wants a fix, not a retry
 MAX_PRIORITY = 1_000_000  # a priority is between -MAX_PRIORITY and MAX_PRIORITY
 MAX_LOG_FILES = 100_000  # the most task logs a job may keep
+DEFAULT_MAX_LOG_FILES = 5  # the task logs a job keeps when its max_log_files is not set
 MAX_TIMEOUT_DAYS = 36500  # as long as a timer's longest interval
 # The longest texts a job keeps, the same through the API, the CLI and a definition
 # file. A command goes to ``/bin/sh -c`` as one argument, which Linux caps at 128 KiB

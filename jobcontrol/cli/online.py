@@ -27,7 +27,7 @@ from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import output as out
 from jobcontrol.client.locate import Target, find_token
 from jobcontrol.errors import JobControlError, clip
-from jobcontrol.model import RUNS_PAGE_MAX, RunState
+from jobcontrol.model import DEFAULT_MAX_LOG_FILES, RUNS_PAGE_MAX, RunState
 from jobcontrol.store import redact
 
 if TYPE_CHECKING:
@@ -230,6 +230,8 @@ def _show(client: Client, args: argparse.Namespace) -> int:
         shown["parent"] = client.job(job["parent"])["name"]
         if shown.get("misfire"):  # only a top-level job's misfire counts
             shown["misfire"] = f"{shown['misfire']} (no effect inside a box)"
+    if "max_log_files" in shown and shown["max_log_files"] is None:
+        shown["max_log_files"] = f"{DEFAULT_MAX_LOG_FILES} (default)"
     return _emit(args, job, out.fields(shown, SHOW_ORDER))
 
 
@@ -291,9 +293,29 @@ def _restart(client: Client, args: argparse.Namespace) -> int:
         text = f"re-armed {args.job}: next run {out.when(when)}"
         if reply.get("held"):
             text += " (timers are paused: it fires once they are resumed)"
+    elif reply.get("armed") is False and (timerless := _timerless(client, args.job)):
+        text = f"{args.job} not armed: {timerless}"
     else:
         text = f"{args.job} not armed: {reply.get('reason') or 'no next run'}"
     return _emit(args, reply, text)
+
+
+def _timerless(client: Client, job: str) -> str:
+    """Why ``job`` is not armed when no job of its tree has a timer, else "" (the
+    daemon's reason, "no schedule gives a time after now", reads as if one had)."""
+    jobs = client.tree()["jobs"]
+    top = next((j for j in jobs if j["name"] == job or str(j["id"]) == job), None)
+    if top is None:
+        return ""
+    tree = {top["id"]}
+    grew = True
+    while grew:
+        inside = {j["id"] for j in jobs if j["parent"] in tree}
+        grew = not inside <= tree
+        tree |= inside
+    if any(j["timer"] is not None for j in jobs if j["id"] in tree):
+        return ""
+    return "it has no timer" if len(tree) == 1 else "no job of its tree has a timer"
 
 
 def _activate(client: Client, args: argparse.Namespace) -> int:
@@ -521,8 +543,11 @@ def _status(client: Client, args: argparse.Namespace) -> int:
         if s["paused"]
         else "starting"
     )
-    lines += [f"  {t['job']} due at {out.when(t['at'])}, {waits}" for t in s.get("due_timers", [])]
+    due_timers = s.get("due_timers", [])
+    lines += [f"  {t['job']} due at {out.when(t['at'])}, {waits}" for t in due_timers]
+    lines += _more(due, len(due_timers))
     lines += [f"  {t['job']} at {out.when(t['at'])}" for t in s["next_timers"]]
+    lines += _more(s["timers_armed"], len(s["next_timers"]))
     lines.append(f"runs in flight: {len(s['runs_in_flight'])}")
     lines += [
         f"  run {r['run_id']} {r['job']} ({r['trigger']}) since {out.when(r['started'])}"
@@ -542,6 +567,11 @@ def _status(client: Client, args: argparse.Namespace) -> int:
         )
     lines.append(f"last event: {s['event_seq']}")
     return _emit(args, s, "\n".join(lines))
+
+
+def _more(counted: int, listed: int) -> list[str]:
+    """The line saying a list of timers the daemon cut short has more than it shows."""
+    return [f"  ... and {counted - listed} more"] if counted > listed else []
 
 
 def _events(client: Client, args: argparse.Namespace) -> int:

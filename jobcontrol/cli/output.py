@@ -245,8 +245,12 @@ def fields(values: Mapping[str, Any], order: Sequence[str] = ()) -> str:
     written as its escape (``shown``): no value can forge a line nor drive the terminal;
     ``--json`` and ``export`` give values as they are."""
     keys = [k for k in order if k in values] + [k for k in values if k not in order]
-    width = max((len(k) for k in keys), default=0)
-    return "\n".join(f"{k + ':':<{width + 1}} {shown(_show(k, values[k]))}".rstrip() for k in keys)
+    # A time in ms is shown as a duration ("1.5s"): its label drops the unit.
+    labels = {k: k.removesuffix("_ms") for k in keys}
+    width = max((len(label) for label in labels.values()), default=0)
+    return "\n".join(
+        f"{labels[k] + ':':<{width + 1}} {shown(_show(k, values[k]))}".rstrip() for k in keys
+    )
 
 
 def _show(key: str, value: Any) -> str:

@@ -4,11 +4,12 @@ and labels that say what they show."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.harness import JobControl, describe, write
+from tests.acceptance.harness import JobControl, describe, wait_until, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -74,3 +75,46 @@ def test_a_name_with_a_line_break_or_bytes_not_utf8_is_no_such_job_for_every_com
     # `flaky\n` never meant `flaky`: nothing ran, nothing changed.
     assert jc.history("flaky") == []
     assert jc.ok("export").stdout == before
+
+
+TIMED = (
+    "jobs:\n"
+    + "".join(
+        f"  - name: t{i}\n    active: true\n    timer: every 1h\n    command: 'true'\n"
+        for i in range(8)
+    )
+    + """\
+  - name: quiet
+    active: true
+    command: "true"
+  - name: box
+    active: true
+    children:
+      - name: inner
+        command: "true"
+"""
+)
+
+
+def test_status_show_and_restart_say_what_they_show(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(jc.base / "tree.yaml", TIMED))
+    jc.ok("daemon", "start")
+    # status lists 5 of 8 armed timers and says so
+    status = jc.ok("status").stdout.splitlines()
+    armed = status.index("timers: running, 8 armed")
+    assert len([line for line in status if re.fullmatch(r"  t\d at .*", line)]) == 5, status
+    assert status[armed + 6] == "  ... and 3 more", status
+    # show: a duration in seconds is not labelled _ms; a cleared max_log_files is the default
+    jc.ok("run", "quiet")
+    assert wait_until(lambda: [r["state"] for r in jc.history("quiet")] == ["succeeded"], 30, 0.5)
+    jc.ok("set", "quiet", "max_log_files=3")
+    jc.ok("set", "quiet", "max_log_files=")
+    show = jc.ok("show", "quiet").stdout.splitlines()
+    assert "max_log_files: 5 (default)" in show, show
+    assert any(re.fullmatch(r"last_duration: +\d+\.\ds", line) for line in show), show
+    assert not [line for line in show if "_ms" in line], show
+    assert jc.json("show", "quiet")["max_log_files"] is None
+    # restart of a tree with no timer says so
+    assert jc.ok("restart", "quiet").stdout == "quiet not armed: it has no timer\n"
+    assert jc.ok("restart", "box").stdout == "box not armed: no job of its tree has a timer\n"
