@@ -18,8 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from jobcontrol import places
 from jobcontrol.cli import argtypes
@@ -171,12 +170,30 @@ def _quoted(name: str) -> str:
 def read_source(file: str) -> tuple[str, str]:
     """(text, source name) of a definition file; ``-`` is standard input."""
     if file == "-":
-        return _utf8(sys.stdin.buffer.read(), "<stdin>"), "<stdin>"
+        return _utf8(_capped(sys.stdin.buffer, "<stdin>"), "<stdin>"), "<stdin>"
     try:
-        data = Path(file).read_bytes()
+        with open(file, "rb") as f:
+            data = _capped(f, file)
     except OSError as exc:
         raise JobControlError(f"cannot read {file}: {exc.strerror}") from None
     return _utf8(data, file), file
+
+
+# The most a definition file may hold: the admin API's limit on a request (its
+# MAX_BODY_BYTES), so a file and a request are held to the same limits, on or offline.
+DEFINITIONS_MAX_BYTES = 10 * 1024 * 1024
+
+
+def _capped(stream: BinaryIO, source: str) -> bytes:
+    """The bytes of ``stream``, refused past the limit without reading on (an endless
+    ``/dev/zero`` is not read until memory runs out)."""
+    data = stream.read(DEFINITIONS_MAX_BYTES + 1)
+    if len(data) > DEFINITIONS_MAX_BYTES:
+        raise JobControlError(
+            f"{source} is larger than {DEFINITIONS_MAX_BYTES} bytes (10 MiB), the most a "
+            "definition file may hold (as a request to the admin API): nothing was loaded"
+        )
+    return data
 
 
 def _utf8(data: bytes, source: str) -> str:

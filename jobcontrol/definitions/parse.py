@@ -270,7 +270,7 @@ class _Parser:
         self.seen_nodes: set[int] = set()
 
     def fail(self, node: Node, job: str | None, reason: str) -> NoReturn:
-        prefix = f"job {job!r}: " if job is not None else ""
+        prefix = f"job {clip(repr(job))}: " if job is not None else ""
         raise DefinitionError(self.source, _line(node), prefix + reason)
 
     def job_list(self, node: SequenceNode, depth: int) -> list[JobDef]:
@@ -361,11 +361,11 @@ class _Parser:
 
     def scalar(self, node: Node, job: str | None, key: str, expected: str) -> Any:
         if not isinstance(node, ScalarNode):
-            self.fail(node, job, f"{key!r} must be {expected}, got {_node_kind(node)}")
+            self.fail(node, job, f"{clip(repr(key))} must be {expected}, got {_node_kind(node)}")
         try:
             value = self.loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
-            self.fail(node, job, f"{key!r}: {exc}")
+            self.fail(node, job, f"{clip(repr(key))}: {exc}")
         except (ValueError, TypeError, LookupError, AttributeError) as exc:
             # What YAML's resolution took it for cannot be built: a date-shaped value out
             # of range (2001-13-14), an integer of 4,300 digits, ``!!int abc``.
@@ -373,7 +373,9 @@ class _Parser:
             plain = not node.style and self.loader.resolve(ScalarNode, node.value, (True, False))
             hint = " (put it in quotes to make it a string)" if plain == node.tag else ""
             self.fail(
-                node, job, f"{key!r}: {clip(repr(node.value))} is no {kind}: {clip(str(exc))}{hint}"
+                node,
+                job,
+                f"{clip(repr(key))}: {clip(repr(node.value))} is no {kind}: {clip(str(exc))}{hint}",
             )
         if isinstance(value, str) and _SURROGATE.search(value):
             # JSON writes a character beyond the BMP as a pair of \u escapes, which
@@ -381,14 +383,14 @@ class _Parser:
             try:
                 value = value.encode("utf-16", "surrogatepass").decode("utf-16")
             except UnicodeDecodeError:
-                self.fail(node, job, f"{key!r} has a lone UTF-16 surrogate (\\u escape)")
+                self.fail(node, job, f"{clip(repr(key))} has a lone UTF-16 surrogate (\\u escape)")
         return value
 
     def wrong(self, node: Node, job: str | None, key: str, expected: str, value: Any) -> NoReturn:
         hint = ""
         if expected == "a string" and isinstance(node, ScalarNode) and not node.style:
             hint = " (put it in quotes to make it a string)"
-        self.fail(node, job, f"{key!r} must be {expected}, got {_describe(value)}{hint}")
+        self.fail(node, job, f"{clip(repr(key))} must be {expected}, got {_describe(value)}{hint}")
 
     def string(self, node: Node, job: str | None, key: str, *, optional: bool = False) -> Any:
         value = self.scalar(node, job, key, "a string")
@@ -404,7 +406,7 @@ class _Parser:
             self.fail(
                 node,
                 job,
-                f"{key!r} must be between {low} and {high}, got {_number(value, bare=True)}",
+                f"{clip(repr(key))} must be between {low} and {high}, got {_number(value, bare=True)}",
             )
         return value
 
@@ -503,15 +505,15 @@ def _parse_env(p: _Parser, node: Node, job: str) -> dict[str, str]:
     for key_node, value_node in node.value:
         key = p.string(key_node, job, "env name")
         if not _ENV_NAME.fullmatch(key):
-            p.fail(key_node, job, f"invalid environment variable name {key!r}")
+            p.fail(key_node, job, f"invalid environment variable name {clip(repr(key))}")
         problem = env_name_problem(key)
         if problem is not None:
-            p.fail(key_node, job, f"environment variable {key!r} {problem}")
+            p.fail(key_node, job, f"environment variable {clip(repr(key))} {problem}")
         if key in env:
-            p.fail(key_node, job, f"environment variable {key!r} given twice")
+            p.fail(key_node, job, f"environment variable {clip(repr(key))} given twice")
         value = p.string(value_node, job, f"env {key}")
         if "\0" in value:
-            p.fail(value_node, job, f"environment variable {key!r} contains a NUL byte")
+            p.fail(value_node, job, f"environment variable {clip(repr(key))} contains a NUL byte")
         env[key] = value
     return env
 

@@ -118,3 +118,28 @@ def test_status_show_and_restart_say_what_they_show(jc_sqlite: JobControl) -> No
     # restart of a tree with no timer says so
     assert jc.ok("restart", "quiet").stdout == "quiet not armed: it has no timer\n"
     assert jc.ok("restart", "box").stdout == "box not armed: no job of its tree has a timer\n"
+
+
+def test_load_caps_what_it_reads_and_cuts_what_it_repeats(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(jc.base / "tree.yaml", TREE))
+    before = jc.ok("export").stdout
+    big = jc.base / "big.yaml"
+    big.write_bytes(b"a" * (10 * 1024 * 1024 + 1))
+    for source, shown in ((str(big), str(big)), ("/dev/zero", "/dev/zero")):
+        result = jc.fails("load", source)
+        assert result.stderr == (
+            f"jobcontrol: {shown} is larger than 10485760 bytes (10 MiB), the most a definition "
+            "file may hold (as a request to the admin API): nothing was loaded\n"
+        ), describe(result)
+    result = jc.fails("load", "-", input="a" * 10_000)
+    assert result.stderr == (
+        "jobcontrol: <stdin>:1: expected a mapping with a 'jobs' list at the top level, got "
+        f"'{'a' * 199}... (9802 more characters)\n"
+    ), describe(result)
+    unknown = jc.fails(
+        "load", str(write(jc.base / "k.yaml", f"jobs:\n  - name: x\n    {'k' * 500}: 1\n"))
+    )
+    assert f"'{'k' * 199}... (302 more characters)" in unknown.stderr, describe(unknown)
+    assert len(unknown.stderr) < 1000, describe(unknown)
+    assert jc.ok("export").stdout == before
