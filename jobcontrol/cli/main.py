@@ -302,6 +302,11 @@ def _access_parsers(sub: Any) -> None:
         help="write it to this database's token file (mode 0600), where the CLI and the "
         "admin client find it, instead of printing it",
     )
+    token.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --write: replace the file's token even when it is another user's",
+    )
 
     aud = sub.add_parser("audit", help="the audit trail, newest first")
     aud.add_argument("--limit", type=argtypes.count, default=50, help="how many entries (50)")
@@ -697,6 +702,8 @@ def _user(args: argparse.Namespace, store: Store) -> int:
         print(f"added user {user.name!r} with role {user.role}; token:")
     elif args.write:
         path = token_file(default_config_dir(), store.url)
+        if not args.overwrite:
+            _refuse_taking_the_token_file(store, path, args.name)
         users.new_token(store, args.name, by=by, write_to=path)
         print(f"new token for user {args.name!r} written to {path} (the old one no longer works)")
         return 0
@@ -706,6 +713,25 @@ def _user(args: argparse.Namespace, store: Store) -> int:
     print(token)
     print("This token will not be shown again: keep it now.")
     return 0
+
+
+def _refuse_taking_the_token_file(store: Store, path: Path, name: str) -> None:
+    """``user token NAME --write`` would put NAME's token where another user's working
+    token is (the admin's, first of all): that token would still work, held by nobody."""
+    from jobcontrol.service import users
+
+    try:
+        held = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return  # no file yet, or none that holds a token: nothing to lose
+    holder = users.known_tokens(store).get(users.hash_token(held)) if held else None
+    if holder is None or holder.name == name:
+        return
+    raise JobControlError(
+        f"the token file {path} holds the token of user {holder.name!r} ({holder.role}): "
+        f"writing {name!r}'s there would leave that token working but held by nobody; "
+        "drop --write to be shown the new token, or give --overwrite to replace the file's"
+    )
 
 
 def _audit(args: argparse.Namespace, store: Store) -> int:

@@ -143,3 +143,25 @@ def test_load_caps_what_it_reads_and_cuts_what_it_repeats(jc_sqlite: JobControl)
     assert f"'{'k' * 199}... (302 more characters)" in unknown.stderr, describe(unknown)
     assert len(unknown.stderr) < 1000, describe(unknown)
     assert jc.ok("export").stdout == before
+
+
+def test_user_token_write_does_not_take_the_token_file_of_another_user(
+    jc_sqlite: JobControl,
+) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.ok("daemon", "start")  # its first start writes the admin's token file
+    jc.ok("daemon", "stop")
+    admin_token = jc.token_file.read_text()
+    jc.ok("user", "add", "v3", "--role", "viewer")
+    audit_before = jc.json("audit")
+    refused = jc.fails("user", "token", "v3", "--write")
+    assert refused.stderr == (
+        f"jobcontrol: the token file {jc.token_file} holds the token of user 'admin' (admin): "
+        "writing 'v3''s there would leave that token working but held by nobody; drop --write "
+        "to be shown the new token, or give --overwrite to replace the file's\n"
+    ), describe(refused)
+    assert jc.token_file.read_text() == admin_token
+    assert jc.json("audit") == audit_before  # no new token was made
+    jc.ok("user", "token", "admin", "--write")  # its own: fine
+    jc.ok("user", "token", "v3", "--write", "--overwrite")
+    assert jc.token_file.read_text() not in (admin_token, "")
