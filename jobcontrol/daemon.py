@@ -559,6 +559,12 @@ class Daemon:
         log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
         for name in self.opts.pass_env.ignored():
             log.warning("the pass-through list names %s, which is never passed to tasks", name)
+        for entry, covered in self.opts.pass_env.withheld():
+            log.warning(
+                "the pass-through list's %s does not pass %s: never passed to tasks",
+                entry,
+                ", ".join(covered),
+            )
         return self.dispatcher
 
     def _warn_slash_names(self) -> None:

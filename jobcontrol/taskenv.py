@@ -66,6 +66,23 @@ class PassEnv:
         """Entries naming a variable that is never passed (said at start, not an error)."""
         return [e for e in self.entries if not e.endswith("*") and never_passed(e)]
 
+    def withheld(self) -> list[tuple[str, list[str]]]:
+        """``PREFIX*`` entries that cover variables never passed, each with those it
+        covers (``J*``: ``JOBCONTROL_*``): said at start as a listed name is."""
+        found = []
+        for entry in self.entries:
+            if not entry.endswith("*"):
+                continue
+            prefix = entry[:-1]
+            covered = [n for n in sorted(NEVER_PASSED) if n.startswith(prefix)]
+            if NEVER_PASSED_PREFIX.startswith(prefix):
+                covered.insert(0, f"{NEVER_PASSED_PREFIX}*")
+            elif prefix.startswith(NEVER_PASSED_PREFIX):
+                covered.insert(0, entry)
+            if covered:
+                found.append((entry, covered))
+        return found
+
     def matches(self, name: str) -> bool:
         if never_passed(name):
             return False

@@ -165,3 +165,19 @@ def test_user_token_write_does_not_take_the_token_file_of_another_user(
     jc.ok("user", "token", "admin", "--write")  # its own: fine
     jc.ok("user", "token", "v3", "--write", "--overwrite")
     assert jc.token_file.read_text() not in (admin_token, "")
+
+
+def test_the_daemon_log_says_which_pass_env_patterns_cover_variables_never_passed(
+    jc_sqlite: JobControl,
+) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.ok("daemon", "start", "--pass-env", "PATH,JOBCONTROL_*,WATCHDOG*,J*,NOTIFY_SOCKET")
+    log = next(jc.state_dir.glob("daemon-*.log")).read_text()
+    for line in (
+        "the pass-through list's JOBCONTROL_* does not pass JOBCONTROL_*: never passed to tasks",
+        "the pass-through list's WATCHDOG* does not pass WATCHDOG_PID, WATCHDOG_USEC: never "
+        "passed to tasks",
+        "the pass-through list's J* does not pass JOBCONTROL_*: never passed to tasks",
+        "the pass-through list names NOTIFY_SOCKET, which is never passed to tasks",
+    ):
+        assert line in log, log

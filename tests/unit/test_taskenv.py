@@ -91,3 +91,18 @@ def test_the_option_wins_over_the_variable_which_wins_over_the_default() -> None
     assert resolve(None, {}) == PassEnv()
     with pytest.raises(OptionError, match="^--pass-env: 'a-b'"):
         resolve(["a-b"], env)
+
+
+def test_patterns_that_cover_variables_never_passed_are_said_with_what_they_cover() -> None:
+    listed = PassEnv.parse(
+        ["PATH,JOBCONTROL_*,WATCHDOG*,J*,JOBCONTROL_D*,PG*,LISTEN_FD*"], source="--pass-env"
+    )
+    assert listed.withheld() == [
+        ("JOBCONTROL_*", ["JOBCONTROL_*"]),
+        ("WATCHDOG*", ["WATCHDOG_PID", "WATCHDOG_USEC"]),
+        ("J*", ["JOBCONTROL_*"]),
+        ("JOBCONTROL_D*", ["JOBCONTROL_D*"]),
+        ("LISTEN_FD*", ["LISTEN_FDNAMES", "LISTEN_FDS"]),
+    ]
+    assert PassEnv().withheld() == []
+    assert [entry for entry, _ in PassEnv.parse(["*"], source="x").withheld()] == ["*"]
