@@ -310,6 +310,38 @@ class DatabaseLease:
         self.release()
         return True
 
+    def holder(self) -> str | None:
+        """Who holds the database as its daemon (``pid 31584 on vm`` from the lock file
+        beside a SQLite file; ``a daemon`` on PostgreSQL, whose lock does not say), or
+        None when no daemon does (or the database cannot say). Takes nothing and creates
+        nothing: a shared hold (an offline ``load``) is no daemon."""
+        try:
+            if self.store.is_sqlite:
+                return self._file_holder()
+            with self.store.engine.connect() as conn:
+                got = conn.execute(
+                    text("SELECT pg_try_advisory_lock_shared(:k)"), {"k": ADVISORY_KEY}
+                ).scalar()
+                if got:
+                    conn.execute(text("SELECT pg_advisory_unlock_shared(:k)"), {"k": ADVISORY_KEY})
+                conn.commit()
+        except Exception:  # the database does not answer: it cannot say
+            return None
+        return None if got else "a daemon"
+
+    def _file_holder(self) -> str | None:
+        try:
+            fd = os.open(f"{self.store.sqlite_path}.daemon.lock", os.O_RDONLY)
+        except OSError:
+            return None  # no lock file: no daemon ever ran here
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a daemon"
+        finally:
+            os.close(fd)
+        return None
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -916,6 +948,28 @@ def start_detached(
         )
 
 
+def lease_holder(db_url: str) -> str | None:
+    """``DatabaseLease.holder`` of the database ``db_url``."""
+    store = Store(db_url)
+    try:
+        return DatabaseLease(store).holder()
+    finally:
+        store.dispose()
+
+
+def elsewhere(opts: DaemonOptions) -> str | None:
+    """Said when this state directory has no daemon but one holds the database: its
+    state directory is another, so neither its pid file nor its API URL is here."""
+    holder = lease_holder(opts.db_url)
+    if holder is None:
+        return None
+    return (
+        f"no daemon of state directory {opts.state_dir} is running, but another holds "
+        f"{redact(opts.db_url)} ({holder}): its state directory is not this one; give "
+        "its --state-dir (or --url for its admin API)"
+    )
+
+
 def stop_daemon(
     opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0
 ) -> tuple[int, list[str]]:
@@ -924,7 +978,7 @@ def stop_daemon(
     in the queue, or running on a worker of its own, goes on."""
     pid = places.live_pid(opts.pid_file)
     if pid is None:
-        raise JobControlError(f"no daemon is running for {redact(opts.db_url)}")
+        raise JobControlError(elsewhere(opts) or f"no daemon is running for {redact(opts.db_url)}")
     left: list[str] = []
     if not kill_jobs:
         store = Store(opts.db_url)

@@ -778,11 +778,39 @@ def _containment(workers: list[dict[str, Any]], pid: int) -> str:
     return str(live[0].get("containment") or "unknown")
 
 
+def _status_elsewhere(args: argparse.Namespace, opts: Any, holder: str) -> int:
+    """A daemon holds the database, but this state directory has no pid file of it: it
+    runs (exit 0, ``running: true``), and what only its state directory holds (its log,
+    its API's URL) cannot be told from here."""
+    import re
+
+    held = re.fullmatch(r"pid (\d+) on (.+)", holder)
+    said = (
+        f"daemon running: {holder}, database {redact(args.db)}, but not from state directory "
+        f"{opts.state_dir} (no pid file of it there): give its --state-dir for its log, admin "
+        "API and runs"
+    )
+    if args.json:
+        reply = {
+            "running": True,
+            "pid": int(held[1]) if held else None,
+            "host": held[2] if held else None,
+            "database": redact(args.db),
+            "state_dir_differs": True,
+            "message": said,
+        }
+        print(json.dumps(reply, indent=2))
+    else:
+        print(said)
+    return 0
+
+
 def _daemon(args: argparse.Namespace) -> int:
     from jobcontrol.daemon import (
         Daemon,
         DaemonOptions,
         configure_logging,
+        lease_holder,
         start_detached,
         stop_daemon,
     )
@@ -832,6 +860,17 @@ def _daemon(args: argparse.Namespace) -> int:
         # Refused in one line here, before the daemon (or its detached child) touches
         # anything: a port asked for that is taken, a server that does not answer, a
         # file that is no database. (A SQLite file not there yet is the daemon's to make.)
+        # A daemon holding the database (its state directory maybe another): refused
+        # before a state directory or log is made for one that cannot start.
+        holder = lease_holder(args.db)
+        if holder is not None:
+            differs = (
+                "" if live_pid(opts.pid_file) else f"; its state directory is not {opts.state_dir}"
+            )
+            raise JobControlError(
+                f"the daemon did not start: another Job Control daemon ({holder}) is running "
+                f"on {redact(args.db)}{differs} (nothing was created)"
+            )
         if opts.api:
             opts.api_port()
             opts.check_tls()
@@ -883,7 +922,11 @@ def _daemon(args: argparse.Namespace) -> int:
 
 
 def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
+    from jobcontrol.daemon import lease_holder
+
     live = live_pid(opts.pid_file)
+    if live is None and (holder := lease_holder(args.db)) is not None:
+        return _status_elsewhere(args, opts, holder)
     if live is None:
         if args.json:
             print(json.dumps({"running": False, "database": redact(args.db)}, indent=2))

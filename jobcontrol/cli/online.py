@@ -132,6 +132,14 @@ def _no_daemon(args: argparse.Namespace) -> str:
     needs = f"`jobcontrol {args.command}` needs the daemon's admin API"
     if places.live_pid(places.pid_file(state_dir, args.db)) is not None:
         return f"the daemon of {redact(args.db)} runs without its admin API (--no-api): {needs}"
+    from jobcontrol.daemon import lease_holder
+
+    holder = lease_holder(args.db)
+    if holder is not None:
+        return (
+            f"no daemon of state directory {state_dir} is running, but another holds "
+            f"{redact(args.db)} ({holder}): give its --state-dir, or --url: {needs}"
+        )
     return (
         f"no daemon is running for {redact(args.db)} and no --url was given: {needs} "
         "(start the daemon with `jobcontrol daemon start`)"

@@ -4,7 +4,9 @@ and labels that say what they show."""
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,36 @@ def test_the_daemon_log_says_which_pass_env_patterns_cover_variables_never_passe
         "the pass-through list names NOTIFY_SOCKET, which is never passed to tasks",
     ):
         assert line in log, log
+
+
+def test_a_daemon_of_another_state_directory_is_not_said_to_be_down(
+    jc_sqlite: JobControl,
+) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(jc.base / "tree.yaml", TREE))
+    started = jc.ok("daemon", "start").stdout
+    pid = int(re.search(r"pid (\d+)", started)[1])  # type: ignore[index]
+    other = jc.base / "other-state"
+    db = jc.url
+    status = jc.run("daemon", "status", state_dir=other)
+    assert status.returncode == 0, describe(status)
+    assert status.stdout.startswith(f"daemon running: pid {pid} on "), describe(status)
+    assert f"but not from state directory {other} (no pid file of it there)" in status.stdout
+    reply = json.loads(jc.run("daemon", "status", "--json", state_dir=other).stdout)
+    assert (reply["running"], reply["pid"], reply["state_dir_differs"]) == (True, pid, True)
+    said = f"another holds {db} (pid {pid} on "
+    stop = jc.fails("daemon", "stop", state_dir=other)
+    assert stop.stderr.startswith(
+        f"jobcontrol: no daemon of state directory {other} is running, but {said}"
+    ), describe(stop)
+    run = jc.fails("run", "flaky", state_dir=other)
+    assert said in run.stderr, describe(run)
+    start = jc.fails("daemon", "start", state_dir=other)
+    assert start.stderr == (
+        f"jobcontrol: the daemon did not start: another Job Control daemon (pid {pid} on "
+        f"{socket.gethostname()}) is running on {db}; its state directory is not {other} "
+        "(nothing was created)\n"
+    ), describe(start)
+    assert not other.exists()
+    assert jc.live_daemons(jc.state_dir) == [pid]  # nothing stopped it
+    assert jc.history("flaky") == []  # nor ran anything
