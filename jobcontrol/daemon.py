@@ -312,7 +312,7 @@ class DatabaseLease:
 
     def holder(self) -> str | None:
         """Who holds the database as its daemon (``pid 31584 on vm`` from the lock file
-        beside a SQLite file; ``a daemon`` on PostgreSQL, whose lock does not say), or
+        beside a SQLite file; on PostgreSQL, whose lock does not say, a pid not known), or
         None when no daemon does (or the database cannot say). Takes nothing and creates
         nothing: a shared hold (an offline ``load``) is no daemon."""
         try:
@@ -327,7 +327,7 @@ class DatabaseLease:
                 conn.commit()
         except Exception:  # the database does not answer: it cannot say
             return None
-        return None if got else "a daemon"
+        return None if got else "pid not known: PostgreSQL's advisory lock does not say"
 
     def _file_holder(self) -> str | None:
         try:
@@ -337,7 +337,7 @@ class DatabaseLease:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a daemon"
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid not known"
         finally:
             os.close(fd)
         return None
@@ -971,32 +971,20 @@ def elsewhere(opts: DaemonOptions) -> str | None:
 
 
 def stop_daemon(
-    opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0
+    opts: DaemonOptions, *, kill_jobs: bool, timeout: float = 60.0, by: str = "local"
 ) -> tuple[int, list[str]]:
     """Stop the daemon of this database; refuses while jobs run unless ``kill_jobs``. Its
     pid, and the top-level trees left in flight (``trees_a_stop_ends``): a task waiting
-    in the queue, or running on a worker of its own, goes on."""
+    in the queue, or running on a worker of its own, goes on. Audited as the API's
+    shutdown is (``daemon.shutdown``, by ``by``), refused or not."""
     pid = places.live_pid(opts.pid_file)
     if pid is None:
         raise JobControlError(elsewhere(opts) or f"no daemon is running for {redact(opts.db_url)}")
-    left: list[str] = []
-    if not kill_jobs:
-        store = Store(opts.db_url)
-        try:
-            with store.read() as conn:
-                running, left = trees_a_stop_ends(queries.active_runs(conn))
-        except StoreUnavailable as exc:
-            raise JobControlError(
-                f"stop refused: whether jobs are running cannot be read ({exc}); use --kill "
-                "to stop anyway (the daemon kills its runs and keeps their ends on disk until "
-                "the database answers)"
-            ) from None
-        finally:
-            store.dispose()
-        if running:
-            raise JobControlError(
-                f"jobs are running ({', '.join(running)}); stop refused — use --kill to kill them"
-            )
+    store = Store(opts.db_url)
+    try:
+        left = _stop_allowed(store, kill_jobs=kill_jobs, by=by)
+    finally:
+        store.dispose()
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -1014,6 +1002,43 @@ def stop_daemon(
     finally:
         os.close(pidfd)
     raise JobControlError(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
+
+
+def _stop_allowed(store: Store, *, kill_jobs: bool, by: str) -> list[str]:
+    """Whether a stop may go on, audited: the trees it leaves in flight; refused (and
+    audited so) while jobs run without ``kill_jobs``. With ``kill_jobs`` a database that
+    cannot be read does not hold the stop up: its entry is what the outage costs."""
+    from jobcontrol.service import audit
+
+    try:
+        with store.read() as conn:
+            running, left = trees_a_stop_ends(queries.active_runs(conn))
+    except StoreUnavailable as exc:
+        if kill_jobs:
+            log.warning("the stop's audit entry (daemon.shutdown by %s) not written: %s", by, exc)
+            return []
+        raise JobControlError(
+            f"stop refused: whether jobs are running cannot be read ({exc}); use --kill "
+            "to stop anyway (the daemon kills its runs and keeps their ends on disk until "
+            "the database answers)"
+        ) from None
+    if running and not kill_jobs:
+        message = f"jobs are running ({', '.join(running)}); stop refused — use --kill to kill them"
+        _audit_stop(store, by, running, audit.Result.REFUSED, message)
+        raise JobControlError(message)
+    ended = running + left if kill_jobs else running
+    detail = "forced, killing running jobs" if kill_jobs and ended else "graceful"
+    _audit_stop(store, by, ended, audit.Result.OK, f"{detail} (jobcontrol daemon stop)")
+    return [] if kill_jobs else left
+
+
+def _audit_stop(store: Store, by: str, jobs: list[str], result: Any, detail: str) -> None:
+    from jobcontrol.service import audit
+
+    try:
+        audit.record(store, by, "daemon.shutdown", jobs, result, detail)
+    except JobControlError as exc:  # the stop itself matters more than its trail
+        log.warning("the stop's audit entry (daemon.shutdown by %s) not written: %s", by, exc)
 
 
 def _catches(pid: int, signum: int) -> bool:

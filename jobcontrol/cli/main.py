@@ -862,14 +862,13 @@ def _daemon(args: argparse.Namespace) -> int:
         # file that is no database. (A SQLite file not there yet is the daemon's to make.)
         # A daemon holding the database (its state directory maybe another): refused
         # before a state directory or log is made for one that cannot start.
-        holder = lease_holder(args.db)
+        # (A daemon of this state directory: refused below, as it always was.)
+        holder = None if live_pid(opts.pid_file) else lease_holder(args.db)
         if holder is not None:
-            differs = (
-                "" if live_pid(opts.pid_file) else f"; its state directory is not {opts.state_dir}"
-            )
             raise JobControlError(
                 f"the daemon did not start: another Job Control daemon ({holder}) is running "
-                f"on {redact(args.db)}{differs} (nothing was created)"
+                f"on {redact(args.db)}; its state directory is not {opts.state_dir} "
+                "(nothing was created)"
             )
         if opts.api:
             opts.api_port()
@@ -910,7 +909,9 @@ def _daemon(args: argparse.Namespace) -> int:
             print(f"admin API: {opts.url_file.read_text().strip()}/api/v1")
         return 0
     if cmd == "stop":
-        pid, left = stop_daemon(opts, kill_jobs=args.kill, timeout=args.timeout)
+        pid, left = stop_daemon(
+            opts, kill_jobs=args.kill, timeout=args.timeout, by=f"local:{getpass.getuser()}"
+        )
         print(f"daemon stopped (pid {pid})")
         if left:
             print(

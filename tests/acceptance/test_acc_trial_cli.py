@@ -4,6 +4,7 @@ and labels that say what they show."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 import socket
@@ -216,3 +217,41 @@ def test_a_daemon_of_another_state_directory_is_not_said_to_be_down(
     assert not other.exists()
     assert jc.live_daemons(jc.state_dir) == [pid]  # nothing stopped it
     assert jc.history("flaky") == []  # nor ran anything
+
+
+def test_daemon_stop_is_audited_refused_or_killing(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.load(write(jc.base / "tree.yaml", 'jobs:\n  - name: sleeper\n    command: "sleep 1000"\n'))
+    jc.ok("daemon", "start")
+    jc.ok("run", "sleeper")
+    assert wait_until(lambda: jc.marked(JOBCONTROL_JOB="sleeper"), 30)
+    refused = jc.fails("daemon", "stop")
+    assert "jobs are running (sleeper); stop refused" in refused.stderr, describe(refused)
+    jc.ok("daemon", "stop", "--kill")
+    me = f"local:{getpass.getuser()}"
+    entries = jc.json("audit", "--limit", "2")
+    assert [(e["user"], e["operation"], e["jobs"], e["result"], e["detail"]) for e in entries] == [
+        (
+            me,
+            "daemon.shutdown",
+            ["sleeper"],
+            "ok",
+            "forced, killing running jobs (jobcontrol " "daemon stop)",
+        ),
+        (
+            me,
+            "daemon.shutdown",
+            ["sleeper"],
+            "refused",
+            "jobs are running (sleeper); stop " "refused — use --kill to kill them",
+        ),
+    ], entries
+    jc.ok("daemon", "start")
+    jc.ok("daemon", "stop")
+    last = jc.json("audit", "--limit", "1")[0]
+    assert (last["user"], last["operation"], last["jobs"], last["result"]) == (
+        me,
+        "daemon.shutdown",
+        [],
+        "ok",
+    ), last
