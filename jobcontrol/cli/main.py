@@ -22,7 +22,7 @@ from jobcontrol.cli import output as out
 from jobcontrol.cli import unit as cli_unit
 from jobcontrol.cli import worker as cli_worker
 from jobcontrol.client.locate import find_daemon, token_option_warning
-from jobcontrol.errors import AlreadyRunningError, JobControlError, OptionError
+from jobcontrol.errors import AlreadyRunningError, JobControlError, OptionError, UnknownUserError
 from jobcontrol.filemodes import LogAccess
 from jobcontrol.model import LOG_STORES, TASK_LOGS_ENV, embedded_worker_name
 from jobcontrol.places import (
@@ -727,6 +727,10 @@ def _refuse_taking_the_token_file(store: Store, path: Path, name: str) -> None:
     holder = users.known_tokens(store).get(users.hash_token(held)) if held else None
     if holder is None or holder.name == name:
         return
+    try:
+        users.get_user(store, name)
+    except UnknownUserError:
+        return  # refused as such by new_token, which audits it
     raise JobControlError(
         f"the token file {path} holds the token of user {holder.name!r} ({holder.role}): "
         f"writing {name!r}'s there would leave that token working but held by nobody; "

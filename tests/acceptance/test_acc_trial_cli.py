@@ -255,3 +255,13 @@ def test_daemon_stop_is_audited_refused_or_killing(jc_sqlite: JobControl) -> Non
         [],
         "ok",
     ), last
+
+
+def test_user_token_write_for_an_unknown_user_says_no_such_user(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite.upgraded()
+    jc.ok("daemon", "start")
+    jc.ok("daemon", "stop")
+    admin_token = jc.token_file.read_text()
+    refused = jc.fails("user", "token", "nobody", "--write")
+    assert refused.stderr == "jobcontrol: user 'nobody': no such user\n", describe(refused)
+    assert jc.token_file.read_text() == admin_token
