@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ADVISORY_KEY = 0x4A6F62436F6E  # "JobCon"
+# How long `daemon stop --kill` waits for its audit entry's read, then its write.
+STOP_AUDIT_WAIT = 5.0
 # How often a daemon on PostgreSQL checks that the connection holding its lock lives.
 LEASE_CHECK_EVERY = 2.0
 DEFAULT_PORT = 8640
@@ -982,13 +984,38 @@ def stop_daemon(
         raise JobControlError(elsewhere(opts) or f"no daemon is running for {redact(opts.db_url)}")
     store = Store(opts.db_url)
     try:
-        left = _stop_allowed(store, kill_jobs=kill_jobs, by=by)
+        if not kill_jobs:
+            left = _stop_allowed(store, by=by)
+            return _signal_stop(pid, kill_jobs=False, timeout=timeout), left
+        # --kill is not held up by a database that does not answer: its audit entry is
+        # read and written beside the stop, waited for a little, and what an outage costs.
+        read = threading.Event()
+        audit_kill = threading.Thread(
+            target=_audit_kill, args=(store, by, read), name="jc-stop-audit", daemon=True
+        )
+        audit_kill.start()
+        read.wait(STOP_AUDIT_WAIT)  # the trees it ends, read before they are killed
+        _signal_stop(pid, kill_jobs=True, timeout=timeout)
+        audit_kill.join(STOP_AUDIT_WAIT)
+        if audit_kill.is_alive():
+            log.warning(
+                "the stop's audit entry (daemon.shutdown by %s) not written: the database "
+                "did not answer within %gs",
+                by,
+                STOP_AUDIT_WAIT,
+            )
+        return pid, []
     finally:
-        store.dispose()
+        if not kill_jobs or not audit_kill.is_alive():
+            store.dispose()
+
+
+def _signal_stop(pid: int, *, kill_jobs: bool, timeout: float) -> int:
+    """Signal the daemon ``pid`` to stop and wait for it to exit."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return pid, left
+        return pid
     try:
         # SIGTERM stops it as a service manager does: the runs of workers of their own
         # go on. --kill asks for every run in flight to be killed, wherever it runs.
@@ -998,38 +1025,49 @@ def stop_daemon(
         os.kill(pid, KILL_ALL_SIGNAL if kill_all else signal.SIGTERM)
         # The pidfd becomes readable when the process exits: no polling.
         if select.select([pidfd], [], [], timeout)[0]:
-            return pid, left
+            return pid
     finally:
         os.close(pidfd)
     raise JobControlError(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
 
 
-def _stop_allowed(store: Store, *, kill_jobs: bool, by: str) -> list[str]:
-    """Whether a stop may go on, audited: the trees it leaves in flight; refused (and
-    audited so) while jobs run without ``kill_jobs``. With ``kill_jobs`` a database that
-    cannot be read does not hold the stop up: its entry is what the outage costs."""
+def _stop_allowed(store: Store, *, by: str) -> list[str]:
+    """Whether a stop without --kill may go on, audited: the trees it leaves in flight;
+    refused (and audited so) while jobs run."""
     from jobcontrol.service import audit
 
     try:
         with store.read() as conn:
             running, left = trees_a_stop_ends(queries.active_runs(conn))
     except StoreUnavailable as exc:
-        if kill_jobs:
-            log.warning("the stop's audit entry (daemon.shutdown by %s) not written: %s", by, exc)
-            return []
         raise JobControlError(
             f"stop refused: whether jobs are running cannot be read ({exc}); use --kill "
             "to stop anyway (the daemon kills its runs and keeps their ends on disk until "
             "the database answers)"
         ) from None
-    if running and not kill_jobs:
+    if running:
         message = f"jobs are running ({', '.join(running)}); stop refused — use --kill to kill them"
         _audit_stop(store, by, running, audit.Result.REFUSED, message)
         raise JobControlError(message)
-    ended = running + left if kill_jobs else running
-    detail = "forced, killing running jobs" if kill_jobs and ended else "graceful"
-    _audit_stop(store, by, ended, audit.Result.OK, f"{detail} (jobcontrol daemon stop)")
-    return [] if kill_jobs else left
+    _audit_stop(store, by, [], audit.Result.OK, "graceful (jobcontrol daemon stop)")
+    return left
+
+
+def _audit_kill(store: Store, by: str, read: threading.Event) -> None:
+    """The audit entry of a ``daemon stop --kill``: the trees in flight it ends."""
+    from jobcontrol.service import audit
+
+    try:
+        with store.read() as conn:
+            running, left = trees_a_stop_ends(queries.active_runs(conn))
+    except JobControlError as exc:
+        log.warning("the stop's audit entry (daemon.shutdown by %s) not written: %s", by, exc)
+        return
+    finally:
+        read.set()
+    ended = running + left
+    detail = "forced, killing running jobs" if ended else "graceful"
+    _audit_stop(store, by, ended, audit.Result.OK, f"{detail} (jobcontrol daemon stop --kill)")
 
 
 def _audit_stop(store: Store, by: str, jobs: list[str], result: Any, detail: str) -> None:

@@ -236,14 +236,14 @@ def test_daemon_stop_is_audited_refused_or_killing(jc_sqlite: JobControl) -> Non
             "daemon.shutdown",
             ["sleeper"],
             "ok",
-            "forced, killing running jobs (jobcontrol " "daemon stop)",
+            "forced, killing running jobs (jobcontrol daemon stop --kill)",
         ),
         (
             me,
             "daemon.shutdown",
             ["sleeper"],
             "refused",
-            "jobs are running (sleeper); stop " "refused — use --kill to kill them",
+            "jobs are running (sleeper); stop refused — use --kill to kill them",
         ),
     ], entries
     jc.ok("daemon", "start")
