@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
+from starlette.convertors import Convertor, register_url_convertor
 
 from jobcontrol.api.bodies import (
     MAX_BODY_BYTES,
@@ -160,16 +161,33 @@ def set_box_type(ctx: Context, body: BoxTypeBody, user: Admin) -> dict[str, Any]
 
 
 # The routes below name a job in the path: a name (URL-encoded; never holding '/') or an id.
+class _JobPath(Convertor[str]):
+    """A job reference in a path, whatever it holds: Starlette's ``path`` matches with
+    ``.*``, which stops at a line break, so ``flaky%0A`` was taken for ``flaky`` and
+    ``a%0Ab`` was no route at all. The name is then refused as any unknown one is."""
+
+    regex = "[\\s\\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("jobref", _JobPath())
+
+
 # Those with a suffix come before GET /jobs/{job}, which would take the suffix as part of the name.
 
 
-@router.post("/jobs/{job:path}/run", status_code=202, summary="Run a job and its sub-tree now")
+@router.post("/jobs/{job:jobref}/run", status_code=202, summary="Run a job and its sub-tree now")
 def run_job(ctx: Context, job: JobPath, user: Operator, _: NoBody) -> dict[str, Any]:
     # The ref as given: one that names no job is refused inside the engine's audit scope.
     return {"run_id": ctx.engine.run_now(job, user=user.name)}
 
 
-@router.post("/jobs/{job:path}/kill", summary="Kill the run the job is part of")
+@router.post("/jobs/{job:jobref}/kill", summary="Kill the run the job is part of")
 def kill_job(
     ctx: Context,
     job: JobPath,
@@ -190,7 +208,7 @@ def kill_job(
     return {"run_id": run_id, "job": name or killed.job_name}
 
 
-@router.post("/jobs/{job:path}/restart", summary="Re-arm a top-level job's timer")
+@router.post("/jobs/{job:jobref}/restart", summary="Re-arm a top-level job's timer")
 def restart_job(
     ctx: Context,
     job: JobPath,
@@ -207,7 +225,7 @@ def restart_job(
     }
 
 
-@router.get("/jobs/{job:path}/runs", summary="A job's runs, newest first, paged by run id")
+@router.get("/jobs/{job:jobref}/runs", summary="A job's runs, newest first, paged by run id")
 def job_runs(
     ctx: Context,
     job: JobPath,
@@ -222,7 +240,7 @@ def job_runs(
     return {"runs": [run_json(r, user) for r in runs], "next": runs[-1].id if more else None}
 
 
-@router.get("/jobs/{job:path}", summary="One job's stored fields and live state")
+@router.get("/jobs/{job:jobref}", summary="One job's stored fields and live state")
 def get_job(ctx: Context, job: JobPath, user: Viewer) -> dict[str, Any]:
     """An env's values are masked for a user who may not change them."""
     return env_for(user, ctx.engine.job_detail(job))

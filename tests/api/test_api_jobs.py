@@ -165,6 +165,26 @@ def test_unknown_jobs_and_runs_are_404(api: Api) -> None:
     assert r.json()["job"] == "nope"
 
 
+def test_a_name_with_a_line_break_is_no_such_job_on_every_route(api: Api) -> None:
+    """The path routes matched up to a line break: ``a%0Ab`` was the router's bare "Not
+    Found", and ``flaky%0A`` (a trailing one) was taken for ``flaky``."""
+    api.jc.create(task("flaky", "true", active=True))
+    for role, method, suffix in (
+        ("viewer", "GET", ""),
+        ("viewer", "GET", "/runs"),
+        ("operator", "POST", "/run"),
+        ("operator", "POST", "/kill"),
+        ("operator", "POST", "/restart"),
+    ):
+        for name in ("flaky\n", "a\nb"):
+            r = api.client.request(
+                method, f"{V1}/jobs/{quote(name, safe='')}{suffix}", headers=api.headers(role)
+            )
+            assert r.status_code == 404, (method, suffix, name, r.text)
+            assert r.json()["message"] == f"job {name!r}: no such job", (suffix, r.text)
+    assert api.jc.runs("flaky") == []  # nothing ran
+
+
 # ---------------------------------------------------------------- creating
 
 
