@@ -590,15 +590,7 @@ class Daemon:
             self._lease_watch.start()
         self._warn_slash_names()
         log.info("daemon pid %s serving %s", os.getpid(), redact(self.store.url))
-        log.info("tasks get these of the daemon's variables: %s", self.opts.pass_env.text or "none")
-        for name in self.opts.pass_env.ignored():
-            log.warning("the pass-through list names %s, which is never passed to tasks", name)
-        for entry, covered in self.opts.pass_env.withheld():
-            log.warning(
-                "the pass-through list's %s does not pass %s: never passed to tasks",
-                entry,
-                ", ".join(covered),
-            )
+        self.opts.pass_env.say(log, "daemon")
         return self.dispatcher
 
     def _warn_slash_names(self) -> None:

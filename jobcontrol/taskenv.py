@@ -11,6 +11,7 @@ when the list names them.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,19 @@ class PassEnv:
     def text(self) -> str:
         """The list as ``--pass-env`` takes it."""
         return ",".join(self.entries)
+
+    def say(self, log: logging.Logger, whose: str) -> None:
+        """What a daemon's or a worker's log says as it starts: which of its variables its
+        tasks get, and each listed one (or covered by a ``PREFIX*``) they never get."""
+        log.info("tasks get these of the %s's variables: %s", whose, self.text or "none")
+        for name in self.ignored():
+            log.warning("the pass-through list names %s, which is never passed to tasks", name)
+        for entry, covered in self.withheld():
+            log.warning(
+                "the pass-through list's %s does not pass %s: never passed to tasks",
+                entry,
+                ", ".join(covered),
+            )
 
     def ignored(self) -> list[str]:
         """Entries naming a variable that is never passed (said at start, not an error)."""

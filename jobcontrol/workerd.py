@@ -248,9 +248,7 @@ class RemoteWorker:
             f"{self.opts.slots} slot(s)",
             redact(self.store.url),
         )
-        log.info("tasks get these of the worker's variables: %s", self.opts.pass_env.text or "none")
-        for name in self.opts.pass_env.ignored():
-            log.warning("the pass-through list names %s, which is never passed to tasks", name)
+        self.opts.pass_env.say(log, "worker")
         return self.worker
 
     def _warm_joins(self, containment: Containment) -> None:
