@@ -870,8 +870,8 @@ def _daemon(args: argparse.Namespace) -> int:
         holder = None if live_pid(opts.pid_file) else lease_holder(args.db)
         if holder is not None:
             raise JobControlError(
-                f"the daemon did not start: another Job Control daemon ({holder}) is running "
-                f"on {redact(args.db)}; its state directory is not {opts.state_dir} "
+                f"the daemon did not start: another Job Control daemon is running on "
+                f"{redact(args.db)} ({holder}); its state directory is not {opts.state_dir} "
                 "(nothing was created)"
             )
         if opts.api:

@@ -210,8 +210,8 @@ def test_a_daemon_of_another_state_directory_is_not_said_to_be_down(
     assert said in run.stderr, describe(run)
     start = jc.fails("daemon", "start", state_dir=other)
     assert start.stderr == (
-        f"jobcontrol: the daemon did not start: another Job Control daemon (pid {pid} on "
-        f"{socket.gethostname()}) is running on {db}; its state directory is not {other} "
+        f"jobcontrol: the daemon did not start: another Job Control daemon is running on "
+        f"{db} (pid {pid} on {socket.gethostname()}); its state directory is not {other} "
         "(nothing was created)\n"
     ), describe(start)
     assert not other.exists()
