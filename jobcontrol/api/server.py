@@ -25,6 +25,7 @@ from jobcontrol.api.deps import ApiContext, ConnectionStats
 from jobcontrol.errors import JobControlError
 
 log = logging.getLogger(__name__)
+_UVICORN_LOG = logging.getLogger("uvicorn.error")
 
 # A connection must have sent a whole request line and headers this long after it opened
 # (or after it began its next request): uvicorn itself never gives up on one.
@@ -112,7 +113,10 @@ class _Guard:
             self._unlogged[line] = (last, count)
             return
         self._unlogged[line] = (now, count)
-        log.warning("the admin API: %s (%d so far; said at most once a minute)", line, count)
+        # Under uvicorn's own logger still: the line is uvicorn's, only counted.
+        _UVICORN_LOG.warning(
+            "the admin API: %s (%d so far; said at most once a minute)", line, count
+        )
 
     def timed_out(self) -> None:
         self.stats.header_timeouts += 1
