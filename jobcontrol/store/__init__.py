@@ -273,6 +273,8 @@ class Store:
         # Writes under way: thread ident -> monotonic time the write began, its wait for
         # the write lock included. Read by ``longest_write``.
         self._writes: dict[int, float] = {}
+        # Single statements under way on PostgreSQL (a claim, a finish), as for ``_writes``.
+        self._singles: dict[int, float] = {}
         # time.monotonic() when a write of this process was last seen held up.
         self._held_up_at = float("-inf")
         # The error and time.monotonic() of the last write that waited and failed as an
@@ -412,7 +414,7 @@ class Store:
         A write waits out the busy timeout (SQLite) or the connect timeout (PostgreSQL)
         before it fails as an outage: until then, this is what shows that the database
         is slow to answer (``/status``, ``/metrics``)."""
-        writes = self._writes.copy()
+        writes = {**self._singles, **self._writes}
         if not writes:
             return None
         ident, began = min(writes.items(), key=lambda w: w[1])
@@ -501,8 +503,19 @@ class Store:
             with self.write() as conn:
                 yield conn
             return
-        # A write all the same (a claim, a finish): one that waits is said (``longest_write``).
-        yield from self._tracked(self._transaction(_AUTOCOMMIT), True)
+        # A write all the same (a claim, a finish): one that waits is said by the hang
+        # watch (``longest_write``). Only there: whether requests are refused for the
+        # database and when leases are judged go by the process's write transactions.
+        me = threading.get_ident()
+        singles = self._singles
+        outer = me in singles
+        if not outer:
+            singles[me] = time.monotonic()
+        try:
+            yield from self._transaction(_AUTOCOMMIT)
+        finally:
+            if not outer:
+                del singles[me]
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
