@@ -353,19 +353,14 @@ class Store:
         of this process or another holds the write lock (or the disk is full), instead of
         waiting out the busy timeout. For bookkeeping that must never hold up what it
         rides on, such as a request recording its token's last use."""
-        yield from self._tracked(self._write(wait), wait)
-
-    def _tracked(self, write: Iterator[Connection], wait: bool) -> Iterator[Connection]:
-        """``write`` (a transaction's generator) counted as a write under way while it
-        lasts: what ``longest_write``, ``held_up_within`` and ``unavailable`` say."""
         me = threading.get_ident()
         writes = self._writes
         if me in writes:  # a write within a write (the lock is re-entrant): the outer counts
-            yield from write
+            yield from self._write(wait)
             return
         writes[me] = began = time.monotonic()
         try:
-            yield from write
+            yield from self._write(wait)
         except StoreUnavailable as exc:
             self._held_up_at = time.monotonic()
             if wait:
