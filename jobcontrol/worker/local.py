@@ -84,6 +84,10 @@ from jobcontrol.worker.dblog import DatabaseLog, StoredLog
 
 log = logging.getLogger(__name__)
 
+# A claim waits for a beat once none went through for this many beats (half a lease)
+# while the worker holds a run claimed before then (``Worker._unvouched``).
+VOUCH_BEATS = 1.5
+
 # A task still running after this long gets its pid recorded at once; a shorter
 # one records it with its outcome, saving a write on the path between tasks.
 PID_RECORD_DELAY = 0.05
@@ -805,7 +809,11 @@ class Worker:
         if self.outage.down or threading.get_ident() == self._heartbeat_ident:
             return
         with self._cond:
-            self._beat_asked = True
+            self._ask_beat()
+
+    def _ask_beat(self) -> None:
+        """A beat now from the heartbeat thread, whatever its plan. With the lock held."""
+        self._beat_asked = True
         self._bell.set()
 
     def _unvouched(self) -> bool:
@@ -815,20 +823,25 @@ class Worker:
         process is to be killed (``_beat``) before this worker claims more. With the
         lock held."""
         now = self._mono()
-        limit = 1.5 * self.heartbeat_interval  # a lease is three beats
-        if now - self._vouched_at <= limit:
+        if self._beat_lately(now):
             return False
+        limit = VOUCH_BEATS * self.heartbeat_interval
         return any(now - a.since > limit for a in self._active.values() if not a.finishing)
+
+    def _beat_lately(self, now: float) -> bool:
+        """Whether a beat went through within half a lease (a lease is three beats)."""
+        return now - self._vouched_at <= VOUCH_BEATS * self.heartbeat_interval
 
     def _vouch(self) -> bool:
         """A beat before a claim, while ``_unvouched``: asked of the heartbeat thread now
         and waited for (at most a beat). Whether claims may go on."""
+        if self._beat_lately(self._mono()):
+            return True  # the usual answer, without the lock
         with self._cond:
             if not self._unvouched():
                 return True
             tries = self._beat_tries
-            self._beat_asked = True
-            self._bell.set()
+            self._ask_beat()
             self._cond.wait_for(
                 lambda: self._beat_tries > tries or self._stopping, self.heartbeat_interval
             )
