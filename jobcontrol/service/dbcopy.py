@@ -215,7 +215,7 @@ def backup_sqlite(store: Store, dest: Path) -> int:
         raise JobControlError(f"{dest} {kind}: give a new file (nothing was written)")
     if not dest.parent.is_dir():
         raise JobControlError(f"{dest.parent} is not a directory (nothing was written)")
-    if (problem := _open_to_others(dest.parent)) is not None:
+    if (problem := _others_could_redirect(dest.parent)) is not None:
         raise JobControlError(f"{problem} (nothing was written)")
     # Made here, never through a link; and whatever SQLite makes beside it (a journal)
     # is the caller's alone too.
@@ -245,7 +245,7 @@ def backup_sqlite(store: Store, dest: Path) -> int:
     return pages
 
 
-def _open_to_others(directory: Path) -> str | None:
+def _others_could_redirect(directory: Path) -> str | None:
     """Why another user could swap a file made in ``directory`` for a link of theirs
     (a backup would then be written where they read it), or None. A directory of this
     user's or root's that nobody else may write to is safe; so is one with the sticky
