@@ -1105,13 +1105,14 @@ class Worker:
                 if turn is None:
                     g.work.notify_all()  # its slot threads may stop once nothing is due
                     return
+                news = self._news  # what its look answers for: news since is looked at again
             how, run_id, limit = turn
             if how == "poll":
                 # The back-off ran out: a read first, so an idle group takes no write lock.
                 found = self._look(g)
                 with self._cond:
                     if not found:
-                        self._backed_off(g, empty=True)
+                        self._backed_off(g, news, empty=True)
                         self._cond.notify_all()  # for ``wait_for``
                         continue
                     limit = g.free
@@ -1132,7 +1133,7 @@ class Worker:
                     g.offers = deque(i for i in g.offers if i not in taken)
                 if how != "offer":
                     g.looks += how == "claim"
-                    self._backed_off(g, empty=not claimed)
+                    self._backed_off(g, news, empty=not claimed)
                 if self._stopping:
                     g.work.notify_all()  # nothing reserved now: they may stop
                 elif claimed:
@@ -1194,12 +1195,15 @@ class Worker:
             self._read_went_through()  # nothing queued: it may only have read
         return claimed
 
-    def _backed_off(self, g: _Group, *, empty: bool) -> None:
+    def _backed_off(self, g: _Group, news: int, *, empty: bool) -> None:
         """After a look: an empty one doubles the group's wait, up to its most; one that
-        found work sets it back to the least. Called with the lock held."""
+        found work sets it back to the least. ``news``: the worker's news count before
+        the look began. News that came while it looked (a write whose commit the look's
+        read may have preceded: inotify tells of a journal before its commit) is not
+        covered by it: the group does not count as quiet. Called with the lock held."""
         now = self._mono()
         g.looked = now
-        g.news_seen = self._news
+        g.news_seen = news
         if empty:
             g.empty += 1
             g.next_poll = now + g.delay
@@ -1558,7 +1562,7 @@ class Worker:
                 and (bool(g.offers) or g.free <= 0)
                 and not self._unvouched()  # a beat first: its workloop's claim waits for it
             )
-            announced = self._announced
+            announced, news = self._announced, self._news
         then = ThenClaim(self.host, self.clock.now, g.claim_queues) if waiting else None
 
         def finish() -> Finished:
@@ -1582,7 +1586,7 @@ class Worker:
             self._keep_end(run_id, values)
             return None, False
         if result.looked:
-            self._taken_with_end(g, result.next, announced)
+            self._taken_with_end(g, result.next, announced, news)
         if not result.recorded and self._recorded_already(run_id, values):
             log.info(
                 "task run %s: its end was recorded by an earlier try whose answer was lost",
@@ -1598,7 +1602,7 @@ class Worker:
         _delete_logs(result.stale_logs)
         return result.next, result.looked
 
-    def _taken_with_end(self, g: _Group, run: RunRecord | None, announced: int) -> None:
+    def _taken_with_end(self, g: _Group, run: RunRecord | None, announced: int, news: int) -> None:
         """The group after an end's claim of its next run. That claim counts as one of
         the group's, for its back-off as for its workloop's. The run it took is no
         longer one to claim. When it found none and no news came since that claim
@@ -1608,7 +1612,7 @@ class Worker:
         kick the group."""
         with self._cond:
             g.looks += 1
-            self._backed_off(g, empty=run is None)
+            self._backed_off(g, news, empty=run is None)
             if run is not None:
                 if g.offers:
                     with contextlib.suppress(ValueError):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from jobcontrol import events
 from jobcontrol.clock import SystemClock
@@ -193,6 +194,51 @@ def test_an_idle_worker_on_a_watched_database_does_not_look_until_it_is_written(
     worker.wait_for("the run claimed", lambda: worker.groups()[0].looks > looks, WAIT)
 
     worker.wait_for("the run ended", lambda: state_of(store, run_id) is RunState.SUCCEEDED, WAIT)
+
+
+class _WrittenWhileItLooks(RunQueue):
+    """A run queue whose first look, once armed, reads before a run is queued and
+    answers after: the run's write, and the watch's news of it, come while the worker's
+    group looks (inotify tells of a journal written before its commit is visible)."""
+
+    worker: Worker | None = None
+    queued: int | None = None
+
+    def any_queued(self, queues: Any = None) -> bool:
+        found = super().any_queued(queues)
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            news = worker._news
+            self.queued = queue_run(self.store, "late", "true", queue="default")
+            # The watch's news of that write, all of it, before this look answers (nothing
+            # found): read here as its heartbeat thread would while the look goes on.
+            worker._written()
+            assert worker._news > news, "the watch never told"
+        return found
+
+
+def test_a_run_queued_while_a_quiet_group_looks_is_claimed(
+    sqlite_url: str, tmp_path: Path, stores: list[Store], workers: list[Worker]
+) -> None:
+    """News that comes while a group looks is not answered by that look: the group looks
+    again rather than wait, quiet, for news that already came (an idle minute-beat
+    worker left such a run queued ten minutes)."""
+    store = a_store(sqlite_url, stores)
+    queue = _WrittenWhileItLooks(store)
+    worker = a_worker(queue, tmp_path, workers, "quiet", idle_heartbeat=IDLE)
+    worker.wait_for("quiet", lambda: worker.beats >= 1 and worker.groups()[0].quiet, WAIT)
+    looks = worker.groups()[0].looks
+    queue.worker = worker
+    with store.write() as conn:  # news, and nothing to claim: the quiet group looks
+        conn.execute(text("CREATE TABLE IF NOT EXISTS scratch (x INTEGER)"))
+    worker.wait_for("a look", lambda: queue.queued is not None, WAIT)
+    assert queue.queued is not None
+    late = queue.queued
+    # Looked for again after its back-off (at most 8 s after four empty looks).
+    worker.wait_for(
+        "the late run ended", lambda: state_of(store, late) is RunState.SUCCEEDED, 2 * WAIT
+    )
+    assert worker.groups()[0].looks >= looks + 2, "a second look found it"
 
 
 def test_an_idle_worker_that_met_an_outage_tries_again_at_the_busy_beat(
