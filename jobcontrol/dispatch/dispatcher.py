@@ -295,19 +295,31 @@ class Dispatcher:
         self.timers.shutdown()
         deadline = time.monotonic() + timeout
         left: set[int] = set()  # tree runs (by root run id) left running on their workers
-        if kill_running:
+        unkilled: str | None = None  # why the kills were not recorded, if they were not
+        while kill_running:
             # Not refused for an outage another part of the process met (a worker whose
             # connection was cut at the same moment, still backing off): the runs would
-            # then be waited for, never asked to end, until the stop's time is up. The
-            # handler rides an outage of its own out, as long as the patience lasts.
+            # then be waited for, never asked to end, until the stop's time is up.
             killing = self._post(lambda: left.update(self._kill_all(remote_too)))
             if not self._until(killing.done, deadline):
-                log.warning("the kills of the runs in flight are not recorded: %s", self._late())
-            elif (error := killing.exception()) is not None:
-                if not isinstance(error, StoreUnavailable):
-                    raise error
-                # Their worker kills them all the same, on its way out.
-                log.warning("the kills of the runs in flight are not recorded: %s", error)
+                unkilled = self._late()
+                break
+            error = killing.exception()
+            if error is None:
+                unkilled = None
+                break
+            if not isinstance(error, StoreUnavailable):
+                raise error
+            # Refused, as any request met by an outage is: asked again, after the
+            # dispatcher has ridden it out (it rebuilds before it takes the next request),
+            # as long as the stop's time and the patience last.
+            unkilled = str(error)
+            if time.monotonic() >= deadline:
+                break
+        if unkilled is not None:
+            # Their worker kills them all the same, on its way out: not waited for here
+            # (nothing would end them before the stop's time is up).
+            log.warning("the kills of the runs in flight are not recorded: %s", unkilled)
         if left:
             log.info(
                 "leaving %d tree run(s) running on other workers or queued (%s): their "
@@ -317,7 +329,7 @@ class Dispatcher:
             )
         # While the database does not answer no tree run can end here: not waited for
         # (their worker kills them with ``--kill``, and keeps what it could not record).
-        if not self._until(
+        if unkilled is None and not self._until(
             lambda: not self._in_flight(left, besides=True) or self.outage.down, deadline
         ):
             log.warning(

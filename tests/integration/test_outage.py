@@ -831,3 +831,31 @@ def test_a_stop_kills_the_runs_in_flight_though_a_worker_just_met_an_outage(
     assert "stopping with" not in said, said
     run = jc.run(run_id)
     assert run.state is RunState.KILLED, run
+
+
+def test_a_stop_asks_again_for_the_kills_an_outage_refused(
+    sqlite_url: str, make_jc: MakeJC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop that kills, whose request to kill meets an outage of the dispatcher's own
+    (refused, as every request an outage meets is), asks again once the dispatcher has
+    ridden it out. It used to give up at once and then wait its whole time for the runs
+    it never asked to end (found by CI: a daemon whose lock another took ran on)."""
+    jc = make_jc(sqlite_url, busy_timeout=0.5, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(box("Long", active=True), task("through", gate.command, "Long", active=True))
+    mark = jc.rec.mark()
+    jc.run_now("Long")
+    run_id = _task_running(jc, "through", mark)
+    dispatcher = jc.runtime.dispatcher
+    closing = threading.Thread(target=lambda: jc.close(timeout=60), name="closing")
+    with _write_lock_held(sqlite_url):
+        closing.start()
+        # The kill's transaction waits out the busy timeout: refused, then ridden out.
+        poll_until("the kill refused", lambda: dispatcher.outage.down, LOCK_WAIT)
+    closing.join(LOCK_WAIT * 2)
+    assert not closing.is_alive(), "the stop waited for runs it had not asked to end"
+    said = caplog.text
+    assert "not recorded" not in said, said
+    assert "stopping with" not in said, said
+    run = jc.run(run_id)
+    assert run.state is RunState.KILLED, run
