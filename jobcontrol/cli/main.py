@@ -958,6 +958,7 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
 
         engine = Engine(store)
         active, armed = engine.daemon_view()
+        paused = engine.timers_paused_since()
         workers = engine.workers()
         stopped = engine.lanes.stopped()
     finally:
@@ -971,6 +972,7 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
             "api": f"{url}/api/v1" if url else None,
             "runs_in_flight": [run_json(run.as_dict()) for run in active],
             "trees_scheduled": armed,
+            "timers_paused_since": paused,
             "containment": _containment(workers, live),
             "stopped_lanes": [{**s, "stopped_at": str(s["stopped_at"])} for s in stopped],
         }
@@ -980,6 +982,8 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
     print(f"admin API: {url}/api/v1" if url else "admin API: off")
     print(f"task containment: {_containment(workers, live)}")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")
+    if paused is not None:
+        print(f"timers: PAUSED since {out.when(paused)}: nothing fires until `jobcontrol resume`")
     for run in active:
         print(
             f"  run {run.id} {run.job_name} ({run.kind}, {run.state}) since {out.when(run.started)}"

@@ -735,6 +735,11 @@ class Engine:
             ]
         return active, armed
 
+    def timers_paused_since(self) -> str | None:
+        """When the timers were paused (``pause``), as the database has it; None if not."""
+        with self.store.read() as conn:
+            return queries.get_meta(conn, queries.TIMERS_PAUSED)
+
 
 def worker_state(worker: dict[str, Any], now: datetime, host: str, known: lanes.Lanes) -> str:
     """What a registered worker is doing, as the operator is told (``jobcontrol workers``,

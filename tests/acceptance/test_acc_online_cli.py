@@ -193,8 +193,15 @@ def test_the_online_cli_drives_a_running_daemon(jc_sqlite: JobControl) -> None:
     jc.ok("pause")
     assert jc.json("status")["paused"] is True
     assert "timers: paused" in jc.ok("status").stdout
+    # The daemon's own status says so too, from the database.
+    assert jc.json("daemon", "status")["timers_paused_since"] is not None
+    said = jc.ok("daemon", "status").stdout
+    assert "timers: PAUSED since " in said, said
+    assert "nothing fires until `jobcontrol resume`" in said, said
     jc.ok("resume")
     assert jc.json("status")["paused"] is False
+    assert jc.json("daemon", "status")["timers_paused_since"] is None
+    assert "PAUSED" not in jc.ok("daemon", "status").stdout
 
     # rm
     assert jc.ok("rm", "lone").stdout.strip() == "deleted 1 job"
