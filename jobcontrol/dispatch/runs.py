@@ -625,6 +625,7 @@ class TreeRuns:
             # boxes record the kill, whether the dispatcher heard of it now or at its
             # next start (an end kept on disk through an outage, ``worker/keptends.py``).
             tr.killed = True
+            tr.kill_reason = self._reason_of(frame, row)  # its boxes say why, as it does
             self.drop_aheads(tr)
         tr.current_task = None
         # The task's own outcome stands: the worker records 255 when it killed the
@@ -633,6 +634,14 @@ class TreeRuns:
         status = KILLED_STATUS if row.exit_status is None else row.exit_status
         self._ran_from(frame, row.started)
         return self._finish(frame, status, row.state, row)
+
+    def _reason_of(self, frame: Frame, row: RunRecord | queries.RunEnd) -> str | None:
+        """The reason a task run's row gives (a kill's: who or what killed it). An end
+        read on the hot path (``RunEnd``) leaves it out: read here, only for a kill."""
+        if isinstance(row, RunRecord):
+            return row.reason
+        full = queries.get_run(self.d.tx.conn, frame.run_id)
+        return None if full is None else full.reason
 
     def _ran_from(self, frame: Frame, started: datetime | None) -> None:
         """The job ran from its worker's start, not from its queueing: a task run that

@@ -55,11 +55,20 @@ class Workers:
         (claimed,) = self.rq.claim(name, "host-b", self.jc.clock.now(), run_id=queued[0].id)
         return claimed
 
-    def finish(self, name: str, run_id: int, status: int, state: RunState | None = None) -> bool:
+    def finish(
+        self,
+        name: str,
+        run_id: int,
+        status: int,
+        state: RunState | None = None,
+        reason: str | None = None,
+    ) -> bool:
         now = self.jc.clock.now()
         if state is None:
             state = RunState.SUCCEEDED if status == 0 else RunState.FAILED
         values = {"state": state, "exit_status": status, "ended": now, "duration_ms": 5}
+        if reason is not None:
+            values["reason"] = reason  # a kill's, as a worker records it
         return self.rq.finish(run_id, name, values, 5).recorded
 
     def succeed_taking_next(self, name: str, run: RunRecord) -> RunRecord:
@@ -580,13 +589,15 @@ def test_a_task_taken_ahead_that_its_worker_killed_before_the_dispatcher_hears_k
     w = Workers(jc)
     victim = task("victim", "sleep 100", "Box", active=True, retries=3)
     mark, taken = _taken_ahead(jc, w, "continue", victim)
-    assert w.finish("w1", taken.id, 255, RunState.KILLED)
+    assert w.finish("w1", taken.id, 255, RunState.KILLED, "killed: worker w1 stopped")
     _poll(jc)
 
     finished = jc.rec.run_finished("Box", since=mark)
     assert (finished["state"], finished["exit_status"]) == ("killed", 255)
     assert [(r.state, r.attempt) for r in _runs(jc, "victim")] == [(RunState.KILLED, 1)]
     assert jc.runs("next") == []
+    # The box says why, as its task does (it said nothing when its worker killed it).
+    assert [r.reason for r in jc.runs("Box")] == ["killed: worker w1 stopped"]
 
 
 def test_a_kill_as_a_task_taken_ahead_starts_kills_it_and_its_tree_waits_for_its_end(
