@@ -807,6 +807,17 @@ def test_a_write_that_met_an_outage_says_so_until_one_commits(sqlite_url: str) -
         store.dispose()
 
 
+def _long_tree_running(make_jc: MakeJC, sqlite_url: str) -> tuple[JC, int]:
+    """A daemon whose tree ``Long`` runs its task ``through`` (a gate never opened), on a
+    SQLite database with a short busy timeout; and that task's run."""
+    jc = make_jc(sqlite_url, busy_timeout=0.5, poll_interval=0.2)
+    gate = jc.gate()
+    jc.create(box("Long", active=True), task("through", gate.command, "Long", active=True))
+    mark = jc.rec.mark()
+    jc.run_now("Long")
+    return jc, _task_running(jc, "through", mark)
+
+
 def test_a_stop_kills_the_runs_in_flight_though_a_worker_just_met_an_outage(
     sqlite_url: str, make_jc: MakeJC, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -815,12 +826,7 @@ def test_a_stop_kills_the_runs_in_flight_though_a_worker_just_met_an_outage(
     outage it met a moment ago (the embedded worker, backing off after its connection
     was cut). It used to be refused at once, the runs never asked to end, and the stop
     waited its whole time for them (found by CI: a daemon that had to stop ran on)."""
-    jc = make_jc(sqlite_url, busy_timeout=0.5, poll_interval=0.2)
-    gate = jc.gate()
-    jc.create(box("Long", active=True), task("through", gate.command, "Long", active=True))
-    mark = jc.rec.mark()
-    jc.run_now("Long")
-    run_id = _task_running(jc, "through", mark)
+    jc, run_id = _long_tree_running(make_jc, sqlite_url)
     with _write_lock_held(sqlite_url):
         with pytest.raises(StoreUnavailable), jc.store.write():
             pass  # what the worker's write met
@@ -840,12 +846,7 @@ def test_a_stop_asks_again_for_the_kills_an_outage_refused(
     (refused, as every request an outage meets is), asks again once the dispatcher has
     ridden it out. It used to give up at once and then wait its whole time for the runs
     it never asked to end (found by CI: a daemon whose lock another took ran on)."""
-    jc = make_jc(sqlite_url, busy_timeout=0.5, poll_interval=0.2)
-    gate = jc.gate()
-    jc.create(box("Long", active=True), task("through", gate.command, "Long", active=True))
-    mark = jc.rec.mark()
-    jc.run_now("Long")
-    run_id = _task_running(jc, "through", mark)
+    jc, run_id = _long_tree_running(make_jc, sqlite_url)
     dispatcher = jc.runtime.dispatcher
     closing = threading.Thread(target=lambda: jc.close(timeout=60), name="closing")
     with _write_lock_held(sqlite_url):

@@ -126,6 +126,27 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     return proc.stdout.readline()
 
 
+def crashing_daemon(
+    jc: JC, tmp_path: Path, logs: Path, tree: str
+) -> tuple[subprocess.Popen[str], int]:
+    """A daemon process on ``jc``'s database that runs ``tree`` and waits to be killed
+    (``crash``), and the tree's root run, once it says it started."""
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_DAEMON, jc.url, str(logs), tree],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "daemon.err").open("w"),
+        text=True,
+    )
+    try:
+        line = read_line(daemon, 30)
+        assert line.strip().isdigit(), (line, (tmp_path / "daemon.err").read_text())
+    except BaseException:
+        crash(daemon)
+        raise
+    return daemon, int(line)
+
+
 def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
     db_url: str, make_jc: MakeJC, tmp_path: Path
 ) -> None:
@@ -141,18 +162,8 @@ def test_runs_of_a_crashed_daemon_are_lost_and_their_processes_killed(
     )
     created = definitions(jc, order=False)
 
-    root_dir = Path(__file__).resolve().parents[2]
-    daemon = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_DAEMON, jc.url, str(tmp_path / "crash-logs"), "Crashy"],
-        cwd=root_dir,
-        stdout=subprocess.PIPE,
-        stderr=(tmp_path / "daemon.err").open("w"),
-        text=True,
-    )
+    daemon, root_run = crashing_daemon(jc, tmp_path, tmp_path / "crash-logs", "Crashy")
     try:
-        line = read_line(daemon, 30)
-        assert line.strip().isdigit(), (line, (tmp_path / "daemon.err").read_text())
-        root_run = int(line)
         run_marker = {"JOBCONTROL_INSTANCE": jc.instance_id}
 
         def escaped_sleep() -> int | None:
@@ -472,18 +483,8 @@ def test_a_manual_run_lost_to_a_crash_arms_its_every_from_the_lost_end(
     assert jc.armed_at("Crashy") == T0 + timedelta(minutes=10)
     jc.close()
 
-    root_dir = Path(__file__).resolve().parents[2]
-    daemon = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_DAEMON, jc.url, str(tmp_path / "logs"), "Crashy"],
-        cwd=root_dir,
-        stdout=subprocess.PIPE,
-        stderr=(tmp_path / "daemon.err").open("w"),
-        text=True,
-    )
+    daemon, root_run = crashing_daemon(jc, tmp_path, tmp_path / "logs", "Crashy")
     try:
-        line = read_line(daemon, 30)
-        assert line.strip().isdigit(), (line, (tmp_path / "daemon.err").read_text())
-        root_run = int(line)
         poll_until("long to run", lambda: jc.runs("long") and jc.runs("long")[0].pid)
     finally:
         crash(daemon)

@@ -477,6 +477,8 @@ def test_kill_while_waiting_in_a_timed_box_ends_the_run_at_once(jc_sqlite: JC) -
     assert set(jc.tree_run(root)) == {"Absolute", "foo"}  # bar never ran
     assert jc.job("Absolute").exit_status == 255
     assert jc.view("Absolute")["state"] == "idle"
+    assert jc.run(root).reason == f"killed by {USER}"  # the box says who, as a task does
+    assert jc.tree_run(root)["foo"].reason is None  # it ended before the kill
 
 
 def test_a_killed_box_run_says_who_killed_it_as_its_task_does(jc_sqlite: JC) -> None:
@@ -499,27 +501,6 @@ def test_a_killed_box_run_says_who_killed_it_as_its_task_does(jc_sqlite: JC) -> 
         ("Top", "Box", "long"), f"killed by {USER}"
     )
     assert {r.requested_by for r in runs.values()} == {"timer"}
-
-
-def test_a_killed_waiting_timed_box_says_who_killed_it(jc_sqlite: JC) -> None:
-    jc = jc_sqlite
-    jc.create(
-        box("Absolute", box_type="timed", active=True),
-        task("foo", "true", "Absolute", timer="daily 22:56", active=True),
-        task("bar", "true", "Absolute", timer="daily 22:59", active=True),
-    )
-    mark = jc.rec.mark()
-    jc.advance(to=FOO_AT)
-    jc.rec.wait_for(
-        lambda s: s.name == "state_changed"
-        and s.data["name"] == "Absolute"
-        and s.data["state"] is JobState.WAITING,
-        since=mark,
-    )
-    root = jc.engine.kill("Absolute", user=USER)
-    jc.rec.run_finished("Absolute", since=mark)
-    assert jc.run(root).reason == f"killed by {USER}"
-    assert jc.tree_run(root)["foo"].reason is None  # it ended before the kill
 
 
 def test_a_timer_of_a_tree_whose_timed_box_waits_says_it_waits_not_runs(jc: JC) -> None:
