@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -587,14 +587,14 @@ def _db_copy(args: argparse.Namespace) -> int:
     leases: list[DatabaseLease] = []
     try:
         # Held shared for the whole copy (as `load` does): no daemon starts on either.
-        leases.append(_no_daemon_on(source, _copy_refusal("source", source)))
+        leases.append(_no_daemon_on(source, _copy_refusal("source")))
         check_source(source)  # before the target is touched at all
         # A SQLite target is only looked at read-only until it is known to be empty
         # (open_store's first connection would already turn a file to WAL mode).
         target = (
             Store(target_url) if _sqlite_file(target_url) else open_store(target_url, create=True)
         )
-        leases.append(_no_daemon_on(target, _copy_refusal("target", target)))
+        leases.append(_no_daemon_on(target, _copy_refusal("target")))
         copied = copy_database(source, target)
     finally:
         for lease in leases:
@@ -608,22 +608,25 @@ def _db_copy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _no_daemon_on(store: Store, refusal: str) -> Any:
-    """The database's lease, held shared (offline work may overlap): ``refusal`` while a
-    daemon runs on it."""
+def _no_daemon_on(store: Store, refusal: Callable[[str], str]) -> Any:
+    """The database's lease, held shared (offline work may overlap). While a daemon runs
+    on it, ``refusal(where)``: ``where`` names the database and, as far as its lock
+    says, the daemon (``pid N on HOST``: one of another state directory is found so)."""
     from jobcontrol.daemon import DatabaseLease
 
     lease = DatabaseLease(store)
     try:
         lease.acquire(shared=True)
     except AlreadyRunningError:
-        raise JobControlError(refusal) from None
+        holder = lease.holder()
+        where = redact(store.url) + (f" ({holder})" if holder else "")
+        raise JobControlError(refusal(where)) from None
     return lease
 
 
-def _copy_refusal(role: str, store: Store) -> str:
-    return (
-        f"a daemon is running on the {role} {redact(store.url)}: stop it first "
+def _copy_refusal(role: str) -> Callable[[str], str]:
+    return lambda where: (
+        f"a daemon is running on the {role} {where}: stop it first "
         "(jobcontrol daemon stop) so the copy is whole (nothing was copied)"
     )
 
@@ -757,7 +760,10 @@ def _load(args: argparse.Namespace, store: Store, engine: Any) -> int:
     # tree before the batch commits and never see the jobs.
     lease = _no_daemon_on(
         store,
-        f"a daemon is running on {redact(store.url)}; stop it first (jobcontrol daemon stop), then load",
+        lambda where: (
+            f"a daemon is running on {where}: load through its admin API (give its "
+            "--state-dir, or --url), or stop it first (jobcontrol daemon stop), then load"
+        ),
     )
     try:
         result = load_definitions(

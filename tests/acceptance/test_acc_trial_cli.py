@@ -215,6 +215,11 @@ def test_a_daemon_of_another_state_directory_is_not_said_to_be_down(
         "(nothing was created)\n"
     ), describe(start)
     assert not other.exists()
+    extra = write(jc.base / "extra.yaml", 'jobs:\n  - name: extra\n    command: "true"\n')
+    load = jc.fails("load", str(extra), state_dir=other)
+    assert f"a daemon is running on {db} (pid {pid} on " in load.stderr, describe(load)
+    assert "load through its admin API (give its --state-dir, or --url)" in load.stderr
+    assert "no such job" in jc.fails("show", "extra").stderr  # nothing was loaded
     assert jc.live_daemons(jc.state_dir) == [pid]  # nothing stopped it
     assert jc.history("flaky") == []  # nor ran anything
 
