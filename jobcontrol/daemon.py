@@ -531,6 +531,8 @@ class Daemon:
                 log.warning("the daemon's database lock is held again")
             elif state == "taken":
                 self.lease_lost = True
+                if self.dispatcher is not None:
+                    self.dispatcher.depose()  # before any rebuild could take the other's runs
                 log.error(
                     "another Job Control daemon took %s while this one's connection to it "
                     "was lost: this daemon stops (killing what it runs) so that no tree "
@@ -572,10 +574,11 @@ class Daemon:
             )
             self.dispatcher = self.runtime.start()
             dispatcher = self.dispatcher
+            runtime = self.runtime
             self.hang_watch = HangWatch(
                 self.store.longest_write,
                 lambda: dispatcher.liveness()["handler_s"],
-                lambda: dispatcher.outage.state().down,
+                lambda: not runtime.database()["ok"],  # any part of the daemon's
             )
             self.hang_watch.start()
             if self.opts.api:

@@ -49,6 +49,7 @@ class HangWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._since: float | None = None  # time.monotonic() the hang said began
+        self._ended_at: float | None = None  # when a look first found it over
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="jc-hang-watch", daemon=True)
@@ -83,9 +84,24 @@ class HangWatch:
                 seconds,
                 what,
             )
-        elif waiting is None and self._since is not None:
-            log.warning("the database answers again, after %.0fs", now - self._since)
-            self._since = None
+        elif waiting is not None:
+            self._ended_at = None
+        elif self._since is not None:
+            if self._ended_at is None:
+                # Judged at the next look: a write that failed is said as an outage by its
+                # part just after it stops waiting.
+                self._ended_at = now
+                return
+            lasted, self._since, self._ended_at = self._ended_at - self._since, None, None
+            if self._outage_down():
+                # It ended in a failure (a busy timeout, a connection given up): the
+                # outage's own line says when it answers again.
+                log.warning(
+                    "the database hang ended after %.0fs in a failure: it does not answer",
+                    lasted,
+                )
+            else:
+                log.warning("the database answers again, after %.0fs", lasted)
 
     def _waiting(self) -> tuple[str, float] | None:
         """What has waited for the database ``hang_s`` or more, and for how long."""

@@ -167,6 +167,9 @@ class Dispatcher:
         self._idle_runs = threading.Condition()
         self._tx: Tx | None = None
         self._stopping = threading.Event()  # a stop ends a wait for the database
+        # Another daemon took the database (``depose``): what it holds now is not this
+        # one's to rebuild from, nor to kill.
+        self._deposed = threading.Event()
         self._handling_since: float | None = None  # when the handler under way began
         # Held by the dispatcher thread, but while it waits out an outage between tries,
         # and while a handler waits for its write transaction to begin (``_beginning``):
@@ -296,11 +299,17 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         left: set[int] = set()  # tree runs (by root run id) left running on their workers
         unkilled: str | None = None  # why the kills were not recorded, if they were not
+
+        def kill() -> None:
+            found = self._kill_all(remote_too)
+            left.clear()  # a try rolled back by an outage is not what the next one found
+            left.update(found)
+
         while kill_running:
             # Not refused for an outage another part of the process met (a worker whose
             # connection was cut at the same moment, still backing off): the runs would
             # then be waited for, never asked to end, until the stop's time is up.
-            killing = self._post(lambda: left.update(self._kill_all(remote_too)))
+            killing = self._post(kill)
             if not self._until(killing.done, deadline):
                 unkilled = self._late()
                 break
@@ -312,9 +321,10 @@ class Dispatcher:
                 raise error
             # Refused, as any request met by an outage is: asked again, after the
             # dispatcher has ridden it out (it rebuilds before it takes the next request),
-            # as long as the stop's time and the patience last.
+            # as long as the stop's time and the patience last. Not once deposed: the
+            # database's runs in flight are then the other daemon's.
             unkilled = str(error)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._deposed.is_set():
                 break
         if unkilled is not None:
             # Their worker kills them all the same, on its way out: not waited for here
@@ -349,6 +359,12 @@ class Dispatcher:
         self._receivers.clear()
         self.protocol.stop()
         log.info("JobControl terminated.")
+
+    def depose(self) -> None:
+        """Another daemon took the database while this one's connection was lost: this
+        one stops. It no longer rebuilds from the database after an outage, and a stop
+        kills only the tree runs it held (those of the database are the other's)."""
+        self._deposed.set()
 
     def _until(self, ready: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``ready()`` (checked at each tree run's end, else twice a second),
@@ -697,7 +713,7 @@ class Dispatcher:
                 stopped = self._stopping.wait(delay)
             finally:
                 self._owner.acquire()
-            if stopped:
+            if stopped or self._deposed.is_set():
                 return  # stopped first: the next start rebuilds from the database
             delay = backoff.next()
             try:

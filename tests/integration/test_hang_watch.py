@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
+from jobcontrol.errors import StoreUnavailable
 from jobcontrol.hangwatch import HangWatch
 from jobcontrol.store import Store
 from tests.pgserver import PostgresServer
@@ -145,3 +146,40 @@ def test_a_frozen_postgresql_is_said_for_a_claim_or_finish_too(
     assert wrote.wait(WAIT)
     watch.stop()
     store.dispose()
+
+
+def test_a_hang_that_ends_in_a_failure_is_not_said_to_answer_again(
+    sqlite_url: str, lines: _Lines
+) -> None:
+    """A write that waited out SQLite's busy timeout fails: the part that met it says the
+    database is away (its outage). The watch said "answers again" all the same, while
+    the lock was still held."""
+    store = Store(sqlite_url, busy_timeout=1.0)
+    store.upgrade()
+    failed = threading.Event()  # the outage the writer's part says
+    watch = HangWatch(store.longest_write, lambda: 0.0, failed.is_set, hang_s=0.3, check_s=0.05)
+    watch.start()
+    blocker = sqlite3.connect(sqlite_url.split("///", 1)[1], timeout=10)
+    blocker.execute("BEGIN IMMEDIATE")  # the write lock, held past the busy timeout
+
+    def write() -> None:
+        try:
+            with store.write() as conn:
+                conn.execute(text("INSERT INTO jc_meta (key, value) VALUES ('hang', 'x')"))
+        except StoreUnavailable:
+            failed.set()
+
+    writer = threading.Thread(target=write, name="the-writer", daemon=True)
+    try:
+        writer.start()
+        lines.wait_for("has not answered")
+        ended = lines.wait_for("hang ended")
+        assert failed.is_set()
+        assert ended.startswith("the database hang ended after "), ended
+        assert ended.endswith("in a failure: it does not answer"), ended
+        assert not any("answers again" in line for line in lines.lines), lines.lines
+    finally:
+        blocker.rollback()
+        blocker.close()
+        watch.stop()
+        store.dispose()

@@ -860,3 +860,26 @@ def test_a_stop_asks_again_for_the_kills_an_outage_refused(
     assert "stopping with" not in said, said
     run = jc.run(run_id)
     assert run.state is RunState.KILLED, run
+
+
+def test_a_deposed_dispatcher_does_not_rebuild_nor_ask_again_for_its_kills(
+    sqlite_url: str, make_jc: MakeJC, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another daemon took the database while this one's connection was lost (``depose``):
+    the runs the database has in flight are the other's. A stop whose kills an outage
+    refused must not rebuild from the database and ask again: that kill would end the
+    other daemon's runs. Its own are killed by its worker on the way out."""
+    jc, run_id = _long_tree_running(make_jc, sqlite_url)
+    dispatcher = jc.runtime.dispatcher
+    dispatcher.depose()
+    closing = threading.Thread(target=lambda: jc.close(timeout=60), name="closing")
+    with _write_lock_held(sqlite_url):
+        closing.start()
+        poll_until("the kill refused", lambda: dispatcher.outage.down, LOCK_WAIT)
+    closing.join(LOCK_WAIT * 2)
+    assert not closing.is_alive(), "the stop waited for runs it had not asked to end"
+    said = caplog.text
+    assert "the kills of the runs in flight are not recorded" in said, said
+    assert "rebuilt from the database" not in said, said
+    run = jc.run(run_id)
+    assert (run.state, run.reason) == (RunState.KILLED, "killed: the daemon stopped"), run
