@@ -109,6 +109,7 @@ POLL_BACKOFF = 5
 # instead of six times (bench/README.md, fifteenth and sixteenth rounds).
 IDLE_BEAT_S = 60.0
 QUIET_LOOK_S = 600.0
+NEWS_SETTLE_S = 0.05  # news this young is not answered by a look (``_news_answered``)
 # The exit status of a task that could not be started (its log, its command, its cwd).
 NOT_STARTED = 127
 
@@ -354,6 +355,7 @@ class Worker:
         # process's notification, a task's end, a run seen queued), counted: a group that
         # saw every news at its last look is quiet.
         self._news = 1
+        self._news_at = 0.0  # when the last news came (``_news_answered``)
         self._hearing = False  # whether it heard others at its last beat (``_hears_others``)
         self.version = version
         self.outage = Outage(f"worker {self.name}")
@@ -952,6 +954,7 @@ class Worker:
         end, on the path from one task to the next)."""
         with self._cond:
             self._news += 1
+            self._news_at = self._mono()
             if not quiet_only or any(g.waits_quiet for g in self._groups):
                 self._cond.notify_all()
 
@@ -1105,7 +1108,7 @@ class Worker:
                 if turn is None:
                     g.work.notify_all()  # its slot threads may stop once nothing is due
                     return
-                news = self._news  # what its look answers for: news since is looked at again
+                news = self._news_answered()
             how, run_id, limit = turn
             if how == "poll":
                 # The back-off ran out: a read first, so an idle group takes no write lock.
@@ -1194,6 +1197,16 @@ class Worker:
         else:
             self._read_went_through()  # nothing queued: it may only have read
         return claimed
+
+    def _news_answered(self) -> int:
+        """The news a look that begins now answers for: news since is looked at again.
+        Not news younger than ``NEWS_SETTLE_S``: inotify tells of a SQLite write to the
+        WAL before the commit is visible to readers (the ``-shm`` index, written through
+        a mapping just after); a writer preempted in between would leave a quiet group
+        waiting for news that already came. With the lock held."""
+        if self._mono() - self._news_at < NEWS_SETTLE_S:
+            return self._news - 1
+        return self._news
 
     def _backed_off(self, g: _Group, news: int, *, empty: bool) -> None:
         """After a look: an empty one doubles the group's wait, up to its most; one that
@@ -1562,7 +1575,7 @@ class Worker:
                 and (bool(g.offers) or g.free <= 0)
                 and not self._unvouched()  # a beat first: its workloop's claim waits for it
             )
-            announced, news = self._announced, self._news
+            announced, news = self._announced, self._news_answered()
         then = ThenClaim(self.host, self.clock.now, g.claim_queues) if waiting else None
 
         def finish() -> Finished:

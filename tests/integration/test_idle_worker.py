@@ -26,6 +26,7 @@ from jobcontrol.store import Store, queries
 from jobcontrol.store.relay import Relay
 from jobcontrol.store.runqueue import RunQueue, get_worker
 from jobcontrol.worker import Worker
+from jobcontrol.worker.local import NEWS_SETTLE_S
 from tests.acceptance.harness import wait_until
 from tests.integration.helpers import Gate
 from tests.integration.test_lanes_runqueue import set_lane
@@ -353,3 +354,30 @@ def test_a_quiet_group_backs_off_again_once_the_relay_stops_listening(
     relay.stop()
     assert wait_until(lambda: worker.groups()[0].looks > looks, WAIT), worker.groups()
     assert not worker.groups()[0].quiet
+
+
+def test_a_look_right_after_news_does_not_answer_it(
+    sqlite_url: str, tmp_path: Path, stores: list[Store]
+) -> None:
+    """inotify tells of a SQLite write to the WAL just before its commit becomes visible
+    to readers (the index in ``-shm``, written through a mapping): a look that begins
+    within ``NEWS_SETTLE_S`` of the news may read the snapshot before it. Such a look
+    leaves its group unquiet (it looks again after its back-off), not waiting quiet for
+    news that already came."""
+    now = [100.0]
+    worker = Worker(
+        RunQueue(a_store(sqlite_url, stores)),
+        clock=SystemClock(),
+        log_root=tmp_path / "settle",
+        instance_id="idle-test",
+        name="settle",
+        slots=1,
+        monotonic=lambda: now[0],
+    )
+    with worker._cond:
+        worker._tell_groups()
+        told = worker._news
+        now[0] += NEWS_SETTLE_S / 2
+        assert worker._news_answered() == told - 1, "too young to be answered by a look"
+        now[0] += NEWS_SETTLE_S
+        assert worker._news_answered() == told
