@@ -839,6 +839,19 @@ def test_a_stop_kills_the_runs_in_flight_though_a_worker_just_met_an_outage(
     assert run.state is RunState.KILLED, run
 
 
+def _stop_whose_kill_is_refused(jc: JC, sqlite_url: str) -> None:
+    """``jc`` stopped with its kills while another process holds the write lock: the
+    kill's transaction waits out the busy timeout, is refused, and the dispatcher rides
+    the outage out once the lock is let go. The stop must end well within its time."""
+    dispatcher = jc.runtime.dispatcher
+    closing = threading.Thread(target=lambda: jc.close(timeout=60), name="closing")
+    with _write_lock_held(sqlite_url):
+        closing.start()
+        poll_until("the kill refused", lambda: dispatcher.outage.down, LOCK_WAIT)
+    closing.join(LOCK_WAIT * 2)
+    assert not closing.is_alive(), "the stop waited for runs it had not asked to end"
+
+
 def test_a_stop_asks_again_for_the_kills_an_outage_refused(
     sqlite_url: str, make_jc: MakeJC, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -847,14 +860,7 @@ def test_a_stop_asks_again_for_the_kills_an_outage_refused(
     ridden it out. It used to give up at once and then wait its whole time for the runs
     it never asked to end (found by CI: a daemon whose lock another took ran on)."""
     jc, run_id = _long_tree_running(make_jc, sqlite_url)
-    dispatcher = jc.runtime.dispatcher
-    closing = threading.Thread(target=lambda: jc.close(timeout=60), name="closing")
-    with _write_lock_held(sqlite_url):
-        closing.start()
-        # The kill's transaction waits out the busy timeout: refused, then ridden out.
-        poll_until("the kill refused", lambda: dispatcher.outage.down, LOCK_WAIT)
-    closing.join(LOCK_WAIT * 2)
-    assert not closing.is_alive(), "the stop waited for runs it had not asked to end"
+    _stop_whose_kill_is_refused(jc, sqlite_url)
     said = caplog.text
     assert "not recorded" not in said, said
     assert "stopping with" not in said, said
@@ -870,14 +876,8 @@ def test_a_deposed_dispatcher_does_not_rebuild_nor_ask_again_for_its_kills(
     refused must not rebuild from the database and ask again: that kill would end the
     other daemon's runs. Its own are killed by its worker on the way out."""
     jc, run_id = _long_tree_running(make_jc, sqlite_url)
-    dispatcher = jc.runtime.dispatcher
-    dispatcher.depose()
-    closing = threading.Thread(target=lambda: jc.close(timeout=60), name="closing")
-    with _write_lock_held(sqlite_url):
-        closing.start()
-        poll_until("the kill refused", lambda: dispatcher.outage.down, LOCK_WAIT)
-    closing.join(LOCK_WAIT * 2)
-    assert not closing.is_alive(), "the stop waited for runs it had not asked to end"
+    jc.runtime.dispatcher.depose()
+    _stop_whose_kill_is_refused(jc, sqlite_url)
     said = caplog.text
     assert "the kills of the runs in flight are not recorded" in said, said
     assert "rebuilt from the database" not in said, said
