@@ -69,6 +69,9 @@ class Runtime:
         # What the event stream last said of the database (``database.changed``).
         self._database_ok = True
         self._database_outages = 0  # outages of any part, overlapping ones counted once
+        # When the daemon's outage (any part down) began: kept while parts come back one
+        # by one, so its ``since`` does not move on when the first part down is back first.
+        self._database_down_since: float | None = None
         self._database_lock = threading.Lock()
         self.dispatcher.outage.watch(self._outage_changed)
         if self.relay is not None:
@@ -157,6 +160,7 @@ class Runtime:
             if state["ok"] == self._database_ok:
                 return
             self._database_ok = state["ok"]
+            self._database_down_since = None if state["ok"] else state["since"]
             if not state["ok"]:
                 self._database_outages += 1
             events.database_changed.send(
@@ -288,9 +292,13 @@ class Runtime:
         if self.relay is not None:
             parts["notifications"] = self.relay.outage.state()
         down = {name: s for name, s in parts.items() if s.down}
+        began = [s.since for s in down.values() if s.since]
+        kept = self._database_down_since
+        if down and kept is not None:
+            began.append(kept)
         return {
             "ok": not down,
-            "since": min((s.since for s in down.values() if s.since), default=None),
+            "since": min(began, default=None),
             "error": next((s.error for s in down.values()), None),
             # As the daemon sees it: one outage from the first part down to the last back.
             "outages": self._database_outages,

@@ -883,3 +883,30 @@ def test_a_deposed_dispatcher_does_not_rebuild_nor_ask_again_for_its_kills(
     assert "rebuilt from the database" not in said, said
     run = jc.run(run_id)
     assert (run.state, run.reason) == (RunState.KILLED, "killed: the daemon stopped"), run
+
+
+def test_the_daemons_outage_began_when_its_first_part_lost_the_database(
+    sqlite_url: str, make_jc: MakeJC
+) -> None:
+    """Health's ``since`` is when the daemon's outage began: it does not move on while the
+    parts come back one by one, the first one down back first."""
+    jc = make_jc(sqlite_url)
+    worker = jc.runtime.worker
+    assert worker is not None
+    cut = StoreUnavailable("database is locked")
+    jc.dispatcher.outage.failed(cut)
+    began = jc.runtime.database()["since"]
+    assert began is not None
+    poll_until("the clock to move on", lambda: time.time() > began)
+    worker.outage.failed(cut)
+    assert worker.outage.state().since > began
+    jc.dispatcher.outage.recovered()  # the first part down is back first
+    state = jc.runtime.database()
+    assert (state["ok"], state["since"], state["outages"]) == (False, began, 1), state
+    worker.outage.recovered()
+    assert jc.runtime.database()["since"] is None
+    # The next outage has a beginning of its own.
+    worker.outage.failed(cut)
+    again = jc.runtime.database()
+    assert (again["since"], again["outages"]) == (worker.outage.state().since, 2), again
+    worker.outage.recovered()
