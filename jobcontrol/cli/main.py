@@ -944,11 +944,25 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
     from jobcontrol.daemon import lease_holder
 
     live = live_pid(opts.pid_file)
-    if live is None and (holder := lease_holder(args.db)) is not None:
-        return _status_elsewhere(args, opts, holder)
+    unknown = None  # why the database cannot say whether a daemon elsewhere holds it
+    if live is None:
+        try:
+            holder = lease_holder(args.db, strict=True)
+        except Exception as exc:  # a database that does not answer: no daemon here, but
+            holder, unknown = None, driver_message(exc)  # one elsewhere may hold it
+        if holder is not None:
+            return _status_elsewhere(args, opts, holder)
     if live is None:
         if args.json:
-            print(json.dumps({"running": False, "database": redact(args.db)}, indent=2))
+            reply: dict[str, Any] = {"running": False, "database": redact(args.db)}
+            if unknown is not None:
+                reply["database_problem"] = unknown
+            print(json.dumps(reply, indent=2))
+        elif unknown is not None:
+            print(
+                f"no daemon of state directory {opts.state_dir} is running; whether another "
+                f"holds {redact(args.db)} is not known: cannot reach the database: {unknown}"
+            )
         else:
             print(f"no daemon is running for {redact(args.db)}")
         return 3  # LSB: program is not running
