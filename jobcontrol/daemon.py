@@ -318,17 +318,21 @@ class DatabaseLease:
         None when no daemon does (or the database cannot say). Takes nothing and creates
         nothing: a shared hold (an offline ``load``) is no daemon."""
         try:
-            if self.store.is_sqlite:
-                return self._file_holder()
-            with self.store.engine.connect() as conn:
-                got = conn.execute(
-                    text("SELECT pg_try_advisory_lock_shared(:k)"), {"k": ADVISORY_KEY}
-                ).scalar()
-                if got:
-                    conn.execute(text("SELECT pg_advisory_unlock_shared(:k)"), {"k": ADVISORY_KEY})
-                conn.commit()
+            return self.holder_or_raise()
         except Exception:  # the database does not answer: it cannot say
             return None
+
+    def holder_or_raise(self) -> str | None:
+        """``holder``, raising the driver's error when the database cannot say."""
+        if self.store.is_sqlite:
+            return self._file_holder()
+        with self.store.engine.connect() as conn:
+            got = conn.execute(
+                text("SELECT pg_try_advisory_lock_shared(:k)"), {"k": ADVISORY_KEY}
+            ).scalar()
+            if got:
+                conn.execute(text("SELECT pg_advisory_unlock_shared(:k)"), {"k": ADVISORY_KEY})
+            conn.commit()
         return None if got else "pid not known: PostgreSQL's advisory lock does not say"
 
     def _file_holder(self) -> str | None:
@@ -945,11 +949,13 @@ def start_detached(
         )
 
 
-def lease_holder(db_url: str) -> str | None:
-    """``DatabaseLease.holder`` of the database ``db_url``."""
+def lease_holder(db_url: str, *, strict: bool = False) -> str | None:
+    """``DatabaseLease.holder`` of the database ``db_url``; with ``strict``, the driver's
+    error when the database cannot say (``holder_or_raise``)."""
     store = Store(db_url)
     try:
-        return DatabaseLease(store).holder()
+        lease = DatabaseLease(store)
+        return lease.holder_or_raise() if strict else lease.holder()
     finally:
         store.dispose()
 

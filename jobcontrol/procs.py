@@ -167,6 +167,13 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def pid_stopped(pid: int) -> bool:
+    """True when ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP: state ``T``) or by a
+    debugger (``t``): alive, but it does nothing until continued."""
+    stat = _read_stat(pid)
+    return stat is not None and stat.state in ("T", "t")
+
+
 def start_time(pid: int) -> int | None:
     """When the process started (clock ticks since boot), or None if it is gone.
 

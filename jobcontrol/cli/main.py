@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobcontrol import cgroups, cpupin, diskspace, slotgroups, taskenv
+from jobcontrol import cgroups, cpupin, diskspace, procs, slotgroups, taskenv
 from jobcontrol.cli import argtypes
 from jobcontrol.cli import lanes as cli_lanes
 from jobcontrol.cli import online as cli_online
@@ -932,30 +932,55 @@ def _daemon(args: argparse.Namespace) -> int:
     return _daemon_status(args, opts)
 
 
+def _say_stopped(pid: int, frozen: bool) -> None:
+    if frozen:
+        print(
+            "daemon STOPPED by a signal (SIGSTOP, or a debugger): it runs nothing and its "
+            f"admin API does not answer until continued (`kill -CONT {pid}`)"
+        )
+
+
 def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
     from jobcontrol.daemon import lease_holder
 
     live = live_pid(opts.pid_file)
-    if live is None and (holder := lease_holder(args.db)) is not None:
-        return _status_elsewhere(args, opts, holder)
+    unknown = None  # why the database cannot say whether a daemon elsewhere holds it
+    if live is None:
+        try:
+            holder = lease_holder(args.db, strict=True)
+        except Exception as exc:  # a database that does not answer: no daemon here, but
+            holder, unknown = None, driver_message(exc)  # one elsewhere may hold it
+        if holder is not None:
+            return _status_elsewhere(args, opts, holder)
     if live is None:
         if args.json:
-            print(json.dumps({"running": False, "database": redact(args.db)}, indent=2))
+            reply: dict[str, Any] = {"running": False, "database": redact(args.db)}
+            if unknown is not None:
+                reply["database_problem"] = unknown
+            print(json.dumps(reply, indent=2))
+        elif unknown is not None:
+            print(
+                f"no daemon of state directory {opts.state_dir} is running; whether another "
+                f"holds {redact(args.db)} is not known: cannot reach the database: {unknown}"
+            )
         else:
             print(f"no daemon is running for {redact(args.db)}")
         return 3  # LSB: program is not running
     url = opts.url_file.read_text().strip() if opts.url_file.exists() else None
+    # Alive but frozen (kill -STOP, a debugger): every request to it hangs, so say why.
+    frozen = procs.pid_stopped(live)
     try:
         store = open_store(args.db, create=False)
     except JobControlError as exc:
         # The daemon runs (its pid file says so) whether or not the database answers:
         # said with the reason, and the exit status says it runs.
         if args.json:
-            reply = {"running": True, "pid": live, "database": redact(args.db)}
+            reply = {"running": True, "pid": live, "stopped": frozen, "database": redact(args.db)}
             reply |= {"log": str(opts.log_file), "api": f"{url}/api/v1" if url else None}
             print(json.dumps({**reply, "database_problem": str(exc)}, indent=2))
         else:
             print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
+            _say_stopped(live, frozen)
             print(f"admin API: {url}/api/v1" if url else "admin API: off")
             print(f"database: UNAVAILABLE: {exc} (the daemon retries until it answers)")
         return 0
@@ -973,6 +998,7 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
         status = {
             "running": True,
             "pid": live,
+            "stopped": frozen,
             "database": redact(args.db),
             "log": str(opts.log_file),
             "api": f"{url}/api/v1" if url else None,
@@ -985,6 +1011,7 @@ def _daemon_status(args: argparse.Namespace, opts: Any) -> int:
         print(json.dumps(status, indent=2))
         return 0
     print(f"daemon running: pid {live}, database {redact(args.db)}, log {opts.log_file}")
+    _say_stopped(live, frozen)
     print(f"admin API: {url}/api/v1" if url else "admin API: off")
     print(f"task containment: {_containment(workers, live)}")
     print(f"runs in flight: {len(active)}; trees scheduled: {len(armed)}")

@@ -152,11 +152,15 @@ class Client:
             response = self._http.request(method, path, **kwargs)
         except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
             waited = self._http.timeout.read or 0.0
-            raise DaemonTimeoutError(
+            # Not `jobcontrol status`: it asks this same daemon, and waits as long.
+            text = (
                 f"the daemon at {self.url} took the request but did not answer within "
-                f"{waited:g} s (its database may be locked or away: see `jobcontrol status`);"
-                " whether it took effect is not known: look before you ask again"
-            ) from exc
+                f"{waited:g} s (its database may be locked or away, or the daemon stopped: "
+                "`jobcontrol daemon status` reads the database without it)"
+            )
+            if method.upper() != "GET":  # a read changes nothing: nothing to look for
+                text += "; whether it took effect is not known: look before you ask again"
+            raise DaemonTimeoutError(text) from exc
         except httpx.TransportError as exc:
             raise DaemonUnreachableError(f"cannot reach the daemon at {self.url}: {exc}") from exc
         check(response)

@@ -75,6 +75,8 @@ LOOK_S = 0.1
 # tree and timers as they stand (a dispatcher held on one event by a database that hangs):
 # status and metrics must answer (``look``'s ``as_it_stands``).
 AS_IT_STANDS_S = 1.0
+# A write under way this long names the database as what a refused read waited for.
+SLOW_WRITE_S = 1.0
 
 
 @dataclass
@@ -525,10 +527,25 @@ class Dispatcher:
                     read()
                     break
             if time.monotonic() >= deadline:
-                raise BusyError(f"the dispatcher did not answer within {timeout:g}s")
+                raise BusyError(self._not_read(timeout))
         if not taken:  # an after-commit action failed: logged there
             raise JobControlError("the tree could not be read (see the dispatcher's log)")
         return taken[0]
+
+    def _not_read(self, timeout: float) -> str:
+        """Why a read of the tree did not come within ``timeout``: said by what holds the
+        dispatcher up, the database as a rule (a statement that waits once its
+        transaction has begun), so that the refusal does not read as a daemon gone wrong."""
+        text = f"the dispatcher did not answer within {timeout:g}s"
+        longest = self.store.longest_write()
+        if longest is not None and longest[1] >= SLOW_WRITE_S:
+            thread, seconds = longest
+            return (
+                f"{text}: the database has not answered a write of {thread} for "
+                f"{seconds:.0f}s (a stopped or overloaded server, a storage that does not "
+                "answer, a lock another process holds)"
+            )
+        return text
 
     @contextmanager
     def parked(self, timeout: float) -> Iterator[bool]:

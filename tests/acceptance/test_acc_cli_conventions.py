@@ -94,6 +94,28 @@ def test_version(jc_sqlite: JobControl) -> None:
 # ---------------------------------------------------------------- daemon status --json
 
 
+def test_daemon_status_of_a_database_that_does_not_answer_does_not_say_none_runs(
+    jc_sqlite: JobControl, tmp_path: Path
+) -> None:
+    """No daemon of this state directory, and a PostgreSQL server that refuses the
+    connection: a daemon of another state directory, or of another host, may hold the
+    database, which cannot say. ``daemon status`` says so, with the reason, rather than
+    that no daemon runs for the database."""
+    url = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/jobs"
+    state = tmp_path / "state"
+    text = jc_sqlite.bare("--db", url, "--state-dir", state, "daemon", "status")
+    assert text.returncode == 3, describe(text)  # none runs here
+    assert "no daemon is running for" not in text.stdout, describe(text)
+    assert f"no daemon of state directory {state} is running" in text.stdout, describe(text)
+    assert f"whether another holds {url} is not known" in text.stdout, describe(text)
+    assert "cannot reach the database: connection failed" in text.stdout, describe(text)
+    reply = jc_sqlite.bare("--db", url, "--state-dir", state, "daemon", "status", "--json")
+    assert reply.returncode == 3, describe(reply)
+    status = json.loads(reply.stdout)
+    assert status["running"] is False, status
+    assert "connection failed" in status["database_problem"], status
+
+
 def test_daemon_status_json(jc_sqlite: JobControl, tmp_path: Path) -> None:
     jc = jc_sqlite.upgraded()
     jc.load(write(tmp_path / "one.yaml", ONE_TREE))

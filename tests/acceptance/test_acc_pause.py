@@ -56,3 +56,28 @@ def test_a_daemon_stopped_and_continued_keeps_its_runs(jc_sqlite: JobControl) ->
     assert [r["state"] for r in jc.history("Long")] == ["succeeded"]
     assert "the dispatcher did not run for" in jc.daemon_log(200)
     jc.ok("daemon", "stop")
+
+
+def test_daemon_status_says_a_daemon_stopped_by_a_signal_is_stopped(
+    jc_sqlite: JobControl,
+) -> None:
+    """``kill -STOP`` of the daemon: every request to its API hangs, so an operator runs
+    ``daemon status``, which reads the database without it. It must say the daemon is
+    stopped, and how to continue it, rather than only that it runs."""
+    jc = jc_sqlite
+    jc.upgraded()
+    pid = pid_from(jc.ok("daemon", "start").stdout)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        text = jc.ok("daemon", "status").stdout
+        reply = jc.json("daemon", "status")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert f"daemon running: pid {pid}" in text, text
+    assert "daemon STOPPED by a signal" in text, text
+    assert f"`kill -CONT {pid}`" in text, text
+    assert (reply["running"], reply["stopped"]) == (True, True), reply
+    # Continued: said to run, and nothing more.
+    assert wait_until(lambda: not jc.json("daemon", "status")["stopped"], 10)
+    assert "STOPPED" not in jc.ok("daemon", "status").stdout
+    jc.ok("daemon", "stop")

@@ -481,6 +481,49 @@ def test_a_timer_run_cut_off_by_an_outage_shows_as_due_not_as_a_run_in_flight(
     assert (status["timers_armed"], status["timers_due"], status["runs_in_flight"]) == (1, 0, [])
 
 
+@pytest.mark.postgres
+def test_a_read_the_dispatcher_cannot_take_names_the_database_that_holds_it_up(
+    postgres_server: PostgresServer, postgres_url: str, make_jc: MakeJC
+) -> None:
+    """A PostgreSQL statement of the dispatcher waits (a table lock here; a server
+    stopped by SIGSTOP alike), its transaction begun, so the tree cannot be read: a
+    request that names a job (``history``, ``show``) is refused after the edit timeout.
+    The refusal says why, the database, not only that the dispatcher did not answer
+    (which reads as a daemon gone wrong)."""
+    jc = make_jc(postgres_url, poll_interval=0.2, edit_timeout=1.0)
+    jc.create(
+        box("Ticker", timer="every 1s", active=True),
+        task("tick", "true", "Ticker", active=True),
+    )
+    dbname = postgres_url.rsplit("/", 1)[1]
+    with (
+        postgres_server.connect(dbname) as locker,
+        postgres_server.connect("postgres", autocommit=True) as admin,
+    ):
+        locker.execute("LOCK TABLE run IN ACCESS EXCLUSIVE MODE")
+        try:
+            jc.timers.advance(timedelta(seconds=5))  # the tree run's first insert waits
+
+            def insert_waiting() -> bool:
+                rows = admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event_type = "
+                    "'Lock' AND query ILIKE 'INSERT INTO run %%'",
+                    (dbname,),
+                ).fetchall()
+                return bool(rows)
+
+            poll_until("the tree run's insert to wait for the table", insert_waiting)
+            with pytest.raises(BusyError) as refused:
+                jc.engine.job_id("tick")
+        finally:
+            locker.rollback()
+    message = str(refused.value)
+    assert message.startswith("the dispatcher did not answer within 1s: "), message
+    assert "the database has not answered a write of jc-dispatcher for " in message, message
+    jc.wait_quiet(fire_due_timers=True)
+    assert jc.engine.job_id("tick") > 0  # the lock gone, the tree reads again
+
+
 def test_a_lock_held_short_of_the_busy_timeout_settles_no_healthy_run(
     sqlite_url: str, make_jc: MakeJC
 ) -> None:

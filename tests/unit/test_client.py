@@ -52,6 +52,25 @@ def test_a_refusal_carries_the_servers_message_and_status() -> None:
             client.status()
 
 
+def test_a_read_the_daemon_does_not_answer_is_not_said_to_have_maybe_taken_effect() -> None:
+    """``jobcontrol status`` (or ``ls``, ``history``) of a daemon that does not answer (its
+    database locked, or the daemon stopped by SIGSTOP): a read changes nothing, so the
+    message must not ask the user to look whether it took effect, nor send them to
+    ``jobcontrol status``, the very command that waited. A real socket that accepts and
+    never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with Client(f"http://127.0.0.1:{port}", None, timeout=0.3) as client:
+            with pytest.raises(DaemonTimeoutError) as slow:
+                client.status()
+    message = str(slow.value)
+    assert f"the daemon at http://127.0.0.1:{port} took the request" in message, message
+    assert "did not answer within 0.3 s" in message, message
+    assert "`jobcontrol daemon status` reads the database without it" in message, message
+    assert "took effect" not in message, message
+    assert "see `jobcontrol status`" not in message, message
+
+
 def test_a_daemon_that_takes_a_request_and_does_not_answer_is_not_called_unreachable() -> None:
     """A daemon waiting on a locked database: it took the request, so whether the request
     took effect is unknown, and the message must not send the user looking for a daemon
@@ -66,6 +85,9 @@ def test_a_daemon_that_takes_a_request_and_does_not_answer_is_not_called_unreach
     assert "did not answer within 0.3 s" in message, message
     assert "whether it took effect is not known" in message, message
     assert "cannot reach" not in message, message
+    # Not sent to `jobcontrol status`, which asks the same daemon and waits as long.
+    assert "`jobcontrol daemon status` reads the database without it" in message, message
+    assert "see `jobcontrol status`" not in message, message
 
     # Nothing listening at all: that is unreachable, and says so.
     with socket.create_server(("127.0.0.1", 0)) as server:
