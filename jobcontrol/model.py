@@ -328,3 +328,17 @@ def left_by_a_stop(task_run: RunRecord) -> bool:
     if task_run.state in (RunState.QUEUED, RunState.PENDING):
         return True
     return task_run.state is RunState.RUNNING and is_remote_worker(task_run.worker)
+
+
+def queue_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a queue, and so a lane, or None. A lane's name is a
+    path segment in the API (``/lanes/{name}``) and a column in tables."""
+    if not name:
+        return "a queue name cannot be empty"
+    if len(name) > MAX_QUEUE:
+        return f"a queue name has at most {MAX_QUEUE} characters"
+    if any(ch.isspace() or not ch.isprintable() or ch == "/" for ch in name):
+        return "a queue name has no spaces, control characters or '/'"
+    if name in (".", ".."):
+        return "a queue name cannot be '.' or '..' (a URL path cannot carry them)"
+    return None

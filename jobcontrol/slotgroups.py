@@ -15,15 +15,17 @@ queue. A run stays with the group that claimed it for its whole life.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from jobcontrol.errors import OptionError
+from jobcontrol.model import queue_name_problem
 
 WILDCARD = "*"
 MAX_SLOTS = 1024
-# Queue (lane) names as --queues can say them: no separators, no wildcard.
-QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# What --queues uses itself, and so a queue name there cannot hold: between groups
+# (whitespace, which no queue name holds anyway), between names, before the slots, and
+# the wildcard.
+SPEC_SYNTAX = ",:*"
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,14 @@ class SlotGroup:
 
 
 def check_queue_name(name: str, what: str = "queue") -> str:
-    """A lane or queue name as the worker's ``--queues`` can name it, or OptionError."""
-    if not QUEUE_NAME.fullmatch(name):
-        raise OptionError(f"{what} {name!r}: a name is 1 to 64 letters, digits, '_', '.' or '-'")
+    """A lane or queue name as the worker's ``--queues`` can name it, or OptionError:
+    any name a lane may have (``lane add`` and a job's ``queue`` take the same), but for
+    the characters the spec itself uses."""
+    problem = queue_name_problem(name)
+    if problem is None and any(ch in SPEC_SYNTAX for ch in name):
+        problem = "--queues cannot name a queue holding ',', ':' or '*'"
+    if problem is not None:
+        raise OptionError(f"{what} {name!r}: {problem}")
     return name
 
 

@@ -65,6 +65,9 @@ def parse_settings(lane: str, pairs: Sequence[str]) -> dict[str, str]:
         key, eq, value = pair.partition("=")
         if not eq or not key.strip():
             raise JobControlError(f"lane {lane!r}: {pair!r} is not key=value (e.g. max_slots=3)")
+        if key.strip() in settings:
+            # Not the last one silently: which the user meant is not known.
+            raise JobControlError(f"lane {lane!r}: {key.strip()} given twice")
         settings[key.strip()] = value
     return settings
 

@@ -24,13 +24,13 @@ from jobcontrol.model import (
     MAX_LOG_FILES,
     MAX_PATH,
     MAX_PRIORITY,
-    MAX_QUEUE,
     MAX_RETRIES,
     MAX_TIMEOUT_DAYS,
     MAX_TIMER,
     BoxType,
     Misfire,
     OnError,
+    queue_name_problem,
 )
 from jobcontrol.timerexpr.expression import validate_timer
 
@@ -79,20 +79,6 @@ def _long_text(job: str, key: str, value: Any, most: int) -> str | None:
     if text is not None and len(text) > most:
         raise JobError(job, f"{key} has {len(text)} characters; at most {most}")
     return text
-
-
-def queue_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a queue, and so a lane, or None. A lane's name is a
-    path segment in the API (``/lanes/{name}``) and a column in tables."""
-    if not name:
-        return "a queue name cannot be empty"
-    if len(name) > MAX_QUEUE:
-        return f"a queue name has at most {MAX_QUEUE} characters"
-    if any(ch.isspace() or not ch.isprintable() or ch == "/" for ch in name):
-        return "a queue name has no spaces, control characters or '/'"
-    if name in (".", ".."):
-        return "a queue name cannot be '.' or '..' (a URL path cannot carry them)"
-    return None
 
 
 def check_name(job: str, value: Any) -> str:

@@ -168,3 +168,29 @@ def test_a_stop_keeps_the_work_parked_in_a_drained_lane(jc_sqlite: JobControl) -
         WAIT,
     ), jc.history("parked")
     jc.ok("daemon", "stop")
+
+
+@pytest.mark.parametrize("online", [False, True])
+@pytest.mark.parametrize(
+    ("pairs", "says"),
+    [
+        (["max_slots=2", "max_slots=3"], "lane 'batch': max_slots given twice"),
+        (["poll=1s", "poll_interval_s=2s"], "lane 'batch': poll_interval_s given twice"),
+    ],
+)
+def test_a_setting_given_twice_is_refused_and_the_lane_stays_as_it_was(
+    jc_sqlite: JobControl, online: bool, pairs: list[str], says: str
+) -> None:
+    jc = jc_sqlite
+    jc.upgraded()
+    jc.ok("lane", "add", "batch", "max_slots=1", "poll=5s")
+    if online:
+        jc.ok("daemon", "start")
+    for command in (["lane", "set", "batch"], ["lane", "add", "other"]):
+        refused = jc.fails(*command, *pairs)
+        assert says.replace("'batch'", repr(command[2])) in refused.stderr, describe(refused)
+    lanes = {row["name"]: row for row in jc.json("lanes")}
+    assert (lanes["batch"]["max_slots"], lanes["batch"]["poll_interval_s"]) == (1, 5.0)
+    assert "other" not in lanes
+    if online:
+        jc.ok("daemon", "stop")

@@ -123,3 +123,26 @@ def test_a_bad_queues_spec_is_refused_naming_the_part_and_nothing_starts(
         assert jc.live_daemons() == []
         assert not list(jc.state_dir.glob("*.pid")), "nothing was started"
     assert jc.json("workers") == [], "no worker joined"
+
+
+ODD_QUEUE = """\
+jobs:
+  - name: rendering
+    command: echo rendered
+    queue: gpu+x
+"""
+
+
+def test_a_worker_serves_by_name_a_lane_whose_name_lane_add_took(jc_sqlite: JobControl) -> None:
+    jc = jc_sqlite
+    jc.upgraded().load(write(jc.base / "tree.yaml", ODD_QUEUE))
+    jc.ok("lane", "add", "gpu+x", "max_slots=1")
+    # The lane's own group, and no other: the run is claimed by that name or never.
+    jc.ok("daemon", "start", "--queues", "gpu+x:1")
+    jc.ok("run", "rendering")
+    assert wait_until(
+        lambda: [r["state"] for r in jc.history("rendering")] == ["succeeded"], WAIT
+    ), jc.history("rendering")
+    [w] = jc.json("workers")
+    assert [g["queues"] for g in w["groups"]] == [["gpu+x"]]
+    jc.ok("daemon", "stop")

@@ -39,8 +39,11 @@ def test_manual_star_five_is_the_old_single_pool() -> None:
         (":2", "has an empty queue name"),
         ("a,a:2", "names a queue twice"),
         ("a:1 a:2", "the group 'a' is given twice"),
-        ("bad/name:1", "queue 'bad/name': a name is 1 to 64 letters"),
-        ("x" * 65 + ":1", "a name is 1 to 64 letters"),
+        ("bad/name:1", "queue 'bad/name': a queue name has no spaces, control characters or '/'"),
+        ("x" * 65 + ":1", "a queue name has at most 64 characters"),
+        ("..:1", "a queue name cannot be '.' or '..'"),
+        ("a:b:1", "queue 'a:b': --queues cannot name a queue holding ',', ':' or '*'"),
+        ("gpu*:1", "queue 'gpu*': --queues cannot name a queue holding"),
     ],
 )
 def test_a_malformed_queues_string_is_refused_naming_the_part(text: str, says: str) -> None:
@@ -48,3 +51,12 @@ def test_a_malformed_queues_string_is_refused_naming_the_part(text: str, says: s
         slotgroups.parse(text)
     assert str(refused.value).startswith("--queues")
     assert says in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["gpu+x", "ü", "build@linux", "night(2)", "x" * 64])
+def test_a_queue_a_lane_may_be_named_after_is_one_queues_can_name(name: str) -> None:
+    # `lane add` and a job's queue take these: a worker must be able to serve them.
+    assert slotgroups.parse(f"{name}:1 {name},*:2") == [
+        SlotGroup((name,), 1),
+        SlotGroup((name, "*"), 2),
+    ]
