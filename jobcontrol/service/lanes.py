@@ -296,7 +296,8 @@ class LaneService:
                         )
                     else:
                         how = "remove it once they have ended"
-                    raise LaneConflictError(name, f"it has {counts} task runs: {how}")
+                    runs = "task run" if sum(busy.values()) == 1 else "task runs"
+                    raise LaneConflictError(name, f"it has {counts} {runs}: {how}")
                 lanes.remove(conn, name)
                 note.detail = f"removed lane {name!r}: queue {name!r} now runs in {DEFAULT_LANE!r}"
                 audit.record_note(conn, note)

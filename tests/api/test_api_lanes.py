@@ -155,7 +155,7 @@ def test_removing_a_drained_lane_with_queued_runs_says_how_to_get_there(api_any:
     refused = api.client.delete(f"{LANES}/gpu", headers=api.headers())
     assert refused.status_code == 409, refused.text
     said = refused.json()["message"]
-    assert "it has 1 queued task runs: it is drained, so its queued runs never start" in said
+    assert "it has 1 queued task run: it is drained, so its queued runs never start" in said
     assert "`jobcontrol queue --lane gpu`" in said, said
     assert "`jobcontrol lane resume gpu`" in said, said
     assert lanes(api) == before, "nothing changed"
