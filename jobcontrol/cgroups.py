@@ -134,7 +134,13 @@ class RunCgroup:
     def usage(self) -> RunUsage:
         """CPU time and peak memory so far; a figure that cannot be read is None (logged)."""
         dirs = self.dirs
-        cpu = _read_key(f"{dirs[0]}/cpu.stat", "usage_usec")
+        try:
+            cpu = _read_key(f"{dirs[0]}/cpu.stat", "usage_usec", gone=FileNotFoundError)
+        except FileNotFoundError:
+            # Removed by whoever collected the run: the dispatcher settled it (its worker
+            # was stopped past its lease) and killed what it left. Not a fault of reading.
+            log.info("cgroup %s is gone (its run was collected meanwhile): no usage", dirs[0])
+            return RunUsage()
         peak: int | None = None
         if len(dirs) > 1:
             peak = _read_int(f"{dirs[1]}/memory.max_usage_in_bytes")
@@ -873,12 +879,16 @@ def _read_int(path: Path | str) -> int | None:
         return None
 
 
-def _read_key(path: Path | str, key: str) -> int | None:
+def _read_key(path: Path | str, key: str, *, gone: type[OSError] | tuple[()] = ()) -> int | None:
+    """``key``'s value in a flat-keyed file (None, logged, when it cannot be read);
+    ``gone``: an error raised to the caller instead."""
     try:
         for line in _read(path).splitlines():
             name, _, value = line.partition(" ")
             if name == key:
                 return int(value)
+    except gone:
+        raise
     except (OSError, ValueError) as exc:
         log.warning("cannot read %s: %s", path, exc)
         return None

@@ -144,6 +144,26 @@ def test_cpu_time_and_peak_memory_are_read_from_the_cgroup(
 
 
 @needs_cgroups
+def test_the_usage_of_a_cgroup_another_process_collected_is_none_and_no_warning(
+    containment: Containment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker stopped past its lease finds its run's cgroup removed by the dispatcher
+    that settled the run: it has no figures to give, and that is not a fault to warn of."""
+    cg = containment.create(3)
+    assert cg is not None
+    proc = spawn_in(cg, "true", tmp_path / "log")
+    assert proc.wait(WAIT) == 0
+    containment.release(cg)  # as the collection of a settled run does
+    assert not cg.path.exists()
+    with caplog.at_level(logging.INFO, logger="jobcontrol.cgroups"):
+        assert cg.usage() == cgroups.RunUsage()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert said == [
+        (logging.INFO, f"cgroup {cg.path} is gone (its run was collected meanwhile): no usage")
+    ]
+
+
+@needs_cgroups
 def test_a_shell_that_cannot_join_its_cgroup_stops_before_the_command(tmp_path: Path) -> None:
     cg = RunCgroup(tmp_path / "no-such-cgroup" / "run-3")
     ran = tmp_path / "ran"
