@@ -165,7 +165,7 @@ def table_lanes(lanes: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             x["name"],
-            _state(x) + (f" ({x['stopped_reason']})" if x.get("stopped_reason") else ""),
+            _state(x),
             "-" if x["max_slots"] is None else str(x["max_slots"]),
             str(x.get("running", 0)),
             str(x.get("queued", 0)),
@@ -175,7 +175,15 @@ def table_lanes(lanes: Sequence[Mapping[str, Any]]) -> str:
         ]
         for x in lanes
     ]
-    return out.table(headers, rows) if rows else "no lanes"
+    if not rows:
+        return "no lanes"
+    # A stopped lane's reason is a sentence: on a line of its own under the table, not
+    # in the STATE column, where it would widen every row.
+    # (Worded as `status` and `daemon status` say it.)
+    why = [
+        f"lane {x['name']} STOPPED: {x['stopped_reason']}" for x in lanes if x.get("stopped_reason")
+    ]
+    return "\n".join([out.table(headers, rows), *why])
 
 
 def table_queue(lanes: Sequence[Mapping[str, Any]]) -> str:

@@ -294,6 +294,12 @@ def test_five_kill_9s_of_workers_holding_lane_runs_stop_the_lane_until_resumed(
     assert "5 unexpected worker ends within 10 minutes" in reason, reason
     assert all(w in reason for w in set(killed)), (killed, reason)
     assert f"lane {LANE} STOPPED" in jc.ok("status").stdout
+    # `lanes` says why on a line under its table, not in the STATE column of every row.
+    shown = jc.ok("lanes").stdout.splitlines()
+    assert shown[-1] == f"lane {LANE} STOPPED: {reason}", shown
+    assert all(reason not in line for line in shown[:-1]), shown
+    [row] = [line.split() for line in shown if line.startswith(f"{LANE} ")]
+    assert row[1] == "stopped", shown
     trail = [(e["user"], e["operation"]) for e in jc.json("audit")]
     assert ("dispatcher", "lane.stop") in trail, trail
 
