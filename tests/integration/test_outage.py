@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -439,16 +441,7 @@ def test_a_timer_run_cut_off_by_an_outage_shows_as_due_not_as_a_run_in_flight(
         locker.execute("LOCK TABLE run IN ACCESS EXCLUSIVE MODE")
         mine = locker.info.backend_pid
         jc.timers.advance(timedelta(seconds=5))
-
-        def insert_waiting() -> bool:
-            rows = admin.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event_type = "
-                "'Lock' AND query ILIKE 'INSERT INTO run %%'",
-                (dbname,),
-            ).fetchall()
-            return bool(rows)
-
-        poll_until("the tree run's insert to wait for the table", insert_waiting)
+        _wait_for_the_run_insert_to_wait(admin, dbname)
         admin.execute(
             sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(dbname))
         )
@@ -481,6 +474,20 @@ def test_a_timer_run_cut_off_by_an_outage_shows_as_due_not_as_a_run_in_flight(
     assert (status["timers_armed"], status["timers_due"], status["runs_in_flight"]) == (1, 0, [])
 
 
+def _wait_for_the_run_insert_to_wait(admin: psycopg.Connection[Any], dbname: str) -> None:
+    """Until a tree run's insert waits for the lock on the run table (PostgreSQL)."""
+
+    def insert_waiting() -> bool:
+        rows = admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event_type = "
+            "'Lock' AND query ILIKE 'INSERT INTO run %%'",
+            (dbname,),
+        ).fetchall()
+        return bool(rows)
+
+    poll_until("the tree run's insert to wait for the table", insert_waiting)
+
+
 @pytest.mark.postgres
 def test_a_read_the_dispatcher_cannot_take_names_the_database_that_holds_it_up(
     postgres_server: PostgresServer, postgres_url: str, make_jc: MakeJC
@@ -503,16 +510,7 @@ def test_a_read_the_dispatcher_cannot_take_names_the_database_that_holds_it_up(
         locker.execute("LOCK TABLE run IN ACCESS EXCLUSIVE MODE")
         try:
             jc.timers.advance(timedelta(seconds=5))  # the tree run's first insert waits
-
-            def insert_waiting() -> bool:
-                rows = admin.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND wait_event_type = "
-                    "'Lock' AND query ILIKE 'INSERT INTO run %%'",
-                    (dbname,),
-                ).fetchall()
-                return bool(rows)
-
-            poll_until("the tree run's insert to wait for the table", insert_waiting)
+            _wait_for_the_run_insert_to_wait(admin, dbname)
             with pytest.raises(BusyError) as refused:
                 jc.engine.job_id("tick")
         finally:
